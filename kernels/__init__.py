@@ -1,0 +1,1 @@
+"""Triton kernels (installed as kfca_llm.kernels): sign packing and popcount agreement."""

@@ -1,0 +1,1 @@
+"""Scoring engine: packed sign bits, backends and streaming."""

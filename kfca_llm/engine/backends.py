@@ -1,0 +1,83 @@
+"""Backend registry (in the manner of bitsandbytes): a CPU default that always works, GPU where present.
+
+A backend owns the packed buffers of one scoring round and three operations on them: pack one
+tensor of one client, count the integer statistics (``RoundCounts``) and, for the paper's sampled
+penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
+integers of ``kfca_llm.engine.naive``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .layout import Layout
+from .stats import RoundCounts
+
+
+@dataclass
+class PackedBuffers:
+    """Backend-native arrays of one round (numpy arrays or torch tensors)."""
+
+    layout: Layout
+    signs: Any
+    """int32 [n_clients, n_words]: bit set where the client's update is < 0."""
+    task: Any
+    """int32 [n_words]: bit set where any client's update is non-zero (the task mask)."""
+    nonfinite: Any
+    """int32 [n_clients, n_tensors]: non-zero where a tensor held NaN or Inf."""
+    device: Any = None
+
+
+class Backend(ABC):
+    name: str
+
+    @abstractmethod
+    def allocate(self, n_clients: int, layout: Layout, device=None) -> PackedBuffers: ...
+
+    @abstractmethod
+    def pack(self, buffers: PackedBuffers, client: int, tensor: int, values) -> None:
+        """Pack one tensor (torch tensor or numpy array, any float dtype) of one client."""
+
+    @abstractmethod
+    def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
+        """bool [n_clients, n_tensors] on the host."""
+
+    @abstractmethod
+    def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float) -> RoundCounts: ...
+
+    @abstractmethod
+    def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
+                        pairs: np.ndarray) -> np.ndarray:
+        """int64 [P]: penalty matches of each ordered pair (i, j) of ``pairs`` ([P, 2])."""
+
+    @abstractmethod
+    def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:
+        """(signs, task) as int32 numpy arrays."""
+
+
+_REGISTRY: dict[str, Callable[[], Backend]] = {}
+_INSTANCES: dict[str, Backend] = {}
+
+
+def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+    _REGISTRY[name] = factory
+    _INSTANCES.pop(name, None)
+
+
+def available_backends() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    """Backend by name; a backend that cannot run here raises with the reason, never falls back."""
+    if name not in _REGISTRY:
+        raise InputError(f"unknown backend {name!r}; choose one of {('auto',) + available_backends()}")
+    if name not in _INSTANCES:
+        _INSTANCES[name] = _REGISTRY[name]()
+    return _INSTANCES[name]

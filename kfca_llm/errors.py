@@ -1,0 +1,14 @@
+"""Errors raised on bad input (client files and updates are untrusted)."""
+
+
+class InputError(ValueError):
+    """Bad input: the message names the client and the tensor at fault where there is one."""
+
+    def __init__(self, message: str, *, client: str | None = None, tensor: str | None = None):
+        where = ", ".join(
+            part for part in (f"client {client!r}" if client is not None else "",
+                              f"tensor {tensor!r}" if tensor is not None else "") if part
+        )
+        super().__init__(f"{where}: {message}" if where else message)
+        self.client = client
+        self.tensor = tensor

@@ -1,0 +1,107 @@
+"""Seeded, counter-based task partition and penalty draws shared by every backend.
+
+Every backend (numpy/numba on the CPU, Triton on the GPU, the naive reference) derives the
+bonus/penalty partition and the sampled penalty tasks from the functions below, so that the
+same seed gives bit-identical integer statistics everywhere.
+
+Contract (all arithmetic on uint32, wrapping, unless said otherwise):
+
+* ``mix32(x)``: the "lowbias32" integer hash
+  ``x ^= x >> 16; x *= 0x7FEB352D; x ^= x >> 15; x *= 0x846CA68B; x ^= x >> 16``.
+* Partition of task (coordinate) ``c``: ``u = mix32(c ^ partition_key(seed))``;
+  bonus if ``u < t_bonus``, penalty set M_1 if ``u < t_m1``, else penalty set M_2
+  (``partition_thresholds``). No index array of size d is ever needed.
+* Sampled penalty of the ordered pair (i, j) for bonus task ``c``:
+  ``u1 = mix32(c ^ pair_key(seed, i, j))``, ``u2 = mix32(u1 ^ DRAW2_SALT)``,
+  ``rank1 = (u1 * m1) >> 32`` and ``rank2 = (u2 * m2) >> 32`` (64-bit products), where m1/m2
+  are the sizes of M_1/M_2; p1 is the rank1-th task of M_1 in increasing coordinate order, p2
+  the rank2-th of M_2. This reproduces "p1 ~ U(M_1), p2 ~ U(M_2) per bonus task and peer" of the
+  paper's Algorithm 1 from a counter, so any backend can regenerate the same draws.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputError
+
+PARTITION_SALT = 0x243F6A88
+PENALTY_SALT = 0xB7E15162
+DRAW2_SALT = 0x9E3779B9
+MAX_CLIENTS = 1 << 16
+
+BONUS, PENALTY_1, PENALTY_2 = 0, 1, 2
+
+_M32 = 0xFFFFFFFF
+
+
+def mix32(x):
+    """lowbias32 hash; accepts a Python int or a uint32 numpy array."""
+    if isinstance(x, (int, np.integer)):
+        x = int(x) & _M32
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & _M32
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & _M32
+        x ^= x >> 16
+        return x
+    x = np.asarray(x, dtype=np.uint32)
+    x = x ^ (x >> np.uint32(16))
+    x = x * np.uint32(0x7FEB352D)
+    x = x ^ (x >> np.uint32(15))
+    x = x * np.uint32(0x846CA68B)
+    return x ^ (x >> np.uint32(16))
+
+
+def check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) <= _M32:
+        raise InputError(f"seed must be an integer in [0, 2**32), got {seed!r}")
+    return int(seed)
+
+
+def check_bonus_fraction(bonus_fraction: float) -> float:
+    f = float(bonus_fraction)
+    if not 0.0 < f < 1.0:
+        raise InputError(f"bonus_fraction must lie strictly between 0 and 1, got {bonus_fraction!r}")
+    return f
+
+
+def partition_key(seed: int) -> int:
+    return mix32(check_seed(seed) ^ PARTITION_SALT)
+
+
+def pair_key(seed: int, i: int, j: int) -> int:
+    """Key of the sampled-penalty stream of the ordered pair (i, j) of client indices."""
+    if not (0 <= i < MAX_CLIENTS and 0 <= j < MAX_CLIENTS):
+        raise InputError(f"client indices must be below {MAX_CLIENTS}")
+    return mix32(mix32(check_seed(seed) ^ PENALTY_SALT) ^ ((i << 16) | j))
+
+
+def partition_thresholds(bonus_fraction: float) -> tuple[int, int]:
+    """(t_bonus, t_m1): a task is bonus if u < t_bonus, in M_1 if u < t_m1, else in M_2."""
+    f = check_bonus_fraction(bonus_fraction)
+    t_bonus = min(max(int(round(f * 2**32)), 1), _M32)
+    t_m1 = t_bonus + ((2**32 - t_bonus) >> 1)
+    return t_bonus, t_m1
+
+
+def partition_classes(coords: np.ndarray, seed: int, bonus_fraction: float) -> np.ndarray:
+    """Class (BONUS, PENALTY_1, PENALTY_2) of each task coordinate, as uint8."""
+    coords = np.asarray(coords)
+    if coords.size and (coords.min() < 0 or coords.max() > _M32):
+        raise InputError("task coordinates must lie in [0, 2**32)")
+    t_bonus, t_m1 = partition_thresholds(bonus_fraction)
+    u = mix32(coords.astype(np.uint32) ^ np.uint32(partition_key(seed)))
+    out = np.full(u.shape, PENALTY_2, dtype=np.uint8)
+    out[u < np.uint32(t_m1)] = PENALTY_1
+    out[u < np.uint32(t_bonus)] = BONUS
+    return out
+
+
+def penalty_ranks(bonus_coords: np.ndarray, seed: int, i: int, j: int, m1: int, m2: int):
+    """Ranks (into M_1 and M_2, increasing coordinate order) of the sampled penalty tasks."""
+    u1 = mix32(np.asarray(bonus_coords).astype(np.uint32) ^ np.uint32(pair_key(seed, i, j)))
+    u2 = mix32(u1 ^ np.uint32(DRAW2_SALT))
+    rank1 = (u1.astype(np.uint64) * np.uint64(m1)) >> np.uint64(32)
+    rank2 = (u2.astype(np.uint64) * np.uint64(m2)) >> np.uint64(32)
+    return rank1.astype(np.int64), rank2.astype(np.int64)
