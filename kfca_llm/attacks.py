@@ -1,0 +1,229 @@
+"""Attack injectors: what a strategic client submits instead of its honest adapter update.
+
+An attack is a function ``(honest, history, generator) -> submitted`` where
+
+* ``honest`` is the client's honest update of this round (a state dict name -> tensor),
+* ``history`` is the client's own past honest updates, oldest first, this round excluded
+  (``history[0]`` is the round-1 update once round 1 is over),
+* ``generator`` is a seeded ``torch.Generator``; attacks that draw random numbers draw them on each
+  tensor's own device (a generator for another device is derived from it, deterministically).
+
+Attacks return a new state dict with the honest tensors' shapes, dtypes and devices, and never
+mutate their inputs. Built-in specs (the paper's attack analysis, appendix "KFCA-QP for Federated
+LLM Fine-Tuning"):
+
+=============  ==================================================================================
+``honest``     the honest update itself
+``stale``      the round-1 update in every round (in round 1 that is the honest update)
+``lagged:K``   the update of round t-K (K >= 1); while t <= K, the oldest available one, i.e. the
+               round-1 update (so lagged:K behaves like ``stale`` during the first K rounds)
+``sparse:P``   each coordinate kept honest with probability P in (0, 1), otherwise replaced by a
+               Gaussian value with the honest tensor's standard deviation
+``flip``       the negated update
+``zero``       all zeros
+``random``     Gaussian noise with the honest tensor's standard deviation (per tensor)
+=============  ==================================================================================
+
+Register your own with ``@register_attack("name")`` (no parameter) or
+``@register_attack("name", parse=parser, usage="name:X (meaning)")``, where ``parser(text)`` turns the
+text after the colon into the parameter (raise ``ValueError`` to reject it) and the decorated
+function takes it as a fourth argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import InputError
+
+StateDict = dict[str, torch.Tensor]
+AttackFn = Callable[..., StateDict]
+
+
+@dataclass(frozen=True)
+class _Registration:
+    fn: AttackFn
+    parse: Callable[[str], Any] | None
+    usage: str
+
+
+_REGISTRY: dict[str, _Registration] = {}
+
+
+def register_attack(name: str, *, parse: Callable[[str], Any] | None = None,
+                    usage: str | None = None) -> Callable[[AttackFn], AttackFn]:
+    """Decorator registering an attack under ``name`` (``parse`` given: the spec is ``name:PARAM``)."""
+    if not name or ":" in name or name != name.strip():
+        raise InputError(f"attack name must be non-empty, without ':' or surrounding spaces: {name!r}")
+
+    def decorate(fn: AttackFn) -> AttackFn:
+        _REGISTRY[name] = _Registration(fn, parse, usage or (f"{name}:PARAM" if parse else name))
+        return fn
+
+    return decorate
+
+
+def valid_specs() -> list[str]:
+    """Usage strings of every registered attack, in registration order."""
+    return [reg.usage for reg in _REGISTRY.values()]
+
+
+@dataclass(frozen=True)
+class Attack:
+    """A resolved attack spec; call it like the attack function."""
+
+    spec: str
+    fn: AttackFn
+    param: Any = None
+    has_param: bool = False
+
+    def __call__(self, honest: Mapping[str, torch.Tensor], history: Sequence[Mapping[str, torch.Tensor]],
+                 generator: torch.Generator) -> StateDict:
+        args = (self.param,) if self.has_param else ()
+        return self.fn(honest, history, generator, *args)
+
+
+def resolve_attack(spec: str) -> Attack:
+    """Attack of a spec string such as ``"flip"`` or ``"lagged:3"``; bad specs raise ``InputError``."""
+    if not isinstance(spec, str):
+        raise InputError(f"attack spec must be a string, got {spec!r}; {_valid_text()}")
+    name, colon, text = spec.strip().partition(":")
+    reg = _REGISTRY.get(name)
+    if reg is None:
+        raise InputError(f"unknown attack {spec!r}; {_valid_text()}")
+    if reg.parse is None:
+        if colon:
+            raise InputError(f"attack {name!r} takes no parameter, got {spec!r}; {_valid_text()}")
+        return Attack(spec.strip(), reg.fn)
+    if not colon or not text:
+        raise InputError(f"attack {name!r} needs a parameter ({reg.usage}), got {spec!r}; {_valid_text()}")
+    try:
+        param = reg.parse(text)
+    except ValueError as exc:
+        raise InputError(f"bad parameter in attack spec {spec!r}: {exc}; {_valid_text()}") from None
+    return Attack(spec.strip(), reg.fn, param, True)
+
+
+def resolve_attacks(specs: Sequence[str]) -> list[Attack]:
+    """Resolve several specs; duplicates raise (they would share one reward entry)."""
+    attacks = [resolve_attack(s) for s in specs]
+    seen: set[str] = set()
+    for a in attacks:
+        if a.spec in seen:
+            raise InputError(f"attack spec {a.spec!r} listed twice")
+        seen.add(a.spec)
+    return attacks
+
+
+def _valid_text() -> str:
+    return "valid specs: " + ", ".join(valid_specs())
+
+
+# --- parameter parsers -------------------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"lag must be >= 1, got {value}")
+    return value
+
+
+def _open_unit_fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"fraction must lie strictly between 0 and 1, got {value}")
+    return value
+
+
+# --- randomness on the tensor's device -------------------------------------------------------------
+
+def _generator_for(device: torch.device, generator: torch.Generator,
+                   cache: dict[torch.device, torch.Generator]) -> torch.Generator:
+    """The given generator where it lives, else one for ``device`` seeded from it (once per call)."""
+    if torch.device(generator.device).type == device.type:
+        return generator
+    if device not in cache:
+        derived = torch.Generator(device=device)
+        derived.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        cache[device] = derived
+    return cache[device]
+
+
+def _float_std(name: str, t: torch.Tensor) -> torch.Tensor:
+    if not t.is_floating_point():
+        raise InputError(f"noise attacks need a floating-point update, got {t.dtype}", tensor=name)
+    # Population std in float32 (bf16 std is coarse; a one-element tensor has no sample std).
+    return t.float().std(correction=0) if t.numel() > 1 else t.float().abs().reshape(())
+
+
+def _gaussian_like(t: torch.Tensor, std: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    return torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32) * std
+
+
+# --- built-in attacks ---------------------------------------------------------------------------
+
+@register_attack("honest")
+def honest_update(honest, history, generator):
+    return {k: v.clone() for k, v in honest.items()}
+
+
+@register_attack("stale")
+def stale_update(honest, history, generator):
+    source = history[0] if history else honest
+    return {k: source[k].clone() for k in honest}
+
+
+@register_attack("lagged", parse=_positive_int, usage="lagged:K (K >= 1)")
+def lagged_update(honest, history, generator, lag: int):
+    # history[-1] is round t-1, so round t-K is history[-K]; before round K+1 the oldest there is.
+    if not history:
+        source = honest
+    else:
+        source = history[-lag] if lag <= len(history) else history[0]
+    return {k: source[k].clone() for k in honest}
+
+
+@register_attack("sparse", parse=_open_unit_fraction, usage="sparse:P (0 < P < 1)")
+def sparse_update(honest, history, generator, keep: float):
+    cache: dict[torch.device, torch.Generator] = {}
+    out = {}
+    for name, t in honest.items():
+        g = _generator_for(t.device, generator, cache)
+        std = _float_std(name, t)
+        kept = torch.rand(t.shape, generator=g, device=t.device) < keep
+        out[name] = torch.where(kept, t, _gaussian_like(t, std, g).to(t.dtype))
+    return out
+
+
+@register_attack("flip")
+def flipped_update(honest, history, generator):
+    return {k: -v for k, v in honest.items()}
+
+
+@register_attack("zero")
+def zero_update(honest, history, generator):
+    return {k: torch.zeros_like(v) for k, v in honest.items()}
+
+
+@register_attack("random")
+def random_update(honest, history, generator):
+    cache: dict[torch.device, torch.Generator] = {}
+    return {name: _gaussian_like(t, _float_std(name, t), _generator_for(t.device, generator, cache)).to(t.dtype)
+            for name, t in honest.items()}
+
+
+PAPER_ATTACKS: tuple[str, ...] = (
+    "honest", "lagged:2", "lagged:3", "lagged:4", "lagged:5", "stale",
+    "sparse:0.75", "sparse:0.5", "sparse:0.25", "flip", "zero", "random",
+)
+"""The strategies of the paper's attack-analysis figure."""
