@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine.stats import delta_from_joint
+from .engine.stats import PairPayment, delta_from_joint
 from .errors import InputError
 from .partition import BONUS, PENALTY_1, PENALTY_2, partition_classes, penalty_ranks
 
@@ -129,6 +129,13 @@ def task_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5
 
 def mtpp_payment(r1, r2, score_matrix, *, seed: int = 0, bonus_fraction: float = 0.5,
                  penalty: str = "expected", pair: tuple[int, int] = (0, 1)) -> float:
+    """MTPP payment of client 1 against peer 2: ``mtpp_terms(...).payment`` (see there)."""
+    return mtpp_terms(r1, r2, score_matrix, seed=seed, bonus_fraction=bonus_fraction, penalty=penalty,
+                      pair=pair).payment
+
+
+def mtpp_terms(r1, r2, score_matrix, *, seed: int = 0, bonus_fraction: float = 0.5,
+               penalty: str = "expected", pair: tuple[int, int] = (0, 1)) -> PairPayment:
     """MTPP payment (Definition 2.1) of client 1 against peer 2, averaged over the bonus tasks.
 
     ``mean_{k in M_b} S(r1[k], r2[k]) - penalty`` with the partition of ``task_partition``.
@@ -168,7 +175,7 @@ def mtpp_payment(r1, r2, score_matrix, *, seed: int = 0, bonus_fraction: float =
     else:
         rank1, rank2 = penalty_ranks(part.bonus, seed, int(pair[0]), int(pair[1]), m1, m2)
         pen = s[a[part.penalty_1[rank1]], b[part.penalty_2[rank2]]].sum() / n_bonus
-    return float(bonus) - float(pen)
+    return PairPayment(float(bonus) - float(pen), float(bonus), float(pen))
 
 
 def expected_reward(delta, f1, f2, score_matrix) -> float:

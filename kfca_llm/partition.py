@@ -105,3 +105,25 @@ def penalty_ranks(bonus_coords: np.ndarray, seed: int, i: int, j: int, m1: int, 
     rank1 = (u1.astype(np.uint64) * np.uint64(m1)) >> np.uint64(32)
     rank2 = (u2.astype(np.uint64) * np.uint64(m2)) >> np.uint64(32)
     return rank1.astype(np.int64), rank2.astype(np.int64)
+
+
+PEER_SALT = 0x452821E6
+
+
+def sample_peers(n_clients: int, peers: int | None, seed: int) -> list[list[int]]:
+    """Peers of each client: all others (``peers=None``) or ``peers`` of them drawn from the seed.
+
+    Client i ranks every other client j by ``mix32(mix32(seed ^ PEER_SALT) ^ (i << 16 | j))`` and
+    keeps the ``peers`` smallest: a counter-based draw that no library version can change.
+    """
+    if peers is None:
+        return [[j for j in range(n_clients) if j != i] for i in range(n_clients)]
+    if isinstance(peers, bool) or not isinstance(peers, (int, np.integer)) or not 1 <= peers < n_clients:
+        raise InputError(f"peers must be an integer in [1, {n_clients - 1}] for {n_clients} clients, got {peers!r}")
+    key = mix32(check_seed(seed) ^ PEER_SALT)
+    chosen = []
+    for i in range(n_clients):
+        others = [j for j in range(n_clients) if j != i]
+        others.sort(key=lambda j: (mix32(key ^ ((i << 16) | j)), j))
+        chosen.append(sorted(others[: int(peers)]))
+    return chosen

@@ -1,1 +1,20 @@
 """Scoring engine: packed sign bits, backends and streaming."""
+
+from .backends import Backend, PackedBuffers, available_backends, get_backend, register_backend
+from .cpu import CpuBackend
+from .layout import Layout, TensorSlot
+from .packer import SignPacker
+
+
+def _triton_backend() -> Backend:
+    # Imported lazily: triton is optional (Linux only) and heavy to import.
+    from .triton_backend import TritonBackend
+
+    return TritonBackend()
+
+
+register_backend("numpy", CpuBackend)
+register_backend("triton", _triton_backend)
+
+__all__ = ["Backend", "CpuBackend", "Layout", "PackedBuffers", "SignPacker", "TensorSlot",
+           "available_backends", "get_backend", "register_backend"]

@@ -1,0 +1,144 @@
+"""Public scoring API: adapter updates (KFCA-QP), adapter checkpoints, and labels (KFCA-D)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from .checkpoints import check_same_tensors, client_paths, open_adapter
+from .engine.packer import SignPacker, _check_penalty
+from .errors import InputError
+from .mechanism import kfca_score_matrix, mtpp_terms
+from .partition import check_seed, sample_peers
+from .report import RewardReport
+
+FLAT_UPDATE_NAME = "update"
+
+
+def _as_state_dict(client: str, update) -> dict:
+    if isinstance(update, (torch.Tensor, np.ndarray)):
+        return {FLAT_UPDATE_NAME: update.reshape(-1)}
+    if isinstance(update, Mapping):
+        if not update:
+            raise InputError("empty update (no tensors)", client=client)
+        return dict(update)
+    raise InputError(f"an update must be a state dict, a tensor or a numpy array, got {type(update).__name__}",
+                     client=client)
+
+
+def _shared_shapes(state_dicts: Mapping[str, Mapping]) -> dict[str, tuple[int, ...]]:
+    first = min(state_dicts)
+    shapes = {name: tuple(t.shape) for name, t in state_dicts[first].items()}
+    for client, sd in state_dicts.items():
+        for name in sorted(set(shapes) - set(sd)):
+            raise InputError(f"tensor missing (present in {first!r})", client=client, tensor=name)
+        for name in sorted(set(sd) - set(shapes)):
+            raise InputError(f"unexpected tensor (absent from {first!r})", client=client, tensor=name)
+    return shapes
+
+
+def _device_of(state_dicts: Mapping[str, Mapping]):
+    for sd in state_dicts.values():
+        for t in sd.values():
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                return t.device
+    return None
+
+
+def score_updates(updates: Mapping[str, object], *, peers: int | None = None, seed: int = 0,
+                  penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
+                  pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
+    """KFCA-QP rewards of adapter updates: each coordinate is a task, the report is its sign.
+
+    ``updates`` maps client id -> state dict (name -> tensor, any float dtype, CPU or CUDA) or one
+    flat tensor / numpy array. Every client is scored against ``peers`` sampled peers (all other
+    clients when None), or only the explicit ordered ``pairs`` (client, peer). ``backend="auto"``
+    runs Triton on CUDA tensors (no host round trip) and the CPU engine otherwise.
+    """
+    if not isinstance(updates, Mapping):
+        raise InputError("updates must be a mapping client id -> update")
+    state_dicts = {str(c): _as_state_dict(str(c), u) for c, u in updates.items()}
+    if len(state_dicts) < 2:
+        raise InputError(f"need at least two clients to score, got {len(state_dicts)}")
+    packer = SignPacker(_shared_shapes(state_dicts), list(state_dicts), backend=backend,
+                        device=_device_of(state_dicts))
+    for client, sd in state_dicts.items():
+        for name, tensor in sd.items():
+            packer.add(client, name, tensor)
+    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs)
+
+
+def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike], *,
+                      reference: str | os.PathLike | None = None, peers: int | None = None, seed: int = 0,
+                      penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
+                      device=None, pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
+    """KFCA-QP rewards of adapter checkpoints (PEFT directories or .safetensors files).
+
+    With ``reference`` (the previous global adapter) a client's update is its adapter minus the
+    reference; without it the files hold the updates. All headers are validated first; then the
+    tensors stream one name at a time (the reference tensor is read once per name), so peak memory
+    is the packed bits plus a few tensors. ``device="cuda"`` streams them to the GPU.
+    """
+    files = [open_adapter(path, client) for client, path in client_paths(paths).items()]
+    if len(files) < 2:
+        raise InputError(f"need at least two clients to score, got {len(files)}")
+    ref = open_adapter(reference, "<reference>") if reference is not None else None
+    shapes = check_same_tensors(files, ref)
+    packer = SignPacker(shapes, [f.client for f in files], backend=backend, device=device)
+    with ExitStack() as stack:
+        handles = {f.client: stack.enter_context(safe_open(str(f.path), framework="pt")) for f in files}
+        ref_handle = stack.enter_context(safe_open(str(ref.path), framework="pt")) if ref else None
+        for slot in packer.layout.slots:
+            base = ref_handle.get_tensor(slot.name).to(device or "cpu") if ref_handle else None
+            for client, handle in handles.items():
+                tensor = handle.get_tensor(slot.name).to(device or "cpu")
+                if base is not None:
+                    # float32 difference: the sign of a - b is exact there for every input dtype.
+                    tensor = tensor.float() - base.float()
+                packer.add(client, slot.name, tensor)
+                del tensor
+    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs)
+
+
+def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | None = None, seed: int = 0,
+                 penalty: str = "expected", bonus_fraction: float = 0.5) -> RewardReport:
+    """KFCA-D: rewards of clients' predicted labels on a shared data set (one task per example)."""
+    seed = check_seed(seed)
+    _check_penalty(penalty)
+    if not isinstance(labels, Mapping) or len(labels) < 2:
+        raise InputError("labels must map at least two client ids to label arrays")
+    as_str = {str(c): v for c, v in labels.items()}
+    clients = sorted(as_str)
+    reports = {}
+    for client in clients:
+        r = np.asarray(as_str[client])
+        if r.ndim != 1 or r.size == 0:
+            raise InputError("labels must be a non-empty 1-D array", client=client)
+        if not np.issubdtype(r.dtype, np.integer):
+            raise InputError(f"labels must be integers, got dtype {r.dtype}", client=client)
+        if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
+            raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
+        if r.min() < 0 or r.max() >= num_labels:
+            raise InputError(f"labels must lie in [0, {num_labels})", client=client)
+        reports[client] = r
+    sizes = {r.size for r in reports.values()}
+    if len(sizes) != 1:
+        raise InputError(f"every client must label the same tasks; got lengths {sorted(sizes)}")
+    score = kfca_score_matrix(num_labels)
+    terms, joints = {}, {}
+    for i, js in enumerate(sample_peers(len(clients), peers, seed)):
+        for j in js:
+            r1, r2 = reports[clients[i]], reports[clients[j]]
+            key = (clients[i], clients[j])
+            terms[key] = mtpp_terms(r1, r2, score, seed=seed, bonus_fraction=bonus_fraction, penalty=penalty,
+                                    pair=(i, j))
+            joints[key] = np.bincount(r1 * num_labels + r2, minlength=num_labels**2).reshape(num_labels, num_labels)
+    return RewardReport.from_pairs(
+        terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, backend="labels",
+        labels=tuple(str(k) for k in range(num_labels)), tasks={"tasks": sizes.pop()},
+    )

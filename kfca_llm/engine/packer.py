@@ -1,0 +1,143 @@
+"""Streaming API: clients' updates arrive tensor by tensor and are packed as they come.
+
+    packer = SignPacker({"lora_A": (8, 64), "lora_B": (64, 8)}, clients=["alice", "bob", "carol"])
+    packer.add("alice", "lora_A", tensor)   # any float dtype, CPU or CUDA
+    ...
+    report = packer.score(seed=7)
+
+Only the packed bits (1 bit per coordinate per client, plus the shared task mask) are kept; a
+tensor can be freed as soon as ``add`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..partition import check_bonus_fraction, check_seed, sample_peers
+from ..report import RewardReport
+from .backends import Backend, PackedBuffers, get_backend
+from .layout import Layout
+from .stats import pair_payment
+
+PENALTY_MODES = ("expected", "sampled")
+SIGN_LABELS = ("negative", "non-negative")
+
+
+def resolve_backend(backend: str, device) -> Backend:
+    """``auto``: Triton when the data lives on a CUDA device, the CPU backend otherwise."""
+    if backend == "auto":
+        on_cuda = device is not None and torch.device(device).type == "cuda"
+        backend = "triton" if on_cuda else "numpy"
+    return get_backend(backend)
+
+
+def _check_penalty(penalty: str) -> str:
+    if penalty not in PENALTY_MODES:
+        raise InputError(f"penalty must be one of {PENALTY_MODES}, got {penalty!r}")
+    return penalty
+
+
+class SignPacker:
+    """Packs the signs of several clients' updates and scores them with KFCA-QP."""
+
+    def __init__(self, shapes: Mapping[str, Sequence[int]] | Layout, clients: Sequence[str], *,
+                 backend: str = "auto", device=None):
+        ids = [str(c) for c in clients]
+        if len(set(ids)) != len(ids):
+            raise InputError(f"client ids must be unique, got {ids}")
+        if len(ids) < 2:
+            raise InputError(f"need at least two clients to score, got {len(ids)}")
+        self.clients: tuple[str, ...] = tuple(sorted(ids))
+        self.layout = shapes if isinstance(shapes, Layout) else Layout.from_shapes(shapes)
+        self.backend = resolve_backend(backend, device)
+        self.buffers: PackedBuffers = self.backend.allocate(len(self.clients), self.layout, device)
+        self._index = {c: i for i, c in enumerate(self.clients)}
+        self._tensor_index = {s.name: k for k, s in enumerate(self.layout.slots)}
+        self._packed = np.zeros((len(self.clients), len(self.layout.slots)), dtype=bool)
+
+    def add(self, client: str, name: str, tensor) -> None:
+        """Pack one tensor of one client (validated: known name, exact shape, float dtype)."""
+        if client not in self._index:
+            raise InputError(f"unknown client; expected one of {list(self.clients)}", client=client)
+        if name not in self._tensor_index:
+            raise InputError("tensor is not in the layout every client shares", client=client, tensor=name)
+        i, k = self._index[client], self._tensor_index[name]
+        slot = self.layout.slots[k]
+        if self._packed[i, k]:
+            raise InputError("tensor was already added", client=client, tensor=name)
+        shape = tuple(tensor.shape)
+        if shape != slot.shape:
+            raise InputError(f"shape {shape} differs from the shared shape {slot.shape}", client=client, tensor=name)
+        if not _is_float(tensor):
+            raise InputError(f"dtype {tensor.dtype} is not a floating-point type", client=client, tensor=name)
+        self.backend.pack(self.buffers, i, k, tensor)
+        self._packed[i, k] = True
+
+    def words(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sign words [n_clients, n_words], task words [n_words]) as int32 host arrays."""
+        return self.backend.host_words(self.buffers)
+
+    def score(self, *, peers: int | None = None, seed: int = 0, penalty: str = "expected",
+              bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
+        """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``."""
+        seed = check_seed(seed)
+        penalty = _check_penalty(penalty)
+        bonus_fraction = check_bonus_fraction(bonus_fraction)
+        self._check_complete()
+        index_pairs = self._scored_pairs(peers, seed, pairs)
+        counts = self.backend.round_counts(self.buffers, seed, bonus_fraction)
+        matches = None
+        if penalty == "sampled":
+            matches = self.backend.sampled_matches(self.buffers, seed, bonus_fraction, np.array(index_pairs))
+        terms, joints = {}, {}
+        for k, (i, j) in enumerate(index_pairs):
+            key = (self.clients[i], self.clients[j])
+            terms[key] = pair_payment(counts, i, j, None if matches is None else int(matches[k]))
+            joints[key] = counts.joint_counts(i, j)
+        sizes = [int(v) for v in counts.sizes]
+        return RewardReport.from_pairs(
+            terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
+            backend=self.backend.name, labels=SIGN_LABELS,
+            tasks={"coordinates": self.layout.n_coords, "tasks": sum(sizes), "bonus": sizes[0],
+                   "penalty_1": sizes[1], "penalty_2": sizes[2]},
+        )
+
+    def _check_complete(self) -> None:
+        missing = np.argwhere(~self._packed)
+        if missing.size:
+            i, k = missing[0]
+            raise InputError("tensor is missing from the update", client=self.clients[i],
+                             tensor=self.layout.slots[k].name)
+        bad = np.argwhere(self.backend.nonfinite(self.buffers))
+        if bad.size:
+            i, k = bad[0]
+            raise InputError("update holds NaN or Inf values", client=self.clients[i],
+                             tensor=self.layout.slots[k].name)
+
+    def _scored_pairs(self, peers, seed, pairs) -> list[tuple[int, int]]:
+        if pairs is None:
+            chosen = sample_peers(len(self.clients), peers, seed)
+            return [(i, j) for i, js in enumerate(chosen) for j in js]
+        if peers is not None:
+            raise InputError("give either peers or pairs, not both")
+        out = []
+        for client, peer in pairs:
+            for who in (client, peer):
+                if who not in self._index:
+                    raise InputError("unknown client in pairs", client=who)
+            if client == peer:
+                raise InputError("a client cannot be its own peer", client=client)
+            out.append((self._index[client], self._index[peer]))
+        if not out:
+            raise InputError("pairs is empty")
+        return out
+
+
+def _is_float(tensor) -> bool:
+    if isinstance(tensor, torch.Tensor):
+        return tensor.is_floating_point()
+    return isinstance(tensor, np.ndarray) and np.issubdtype(tensor.dtype, np.floating)

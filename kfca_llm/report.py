@@ -1,0 +1,150 @@
+"""Reward reports: what a scoring call returns, as objects, JSON and readable tables."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .engine.stats import PairPayment, delta_from_joint
+from .mechanism import categorical_world
+
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class RewardReport:
+    """Rewards of one scoring round.
+
+    ``rewards[c]`` is client c's mean MTPP payment over its scored peers; ``pairwise[(c, p)]`` the
+    payment of c against peer p, split into ``bonus_agreement`` minus ``penalty_agreement``.
+    ``delta`` pools the joint report counts of all scored pairs (labels in ``labels`` order).
+    """
+
+    rewards: dict[str, float]
+    pairwise: dict[Pair, float]
+    bonus_agreement: dict[Pair, float]
+    penalty_agreement: dict[Pair, float]
+    pair_delta: dict[Pair, np.ndarray]
+    delta: np.ndarray
+    seed: int
+    penalty: str
+    bonus_fraction: float
+    backend: str
+    labels: tuple[str, ...]
+    tasks: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_pairs(cls, terms: Mapping[Pair, PairPayment], joints: Mapping[Pair, np.ndarray],
+                   **meta) -> "RewardReport":
+        """Assemble a report from each scored pair's payment terms and joint report counts."""
+        rewards: dict[str, list[float]] = {}
+        for (client, _), t in terms.items():
+            rewards.setdefault(client, []).append(t.payment)
+        return cls(
+            rewards={c: float(np.mean(v)) for c, v in sorted(rewards.items())},
+            pairwise={k: t.payment for k, t in terms.items()},
+            bonus_agreement={k: t.bonus_agreement for k, t in terms.items()},
+            penalty_agreement={k: t.penalty_agreement for k, t in terms.items()},
+            pair_delta={k: delta_from_joint(j) for k, j in joints.items()},
+            delta=delta_from_joint(sum(joints.values())),
+            **meta,
+        )
+
+    @property
+    def categorical_world(self) -> bool:
+        return categorical_world(self.delta)
+
+    @property
+    def pair_categorical_world(self) -> dict[Pair, bool]:
+        return {pair: categorical_world(d) for pair, d in self.pair_delta.items()}
+
+    @property
+    def peers(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for client, peer in self.pairwise:
+            out.setdefault(client, []).append(peer)
+        return out
+
+    def ranking(self) -> list[tuple[str, float]]:
+        return sorted(self.rewards.items(), key=lambda item: (-item[1], item[0]))
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form (pairs as records, matrices as nested lists)."""
+        return {
+            "rewards": dict(self.rewards),
+            "pairwise": [
+                {"client": c, "peer": p, "payment": v, "bonus_agreement": self.bonus_agreement[(c, p)],
+                 "penalty_agreement": self.penalty_agreement[(c, p)],
+                 "delta": self.pair_delta[(c, p)].tolist(),
+                 "categorical_world": categorical_world(self.pair_delta[(c, p)])}
+                for (c, p), v in self.pairwise.items()
+            ],
+            "delta": self.delta.tolist(),
+            "categorical_world": self.categorical_world,
+            "labels": list(self.labels),
+            "seed": self.seed,
+            "penalty": self.penalty,
+            "bonus_fraction": self.bonus_fraction,
+            "backend": self.backend,
+            "tasks": dict(self.tasks),
+        }
+
+    def table(self) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"KFCA rewards (seed {self.seed}, penalty {self.penalty}, backend {self.backend})")
+        table.add_column("rank", justify="right")
+        table.add_column("client")
+        table.add_column("reward", justify="right")
+        table.add_column("peers", justify="right")
+        table.add_column("bonus agree", justify="right")
+        table.add_column("penalty agree", justify="right")
+        peers = self.peers
+        for rank, (client, reward) in enumerate(self.ranking(), start=1):
+            mine = [(client, p) for p in peers.get(client, [])]
+            bonus = np.mean([self.bonus_agreement[k] for k in mine])
+            penalty = np.mean([self.penalty_agreement[k] for k in mine])
+            table.add_row(str(rank), client, f"{reward:+.4f}", str(len(mine)), f"{bonus:.4f}", f"{penalty:.4f}")
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=110, force_terminal=False, color_system=None)
+        console.print(table)
+        delta = np.array2string(self.delta, precision=5, suppress_small=False)
+        world = "holds" if self.categorical_world else "VIOLATED"
+        console.print(f"pooled delta matrix (labels {', '.join(self.labels)}):\n{delta}\n"
+                      f"categorical-world condition: {world}")
+        if self.tasks:
+            console.print("tasks: " + ", ".join(f"{k} {v}" for k, v in self.tasks.items()))
+        return buffer.getvalue().rstrip()
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
+    """Write a file so that readers see either the old or the new content, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode() if isinstance(text, str) else text
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> Path:
+    return write_atomic(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
