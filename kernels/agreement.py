@@ -1,0 +1,322 @@
+"""Agreement counts over packed sign words: binary Gram matrices and the sampled penalty draws.
+
+Partition: the class of coordinate ``c = 32 * w + lane`` is derived inside the kernels from the
+counter hash of ``kfca_llm.partition`` (``u = mix32(c ^ partition_key(seed))``), so no index array
+of size d is ever built; a set's member word is that class's lanes AND-ed with the task mask.
+
+``binary_gram`` ("expected" penalty and everything else): each program walks a contiguous range
+of words; per chunk it loads the words of a tile of client rows and a tile of client columns once
+and counts ``popcount(s_i & s_j & set)`` for every pair of the two tiles and all three sets.
+Clients are split into tiles of at most 16 and only tile pairs with ``tj >= ti`` run (n <= 16: one
+tile, one pass over the words). Every program writes its own int64 partial counts, which torch sums
+on the device in int64: no float, no atomics, so the result is deterministic and exact.
+
+``sampled_matches`` (the paper's per-bonus-task draws): finding the rank-th member of M_1 (M_2)
+is a select over a bitstream, which is slow when done per draw. Instead, once per call, each
+client's sign bits at the members of M_1 (M_2) are compacted, in increasing coordinate order,
+into a bitstream ``plane[i]`` of ``ceil(m / 32)`` words, so that the sign of client ``i`` at the
+rank-th member is simply bit ``rank % 32`` of ``plane[i][rank // 32]``: one gather per draw.
+Building the planes takes two launches plus a device cumsum (per-block member counts; then each
+program compresses its block's bits per client, pext-style, and ORs the result at its bit offset
+with at most two atomic ORs per source word; OR commutes, so it is deterministic). Memory: the two
+planes hold n * (m1 + m2) / 32 int32 words, less than the sign buffer itself.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import InputError
+from ..partition import DRAW2_SALT, pair_key, partition_key, partition_thresholds
+from .popcount import as_uint32, mix32, popcount32
+
+_MAX_TILE = 16
+_MAX_GRID_Y = 65535
+
+
+def _on_interpreter(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
+def _program_cap(t: torch.Tensor) -> int:
+    """Persistent-grid size: a few programs per SM on a GPU; few, long programs in the interpreter."""
+    if _on_interpreter(t):
+        return 16
+    return 4 * torch.cuda.get_device_properties(t.device).multi_processor_count
+
+
+def _round_params(seed: int, bonus_fraction: float, device, m1: int = 0, m2: int = 0) -> torch.Tensor:
+    """[partition key, t_bonus, t_m1, m1, m2] as int64 on the device (loaded, never specialized)."""
+    t_bonus, t_m1 = partition_thresholds(bonus_fraction)
+    return torch.tensor([partition_key(seed), t_bonus, t_m1, m1, m2], dtype=torch.int64, device=device)
+
+
+@triton.jit
+def _coordinates(words):
+    """Task coordinates [BW, 32] (uint32) of the bits of the given word indices."""
+    lanes = tl.arange(0, 32)
+    return (words.to(tl.uint32) << 5)[:, None] | lanes.to(tl.uint32)[None, :]
+
+
+@triton.jit
+def _lanes_to_words(bits):
+    """Pack a [BW, 32] boolean tile into [BW] int32 words (bit lane of each word)."""
+    lanes = tl.arange(0, 32)
+    return tl.sum(bits.to(tl.int32) << lanes[None, :], axis=1)
+
+
+@triton.jit
+def _count_pairs(row_words, col_words, set_words):
+    """[T, T] int64: popcount(row_i & col_j & set) summed over the chunk's words."""
+    both = row_words[:, None, :] & col_words[None, :, :] & set_words[None, None, :]
+    return tl.sum(popcount32(as_uint32(both)).to(tl.int32), axis=2).to(tl.int64)
+
+
+@triton.jit
+def _gram_kernel(signs_ptr, task_ptr, params_ptr, partial_ptr, sizes_ptr, n_clients, n_words,
+                 blocks_per_program, N_TILES: tl.constexpr, TILE: tl.constexpr,
+                 BLOCK_WORDS: tl.constexpr):
+    pid = tl.program_id(0)
+    tile_pair = tl.program_id(1)
+    ti = tile_pair // N_TILES
+    tj = tile_pair % N_TILES
+    if tj >= ti:
+        key = tl.load(params_ptr).to(tl.uint32)
+        t_bonus = tl.load(params_ptr + 1)
+        t_m1 = tl.load(params_ptr + 2)
+        rows = ti * TILE + tl.arange(0, TILE)
+        cols = tj * TILE + tl.arange(0, TILE)
+        row_base = rows.to(tl.int64) * n_words
+        col_base = cols.to(tl.int64) * n_words
+        acc_bonus = tl.zeros((TILE, TILE), dtype=tl.int64)
+        acc_m1 = tl.zeros((TILE, TILE), dtype=tl.int64)
+        acc_m2 = tl.zeros((TILE, TILE), dtype=tl.int64)
+        size_bonus = tl.zeros((), dtype=tl.int64)
+        size_m1 = tl.zeros((), dtype=tl.int64)
+        size_m2 = tl.zeros((), dtype=tl.int64)
+        for k in range(blocks_per_program):
+            words = (pid * blocks_per_program + k) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+            in_range = words < n_words
+            task = tl.load(task_ptr + words, mask=in_range, other=0)
+            u = mix32(_coordinates(words) ^ key).to(tl.int64)
+            bonus = _lanes_to_words(u < t_bonus) & task
+            m1 = _lanes_to_words((u >= t_bonus) & (u < t_m1)) & task
+            m2 = _lanes_to_words(u >= t_m1) & task
+            row_words = tl.load(signs_ptr + row_base[:, None] + words[None, :],
+                                mask=(rows[:, None] < n_clients) & in_range[None, :], other=0)
+            col_words = tl.load(signs_ptr + col_base[:, None] + words[None, :],
+                                mask=(cols[:, None] < n_clients) & in_range[None, :], other=0)
+            acc_bonus += _count_pairs(row_words, col_words, bonus)
+            acc_m1 += _count_pairs(row_words, col_words, m1)
+            acc_m2 += _count_pairs(row_words, col_words, m2)
+            size_bonus += tl.sum(popcount32(as_uint32(bonus)).to(tl.int32)).to(tl.int64)
+            size_m1 += tl.sum(popcount32(as_uint32(m1)).to(tl.int32)).to(tl.int64)
+            size_m2 += tl.sum(popcount32(as_uint32(m2)).to(tl.int32)).to(tl.int64)
+        tile = tl.arange(0, TILE)[:, None] * TILE + tl.arange(0, TILE)[None, :]
+        out = partial_ptr + (tile_pair * tl.num_programs(0) + pid).to(tl.int64) * (3 * TILE * TILE)
+        tl.store(out + tile, acc_bonus)
+        tl.store(out + TILE * TILE + tile, acc_m1)
+        tl.store(out + 2 * TILE * TILE + tile, acc_m2)
+        if tile_pair == 0:
+            tl.store(sizes_ptr + pid * 3, size_bonus)
+            tl.store(sizes_ptr + pid * 3 + 1, size_m1)
+            tl.store(sizes_ptr + pid * 3 + 2, size_m2)
+
+
+def _gram_config(n_clients: int, signs: torch.Tensor) -> tuple[int, int]:
+    """(tile, words per chunk): tile^2 * words pair-words per chunk (4096 on a GPU fit in registers)."""
+    tile = min(max(2, triton.next_power_of_2(n_clients)), _MAX_TILE)
+    if _on_interpreter(signs):
+        return tile, min((1 << 18) // (tile * tile), 4096)
+    return tile, max(4096 // (tile * tile), 16)
+
+
+def binary_gram(signs: torch.Tensor, task: torch.Tensor, seed: int,
+                bonus_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gram int64 [3, n, n], sizes int64 [3]) on the device: co-negative counts per task set."""
+    n_clients, n_words = signs.shape
+    params = _round_params(seed, bonus_fraction, signs.device)
+    tile, block_words = _gram_config(n_clients, signs)
+    n_tiles = triton.cdiv(n_clients, tile)
+    n_blocks = triton.cdiv(n_words, block_words)
+    per_program = triton.cdiv(n_blocks, min(n_blocks, _program_cap(signs)))
+    n_programs = triton.cdiv(n_blocks, per_program)
+    partial = torch.zeros((n_tiles * n_tiles, n_programs, 3, tile, tile), dtype=torch.int64,
+                          device=signs.device)
+    size_partial = torch.empty((n_programs, 3), dtype=torch.int64, device=signs.device)
+    _gram_kernel[(n_programs, n_tiles * n_tiles)](
+        signs, task, params, partial, size_partial, n_clients, n_words, per_program,
+        N_TILES=n_tiles, TILE=tile, BLOCK_WORDS=block_words, num_warps=8)
+    per_tile = partial.sum(dim=1)
+    padded = n_tiles * tile
+    gram = torch.zeros((3, padded, padded), dtype=torch.int64, device=signs.device)
+    for ti in range(n_tiles):
+        for tj in range(ti, n_tiles):
+            counts = per_tile[ti * n_tiles + tj]
+            gram[:, ti * tile:(ti + 1) * tile, tj * tile:(tj + 1) * tile] = counts
+            gram[:, tj * tile:(tj + 1) * tile, ti * tile:(ti + 1) * tile] = counts.transpose(1, 2)
+    return gram[:, :n_clients, :n_clients], size_partial.sum(dim=0)
+
+
+# ----------------------------------------------------------------------------- sampled penalty
+
+
+@triton.jit
+def _penalty_lanes(words, task, params_ptr):
+    """Member lanes [BW, 32] of M_1 and M_2 (task coordinates only) of the given words."""
+    key = tl.load(params_ptr).to(tl.uint32)
+    t_bonus = tl.load(params_ptr + 1)
+    t_m1 = tl.load(params_ptr + 2)
+    lanes = tl.arange(0, 32)
+    is_task = ((task[:, None] >> lanes[None, :]) & 1) != 0
+    u = mix32(_coordinates(words) ^ key).to(tl.int64)
+    return is_task & (u >= t_bonus) & (u < t_m1), is_task & (u >= t_m1)
+
+
+@triton.jit
+def _penalty_count_kernel(task_ptr, params_ptr, counts_ptr, n_words, n_blocks,
+                          BLOCK_WORDS: tl.constexpr):
+    block = tl.program_id(0)
+    words = block * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+    task = tl.load(task_ptr + words, mask=words < n_words, other=0)
+    in_m1, in_m2 = _penalty_lanes(words, task, params_ptr)
+    tl.store(counts_ptr + block, tl.sum(tl.sum(in_m1.to(tl.int32), axis=1), axis=0).to(tl.int64))
+    tl.store(counts_ptr + n_blocks + block,
+             tl.sum(tl.sum(in_m2.to(tl.int32), axis=1), axis=0).to(tl.int64))
+
+
+@triton.jit
+def _or_compressed(plane_ptr, sign_lanes, member_lanes, dest_bit, valid):
+    """OR each word's member sign bits, compressed (pext), at bit ``dest_bit`` of ``plane``."""
+    rank = tl.cumsum(member_lanes, axis=1) - member_lanes
+    compressed = as_uint32(tl.sum((sign_lanes & member_lanes) << rank, axis=1))
+    shift = (dest_bit & 31).to(tl.uint32)
+    word = dest_bit >> 5
+    low = compressed << shift
+    high = tl.where(shift > 0, compressed >> ((32 - shift) & 31), 0)
+    tl.atomic_or(plane_ptr + word, low.to(tl.int32, bitcast=True), mask=valid & (low != 0))
+    tl.atomic_or(plane_ptr + word + 1, high.to(tl.int32, bitcast=True), mask=valid & (high != 0))
+
+
+@triton.jit
+def _compact_kernel(signs_ptr, task_ptr, params_ptr, offsets_ptr, plane1_ptr, plane2_ptr,
+                    n_clients, n_words, n_blocks, plane1_words, plane2_words,
+                    BLOCK_WORDS: tl.constexpr):
+    block = tl.program_id(0)
+    words = block * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+    in_range = words < n_words
+    task = tl.load(task_ptr + words, mask=in_range, other=0)
+    in_m1, in_m2 = _penalty_lanes(words, task, params_ptr)
+    m1_lanes = in_m1.to(tl.int32)
+    m2_lanes = in_m2.to(tl.int32)
+    count1 = tl.sum(m1_lanes, axis=1)
+    count2 = tl.sum(m2_lanes, axis=1)
+    dest1 = tl.load(offsets_ptr + block) + (tl.cumsum(count1, axis=0) - count1).to(tl.int64)
+    dest2 = tl.load(offsets_ptr + n_blocks + block) + (tl.cumsum(count2, axis=0) - count2).to(tl.int64)
+    lanes = tl.arange(0, 32)
+    # Row pointers advance by one row per client (no 32-bit row * stride product).
+    sign_row = signs_ptr
+    plane1_row = plane1_ptr
+    plane2_row = plane2_ptr
+    for _ in range(n_clients):
+        sign_words = tl.load(sign_row + words, mask=in_range, other=0)
+        sign_lanes = (sign_words[:, None] >> lanes[None, :]) & 1
+        _or_compressed(plane1_row, sign_lanes, m1_lanes, dest1, in_range)
+        _or_compressed(plane2_row, sign_lanes, m2_lanes, dest2, in_range)
+        sign_row += n_words
+        plane1_row += plane1_words
+        plane2_row += plane2_words
+
+
+@triton.jit
+def _draw_signs(plane_ptr, rank):
+    """Sign bit (0/1, int32) at the rank-th member, from a compacted plane."""
+    words = tl.load(plane_ptr + (rank >> 5), mask=rank >= 0, other=0)
+    return ((as_uint32(words) >> (rank & 31).to(tl.uint32)) & 1).to(tl.int32)
+
+
+@triton.jit
+def _sampled_kernel(task_ptr, params_ptr, plane1_ptr, plane2_ptr, pairs_ptr, keys_ptr, partial_ptr,
+                    pair_base, n_words, plane1_words, plane2_words, blocks_per_program,
+                    BLOCK_WORDS: tl.constexpr):
+    pid = tl.program_id(0)
+    pair = pair_base + tl.program_id(1)
+    i = tl.load(pairs_ptr + 2 * pair).to(tl.int64)
+    j = tl.load(pairs_ptr + 2 * pair + 1).to(tl.int64)
+    pair_key = tl.load(keys_ptr + pair).to(tl.uint32)
+    key = tl.load(params_ptr).to(tl.uint32)
+    t_bonus = tl.load(params_ptr + 1)
+    m1 = tl.load(params_ptr + 3).to(tl.uint64)
+    m2 = tl.load(params_ptr + 4).to(tl.uint64)
+    lanes = tl.arange(0, 32)
+    matches = tl.zeros((), dtype=tl.int64)
+    for k in range(blocks_per_program):
+        words = (pid * blocks_per_program + k) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+        task = tl.load(task_ptr + words, mask=words < n_words, other=0)
+        coords = _coordinates(words)
+        is_bonus = (((task[:, None] >> lanes[None, :]) & 1) != 0) & (
+            mix32(coords ^ key).to(tl.int64) < t_bonus)
+        u1 = mix32(coords ^ pair_key)
+        u2 = mix32(u1 ^ 0x9E3779B9)
+        rank1 = tl.where(is_bonus, ((u1.to(tl.uint64) * m1) >> 32).to(tl.int64), -1)
+        rank2 = tl.where(is_bonus, ((u2.to(tl.uint64) * m2) >> 32).to(tl.int64), -1)
+        sign1 = _draw_signs(plane1_ptr + i * plane1_words, rank1)
+        sign2 = _draw_signs(plane2_ptr + j * plane2_words, rank2)
+        hit = is_bonus & (sign1 == sign2)
+        matches += tl.sum(tl.sum(hit.to(tl.int32), axis=1), axis=0).to(tl.int64)
+    tl.store(partial_ptr + pair.to(tl.int64) * tl.num_programs(0) + pid, matches)
+
+
+def penalty_planes(signs: torch.Tensor, task: torch.Tensor, seed: int,
+                   bonus_fraction: float) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """(plane1 int32 [n, ceil(m1/32)], plane2 int32 [n, ceil(m2/32)], m1, m2): compacted signs."""
+    assert DRAW2_SALT == 0x9E3779B9  # the literal in _sampled_kernel
+    n_clients, n_words = signs.shape
+    params = _round_params(seed, bonus_fraction, signs.device)
+    block_words = 1024 if _on_interpreter(signs) else 64
+    n_blocks = triton.cdiv(n_words, block_words)
+    counts = torch.empty((2, n_blocks), dtype=torch.int64, device=signs.device)
+    _penalty_count_kernel[(n_blocks,)](task, params, counts, n_words, n_blocks,
+                                       BLOCK_WORDS=block_words, num_warps=4)
+    ends = torch.cumsum(counts, dim=1)
+    m1, m2 = (int(v) for v in ends[:, -1].tolist())  # one host sync: sizes pick the plane lengths
+    offsets = (ends - counts).contiguous()
+    w1, w2 = max(triton.cdiv(m1, 32), 1), max(triton.cdiv(m2, 32), 1)
+    plane1 = torch.zeros((n_clients, w1), dtype=torch.int32, device=signs.device)
+    plane2 = torch.zeros((n_clients, w2), dtype=torch.int32, device=signs.device)
+    _compact_kernel[(n_blocks,)](signs, task, params, offsets, plane1, plane2, n_clients, n_words,
+                                 n_blocks, w1, w2, BLOCK_WORDS=block_words, num_warps=4)
+    return plane1, plane2, m1, m2
+
+
+def sampled_matches(signs: torch.Tensor, task: torch.Tensor, seed: int, bonus_fraction: float,
+                    pairs) -> torch.Tensor:
+    """int64 [P] on the device: matches of the seeded (p1, p2) draws of each ordered pair (i, j).
+
+    M_1 and M_2 must be non-empty (``RoundCounts`` rejects such rounds before any payment).
+    """
+    pairs_list = [(int(i), int(j)) for i, j in pairs]
+    n_clients, n_words = signs.shape
+    device = signs.device
+    if not pairs_list:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    plane1, plane2, m1, m2 = penalty_planes(signs, task, seed, bonus_fraction)
+    if m1 == 0 or m2 == 0:
+        raise InputError("too few informative coordinates to form non-empty penalty sets "
+                         f"(M_1 {m1}, M_2 {m2})")
+    params = _round_params(seed, bonus_fraction, device, m1, m2)
+    pair_tensor = torch.tensor(pairs_list, dtype=torch.int32, device=device)
+    keys = torch.tensor([pair_key(seed, i, j) for i, j in pairs_list], dtype=torch.int64, device=device)
+    block_words = 1024 if _on_interpreter(signs) else 32
+    n_blocks = triton.cdiv(n_words, block_words)
+    per_program = triton.cdiv(n_blocks, min(n_blocks, _program_cap(signs)))
+    n_programs = triton.cdiv(n_blocks, per_program)
+    partial = torch.empty((len(pairs_list), n_programs), dtype=torch.int64, device=device)
+    for base in range(0, len(pairs_list), _MAX_GRID_Y):
+        count = min(_MAX_GRID_Y, len(pairs_list) - base)
+        _sampled_kernel[(n_programs, count)](
+            task, params, plane1, plane2, pair_tensor, keys, partial, base, n_words,
+            plane1.shape[1], plane2.shape[1], per_program, BLOCK_WORDS=block_words, num_warps=4)
+    return partial.sum(dim=1)

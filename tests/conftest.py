@@ -1,0 +1,54 @@
+"""Test setup: without a CUDA device, Triton kernels run under the interpreter on CPU tensors.
+
+TRITON_INTERPRET must be set before anything imports triton (kernels read it when decorated),
+so it is set here, at collection time, before any test module is imported.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+import zlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def random_values(rng: np.random.Generator, numel: int, dtype: torch.dtype, zero_fraction: float = 0.2):
+    """Gaussian values with exact +0.0 and -0.0 entries mixed in (never zeros alone)."""
+    values = rng.standard_normal(numel)
+    roll = rng.random(numel)
+    values[roll < zero_fraction / 2] = 0.0
+    values[(roll >= zero_fraction / 2) & (roll < zero_fraction)] = -0.0
+    return torch.from_numpy(values).to(dtype)
+
+
+def random_updates(rng: np.random.Generator, n_clients: int, shapes: dict, *, zero_tensor: str | None = None):
+    """Per-client state dicts over ``shapes``; each tensor gets a random float dtype.
+
+    ``zero_tensor`` (if given) is structurally zero: every client's values there are +-0.0.
+    """
+    dtypes = {name: FLOAT_DTYPES[int(rng.integers(len(FLOAT_DTYPES)))] for name in shapes}
+    updates = []
+    for _ in range(n_clients):
+        update = {}
+        for name, shape in shapes.items():
+            numel = int(np.prod(shape))
+            values = random_values(rng, numel, dtypes[name], zero_fraction=float(rng.uniform(0.0, 0.6)))
+            if name == zero_tensor:
+                values = torch.where(torch.from_numpy(rng.random(numel) < 0.5), 0.0, -0.0).to(dtypes[name])
+            update[name] = values.reshape(shape)
+        updates.append(update)
+    return updates
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A generator seeded from the test's name, so every test draws its own fixed inputs."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
