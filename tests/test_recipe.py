@@ -1,0 +1,125 @@
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from kfca_llm.recipe import (
+    Recipe, RecipeError, all_keys, clients_per_round, load_recipe, lr_for_round, recipe_from_dict, recipe_to_dict,
+)
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+TINY = RECIPES / "tiny.toml"
+
+
+def test_tiny_recipe_parses_with_the_documented_shape():
+    r = load_recipe(TINY)
+    assert isinstance(r, Recipe)
+    assert r.name == "tiny" and r.domain == "general-nlp"
+    assert r.model.name == "tiny-llama" and r.model.quantization is None
+    assert r.dataset.name == "synthetic" and r.dataset.num_rows >= r.num_clients
+    assert r.num_server_rounds == 10
+    assert clients_per_round(r) >= 2
+    assert r.kfca.peers is None
+    assert r.kfca.attacks == ("honest", "stale", "lagged:2", "lagged:3", "lagged:4", "lagged:5",
+                              "sparse:0.75", "sparse:0.5", "sparse:0.25", "flip", "zero", "random")
+    assert r.model.lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def test_overrides_parse_toml_scalars_into_typed_fields():
+    r = load_recipe(TINY, ["train.training-arguments.max-steps=5", "num-server-rounds=3", "kfca.seed=7",
+                           "train.learning-rate-max=2e-3", "model.lora.peft-use-dora=true",
+                           "model.name=Qwen/Qwen2.5-7B", "kfca.attacks=[\"honest\", \"flip\"]", "kfca.peers=2",
+                           "model.quantization=4"])
+    assert r.train.training_arguments.max_steps == 5
+    assert r.num_server_rounds == 3 and r.kfca.seed == 7
+    assert r.train.learning_rate_max == pytest.approx(2e-3)
+    assert r.model.lora.peft_use_dora is True
+    assert r.model.name == "Qwen/Qwen2.5-7B"  # a bare word that is not TOML stays a string
+    assert r.kfca.attacks == ("honest", "flip") and r.kfca.peers == 2
+    assert r.model.quantization == 4
+
+
+@pytest.mark.parametrize("value", ["0", "none", "None"])
+def test_quantization_override_to_none(value):
+    r = load_recipe(RECIPES / "finance.toml", [f"model.quantization={value}"])
+    assert r.model.quantization is None
+
+
+def test_unknown_override_key_names_the_key_and_close_matches():
+    with pytest.raises(RecipeError) as err:
+        load_recipe(TINY, ["train.training-arguments.max-step=5"])
+    msg = str(err.value)
+    assert "train.training-arguments.max-step" in msg and "train.training-arguments.max-steps" in msg
+    with pytest.raises(RecipeError, match="num-server-rounds"):
+        load_recipe(TINY, ["num-server-round=3"])
+
+
+def test_unknown_key_in_file_fails(tmp_path):
+    text = TINY.read_text().replace("[strategy]", "[strategy]\nfraction-fit = 0.5")
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=r"strategy\.fraction-fit.*strategy\.fraction-train"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize("override, key", [
+    ("train.training-arguments.max-steps=\"ten\"", "train.training-arguments.max-steps"),
+    ("model.lora.peft-use-dora=1", "model.lora.peft-use-dora"),
+    ("domain=\"law\"", "domain"),
+    ("kfca.attacks=[\"honest\", \"lagged:x\"]", "kfca.attacks"),
+    ("kfca.penalty=\"median\"", "kfca.penalty"),
+    ("strategy.fraction-train=0", "strategy.fraction-train"),
+    ("num-clients=1", "num-clients"),
+    ("model.quantization=3", "model.quantization"),
+    ("train.learning-rate-min=1.0", "train.learning-rate-min"),
+])
+def test_bad_values_fail_naming_the_key(override, key):
+    with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
+        load_recipe(TINY, [override])
+
+
+def test_malformed_override_fails():
+    with pytest.raises(RecipeError, match="key=value"):
+        load_recipe(TINY, ["num-server-rounds"])
+
+
+def test_lr_schedule_is_flowertune_cosine():
+    r = load_recipe(TINY, ["num-server-rounds=4", "train.learning-rate-max=0.5", "train.learning-rate-min=0.1"])
+    got = [lr_for_round(r, t) for t in range(1, 5)]
+    # cos(pi t/4) for t = 1..4 is sqrt(2)/2, 0, -sqrt(2)/2, -1
+    want = [0.1 + 0.2 * (1 + c) for c in (math.sqrt(0.5), 0.0, -math.sqrt(0.5), -1.0)]
+    assert got == pytest.approx(want)
+    assert got[-1] == pytest.approx(0.1)
+    for bad in (0, 5):
+        with pytest.raises(ValueError):
+            lr_for_round(r, bad)
+
+
+def test_recipe_to_dict_is_json_with_dashed_keys_and_round_trips():
+    r = load_recipe(TINY, ["kfca.peers=3"])
+    d = recipe_to_dict(r)
+    text = json.dumps(d)
+    assert '"num-server-rounds"' in text and '"per-device-train-batch-size"' in text and "_" not in "".join(
+        k for k in d)
+    assert d["train"]["training-arguments"]["max-steps"] == r.train.training_arguments.max_steps
+    assert recipe_from_dict(json.loads(text)) == r
+
+
+def test_all_keys_lists_flowertune_names():
+    keys = set(all_keys())
+    for k in ("model.name", "model.quantization", "model.gradient-checkpointing", "model.lora.peft-lora-r",
+              "model.lora.peft-lora-alpha", "train.learning-rate-max", "train.learning-rate-min",
+              "train.seq-length", "train.save-every-round", "train.training-arguments.per-device-train-batch-size",
+              "train.training-arguments.gradient-accumulation-steps", "train.training-arguments.num-train-epochs",
+              "train.training-arguments.max-steps", "train.training-arguments.lr-scheduler-type",
+              "strategy.fraction-train", "num-server-rounds", "dataset.name", "kfca.peers", "kfca.bonus-fraction",
+              "kfca.penalty", "kfca.seed", "kfca.attacks", "kfca.aggregate"):
+        assert k in keys
+
+
+@pytest.mark.parametrize("n, fraction, want", [(20, 0.1, 2), (10, 0.2, 2), (50, 0.1, 5), (6, 0.5, 3), (5, 0.1, 2),
+                                               (3, 1.0, 3)])
+def test_clients_per_round_follows_flower(n, fraction, want):
+    r = load_recipe(TINY, [f"num-clients={n}", f"strategy.fraction-train={fraction}", f"dataset.num-rows={10 * n}"])
+    assert clients_per_round(r) == want
