@@ -118,3 +118,13 @@ def test_finance_label_follows_the_news_verb():
         assert row["output"] in ("positive", "negative", "neutral")
     outputs = {r["output"] for r in make_rows("finance", 100, seed=2)}
     assert outputs == {"positive", "negative", "neutral"}
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_tiny_recipe_fits_every_domain_untruncated(tok, domain):
+    # the simulation may switch the tiny recipe's domain: no row may lose its response to truncation
+    r = load_recipe(TINY, [f"domain=\"{domain}\""])
+    clients = load_client_datasets(r, tok)
+    share = r.dataset.num_rows // r.num_clients
+    assert [len(c) for c in clients] == [share] * r.num_clients
+    assert all(item["input_ids"][-1] == tok.eos_token_id for c in clients for item in c)
