@@ -1,0 +1,29 @@
+# Two entry points on a fresh machine: `make demo` (the main job) and `make test` (the test suite).
+# Both create or reuse the virtual environment below and install what they need.
+VENV ?= .venv
+PYTHON ?= python3
+# The CPU build of torch (found on this machine's disk); set TORCH_SPEC to pick another build.
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench install
+
+$(BIN)/activate:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(BIN)/kfca-llm simulate
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_cpu_engine.py

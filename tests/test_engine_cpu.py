@@ -1,0 +1,133 @@
+"""The CPU backend ("numpy", numba kernels) against the plain-numpy reference, word for word."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kfca_llm.engine import get_backend
+from kfca_llm.engine import naive
+from kfca_llm.engine.layout import Layout
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def _random_state_dicts(rng: np.random.Generator, shapes: dict, n: int, dtype, zero_tensors=()):
+    out = []
+    shared = {k: rng.standard_normal(s) for k, s in shapes.items()}
+    for _ in range(n):
+        sd = {}
+        for k, s in shapes.items():
+            values = shared[k] + rng.standard_normal(s)
+            values[rng.random(s) < 0.05] = 0.0  # scattered exact zeros
+            t = torch.from_numpy(values).to(dtype)
+            flat = t.view(-1)
+            if flat.numel() >= 2:
+                flat[0], flat[1] = 0.0, -0.0
+            if k in zero_tensors:
+                t = torch.zeros_like(t) * -1.0  # -0.0 everywhere: still structurally zero
+            sd[k] = t
+        out.append(sd)
+    return out
+
+
+def _reference_words(layout: Layout, state_dicts):
+    signs = np.zeros((len(state_dicts), layout.n_words), dtype=np.int32)
+    task = np.zeros(layout.n_words, dtype=np.int32)
+    for i, sd in enumerate(state_dicts):
+        for slot in layout.slots:
+            s, nz = naive.pack_signs(sd[slot.name].double().numpy())
+            span = slice(slot.word_offset, slot.word_offset + slot.n_words)
+            signs[i, span] = s
+            task[span] |= nz
+    return signs, task
+
+
+def _pack(layout, state_dicts):
+    backend = get_backend("numpy")
+    buffers = backend.allocate(len(state_dicts), layout)
+    for i, sd in enumerate(state_dicts):
+        for k, slot in enumerate(layout.slots):
+            backend.pack(buffers, i, k, sd[slot.name])
+    return backend, buffers
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_clients", [2, 5, 17])
+def test_pack_and_counts_match_reference(dtype, n_clients):
+    rng = np.random.default_rng([n_clients, DTYPES.index(dtype)])
+    shapes = {"a.lora_A": (1,), "b.lora_B": (31,), "c": (33,), "d": (7, 9), "e": (32,), "zero": (40,), "f": (1000, 3)}
+    sds = _random_state_dicts(rng, shapes, n_clients, dtype, zero_tensors=("zero",))
+    layout = Layout.from_shapes(shapes)
+    backend, buffers = _pack(layout, sds)
+    ref_signs, ref_task = _reference_words(layout, sds)
+    signs, task = backend.host_words(buffers)
+    np.testing.assert_array_equal(signs, ref_signs)
+    np.testing.assert_array_equal(task, ref_task)
+    zero = layout.slot("zero")
+    assert not task[zero.word_offset: zero.word_offset + zero.n_words].any()
+    for seed, fraction in [(0, 0.5), (12345, 0.3), (2**32 - 1, 0.7)]:
+        counts = backend.round_counts(buffers, seed, fraction)
+        expected = naive.round_counts(ref_signs, ref_task, seed, fraction)
+        np.testing.assert_array_equal(counts.gram, expected.gram)
+        np.testing.assert_array_equal(counts.sizes, expected.sizes)
+        pairs = np.array([(i, j) for i in range(n_clients) for j in range(n_clients) if i != j][:12])
+        np.testing.assert_array_equal(backend.sampled_matches(buffers, seed, fraction, pairs),
+                                      naive.sampled_matches(ref_signs, ref_task, seed, fraction, pairs))
+
+
+def test_large_odd_tensor_matches_reference():
+    rng = np.random.default_rng(7)
+    values = torch.from_numpy(rng.standard_normal((3, 1_000_003)).astype(np.float32))
+    layout = Layout.from_shapes({"w": (1_000_003,)})
+    backend, buffers = _pack(layout, [{"w": v} for v in values])
+    ref_signs, ref_task = _reference_words(layout, [{"w": v} for v in values])
+    signs, task = backend.host_words(buffers)
+    np.testing.assert_array_equal(signs, ref_signs)
+    np.testing.assert_array_equal(task, ref_task)
+    counts = backend.round_counts(buffers, 3, 0.5)
+    expected = naive.round_counts(ref_signs, ref_task, 3, 0.5)
+    np.testing.assert_array_equal(counts.gram, expected.gram)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_nonfinite_flagged_for_the_right_tensor(dtype, bad):
+    rng = np.random.default_rng(1)
+    shapes = {"a": (70,), "b": (5, 13)}
+    sds = _random_state_dicts(rng, shapes, 3, dtype)
+    sds[2]["b"][4, 12] = bad  # last element: the scalar tail path
+    sds[1]["a"][3] = bad  # inside a full word: the vector path
+    backend, buffers = _pack(Layout.from_shapes(shapes), sds)
+    flags = backend.nonfinite(buffers)
+    assert flags.tolist() == [[False, False], [True, False], [False, True]]
+
+
+def test_packing_overwrites_poisoned_words_and_only_its_own_range():
+    rng = np.random.default_rng(2)
+    shapes = {"a": (45,), "b": (64,), "c": (3,)}
+    layout = Layout.from_shapes(shapes)
+    backend = get_backend("numpy")
+    buffers = backend.allocate(2, layout)
+    poison = np.int32(0x5A5A5A5A)
+    buffers.signs[:] = poison
+    sd = {k: torch.from_numpy(rng.standard_normal(s).astype(np.float32)) for k, s in shapes.items()}
+    backend.pack(buffers, 0, 1, sd["b"])
+    b = layout.slot("b")
+    ref, _ = naive.pack_signs(sd["b"].numpy())
+    np.testing.assert_array_equal(buffers.signs[0, b.word_offset: b.word_offset + b.n_words], ref)
+    untouched = np.ones(layout.n_words, dtype=bool)
+    untouched[b.word_offset: b.word_offset + b.n_words] = False
+    assert (buffers.signs[0, untouched] == poison).all() and (buffers.signs[1] == poison).all()
+
+
+def test_noncontiguous_tensor_packs_like_its_contiguous_copy():
+    rng = np.random.default_rng(3)
+    base = torch.from_numpy(rng.standard_normal((40, 24)).astype(np.float32))
+    transposed = base.t()
+    layout = Layout.from_shapes({"w": (24, 40)})
+    _, b1 = _pack(layout, [{"w": transposed}, {"w": transposed.contiguous()}])
+    np.testing.assert_array_equal(b1.signs[0], b1.signs[1])
+    ref, _ = naive.pack_signs(transposed.contiguous().numpy())
+    np.testing.assert_array_equal(b1.signs[0], ref)
