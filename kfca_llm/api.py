@@ -8,7 +8,6 @@ from contextlib import ExitStack
 
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from .checkpoints import check_same_tensors, client_paths, open_adapter
 from .engine.packer import SignPacker, _check_penalty
@@ -91,12 +90,12 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
     shapes = check_same_tensors(files, ref)
     packer = SignPacker(shapes, [f.client for f in files], backend=backend, device=device)
     with ExitStack() as stack:
-        handles = {f.client: stack.enter_context(safe_open(str(f.path), framework="pt")) for f in files}
-        ref_handle = stack.enter_context(safe_open(str(ref.path), framework="pt")) if ref else None
+        handles = {f.client: (f, stack.enter_context(open(f.path, "rb"))) for f in files}
+        ref_handle = stack.enter_context(open(ref.path, "rb")) if ref else None
         for slot in packer.layout.slots:
-            base = ref_handle.get_tensor(slot.name).to(device or "cpu") if ref_handle else None
-            for client, handle in handles.items():
-                tensor = handle.get_tensor(slot.name).to(device or "cpu")
+            base = ref.read(ref_handle, slot.name).to(device or "cpu") if ref else None
+            for client, (file, handle) in handles.items():
+                tensor = file.read(handle, slot.name).to(device or "cpu")
                 if base is not None:
                     # float32 difference: the sign of a - b is exact there for every input dtype.
                     tensor = tensor.float() - base.float()

@@ -1,29 +1,60 @@
 """Reading clients' adapter files: safetensors only, headers validated before any tensor is read.
 
 Adapter files come from clients and are untrusted: pickled formats (``adapter_model.bin``,
-``.pt``) are refused, never unpickled. Tensors are read lazily, one at a time.
+``.pt``) are refused, never unpickled. The safetensors header (8-byte little-endian length, a JSON
+object of name -> dtype, shape, data_offsets) is parsed and checked here: every byte range must lie
+inside the file, match its dtype and shape, and not overlap another. Tensors are then read one at a
+time with ``readinto`` rather than through a memory map, so a scoring pass over many large files
+holds only the tensor at hand in memory (a mapped file's touched pages stay resident).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors import safe_open
+import torch
 
 from .errors import InputError
 
 ADAPTER_FILE = "adapter_model.safetensors"
-_FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+MAX_HEADER_BYTES = 100 << 20
+_FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+_ALL_DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+                    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    """Absolute byte offset in the file."""
+    nbytes: int
 
 
 @dataclass(frozen=True)
 class AdapterFile:
     client: str
     path: Path
-    shapes: dict[str, tuple[int, ...]]
+    entries: dict[str, TensorEntry]
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: e.shape for name, e in self.entries.items()}
+
+    def read(self, handle, name: str) -> torch.Tensor:
+        """Read one tensor from an open binary handle of this file."""
+        entry = self.entries[name]
+        tensor = torch.empty(entry.shape, dtype=entry.dtype)
+        target = memoryview(tensor.view(torch.uint8).numpy().reshape(-1)) if entry.nbytes else memoryview(b"")
+        handle.seek(entry.start)
+        if handle.readinto(target) != entry.nbytes:
+            raise InputError("file ended inside the tensor's data", client=self.client, tensor=name)
+        return tensor
 
 
 def resolve_adapter_path(path: str | os.PathLike, client: str) -> Path:
@@ -43,24 +74,57 @@ def resolve_adapter_path(path: str | os.PathLike, client: str) -> Path:
 
 
 def open_adapter(path: str | os.PathLike, client: str) -> AdapterFile:
-    """Validate the header of one adapter file: safetensors, non-empty, float tensors only."""
+    """Parse and validate one adapter file's header: non-empty, float tensors, sound byte ranges."""
     file = resolve_adapter_path(path, client)
-    try:
-        with safe_open(str(file), framework="pt") as handle:
-            shapes = {}
-            for name in handle.keys():
-                view = handle.get_slice(name)
-                dtype = view.get_dtype()
-                if dtype not in _FLOAT_DTYPES:
-                    raise InputError(f"dtype {dtype} is not a floating-point type", client=client, tensor=name)
-                shapes[name] = tuple(view.get_shape())
-    except InputError:
-        raise
-    except Exception as exc:  # safetensors raises several types for a bad header
-        raise InputError(f"{file} is not a readable safetensors file ({exc})", client=client) from None
-    if not shapes:
+
+    def bad(message: str, tensor: str | None = None) -> InputError:
+        return InputError(f"{file} is not a valid safetensors file: {message}", client=client, tensor=tensor)
+
+    size = file.stat().st_size
+    with open(file, "rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            raise bad("shorter than its 8-byte header length")
+        header_len = int.from_bytes(head, "little")
+        if header_len > min(MAX_HEADER_BYTES, size - 8):
+            raise bad(f"header length {header_len} exceeds the file or {MAX_HEADER_BYTES} bytes")
+        try:
+            header = json.loads(handle.read(header_len).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise bad(f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    header.pop("__metadata__", None)
+    data_start, data_size = 8 + header_len, size - 8 - header_len
+    entries, ranges = {}, []
+    for name, info in header.items():
+        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str)
+                and isinstance(info.get("shape"), list) and isinstance(info.get("data_offsets"), list)):
+            raise bad("entry lacks dtype, shape or data_offsets", name)
+        dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+        if dtype not in _ALL_DTYPE_SIZES:
+            raise bad(f"unknown dtype {dtype!r}", name)
+        if dtype not in _FLOAT_DTYPES:
+            raise InputError(f"dtype {dtype} is not a floating-point type", client=client, tensor=name)
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+            raise bad(f"shape {shape} is not a list of non-negative integers", name)
+        if not (len(offsets) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= data_size):
+            raise bad(f"data_offsets {offsets} fall outside the {data_size} data bytes", name)
+        numel = 1
+        for d in shape:
+            numel *= d
+        if offsets[1] - offsets[0] != numel * _ALL_DTYPE_SIZES[dtype]:
+            raise bad(f"data_offsets {offsets} do not hold a {dtype} tensor of shape {shape}", name)
+        entries[name] = TensorEntry(_FLOAT_DTYPES[dtype], tuple(shape), data_start + offsets[0], offsets[1] - offsets[0])
+        ranges.append((offsets[0], offsets[1], name))
+    ranges.sort()
+    for (_, end, first), (start, _, second) in zip(ranges, ranges[1:]):
+        if start < end:
+            raise bad(f"data of {first!r} and {second!r} overlap", second)
+    if not entries:
         raise InputError(f"{file} holds no tensors (empty update)", client=client)
-    return AdapterFile(client, file, shapes)
+    return AdapterFile(client, file, entries)
 
 
 def client_paths(paths: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike]) -> dict[str, Path]:

@@ -201,7 +201,7 @@ def test_untrusted_files_are_refused_with_clear_errors(tmp_path):
         score_checkpoints({**paths, "pickled": pickled})
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"\xff" * 64)
-    with pytest.raises(InputError, match="client 'garbage'.*not a readable safetensors"):
+    with pytest.raises(InputError, match="client 'garbage'.*not a valid safetensors"):
         score_checkpoints({**paths, "garbage": garbage})
     with pytest.raises(InputError, match="client 'ghost'.*does not exist"):
         score_checkpoints({**paths, "ghost": tmp_path / "nope"})
@@ -278,3 +278,35 @@ def test_report_json_and_atomic_write(tmp_path):
     target = write_atomic(tmp_path / "r.json", json.dumps(data))
     assert json.loads(target.read_text())["rewards"] == report.rewards
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def _raw_safetensors(path, header: dict, data: bytes):
+    blob = json.dumps(header).encode()
+    path.write_bytes(len(blob).to_bytes(8, "little") + blob + data)
+    return path
+
+
+@pytest.mark.parametrize("header, data, message", [
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 32]}}, bytes(16), "fall outside"),
+    ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}, bytes(16), "do not hold"),
+    ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+      "v": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(16), "overlap"),
+    ({"w": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}}, bytes(16), "non-negative"),
+    ({"w": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 16]}}, bytes(16), "unknown dtype"),
+    ({"w": {"dtype": "I32", "shape": [4], "data_offsets": [0, 16]}}, bytes(16), "not a floating-point"),
+    ({"w": [1, 2]}, bytes(16), "lacks dtype"),
+    ({"__metadata__": {"format": "pt"}}, b"", "no tensors"),
+])
+def test_hostile_safetensors_headers_are_rejected(tmp_path, header, data, message):
+    good = _save_clients(tmp_path, _federation(14, n_honest=2), as_peft_dir=False)
+    hostile = _raw_safetensors(tmp_path / "hostile.safetensors", header, data)
+    with pytest.raises(InputError, match=f"client 'hostile'.*{message}"):
+        score_checkpoints({**good, "hostile": hostile})
+
+
+def test_header_length_beyond_the_file_is_rejected(tmp_path):
+    good = _save_clients(tmp_path, _federation(15, n_honest=2), as_peft_dir=False)
+    liar = tmp_path / "liar.safetensors"
+    liar.write_bytes((10**9).to_bytes(8, "little") + b"{}")
+    with pytest.raises(InputError, match="client 'liar'.*header length"):
+        score_checkpoints({**good, "liar": liar})
