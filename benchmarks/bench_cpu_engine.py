@@ -1,0 +1,135 @@
+"""CPU engine benchmark: score n clients x d coordinates, against baselines measured in the same run.
+
+Baselines:
+  floor  - a read-only pass over the same bytes: torch.sum over every client's tensors, all threads
+  naive  - the float comparison (sign(a) == sign(b)).sum() over every unordered pair of clients
+Engine: kfca_llm.score_updates (pack + counts + report), backend "numpy".
+Memory: growth of the resident set (sampled every 0.5 ms) while score_checkpoints reads
+safetensors files of the same updates in a fresh process, against the packed bits plus the
+largest tensors it must hold.
+
+    python benchmarks/bench_cpu_engine.py                      # 8 clients x 50M fp32
+    python benchmarks/bench_cpu_engine.py --clients 4 --coords 2000000 --repeat 1   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from itertools import combinations
+from pathlib import Path
+
+import torch
+
+_MEMORY_PROBE = r"""
+import json, os, sys, threading, time
+import torch
+import kfca_llm
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+kfca_llm.score_updates({"a": torch.randn(64), "b": torch.randn(64)})  # JIT warm-up
+baseline, peak, done = rss(), [0], threading.Event()
+def sample():  # ru_maxrss would keep the import-time peak: sample the resident set instead
+    while not done.is_set():
+        peak[0] = max(peak[0], rss())
+        time.sleep(0.0005)
+sampler = threading.Thread(target=sample)
+sampler.start()
+kfca_llm.score_checkpoints(json.loads(sys.argv[1]))
+done.set()
+sampler.join()
+print(json.dumps({"baseline": baseline, "peak": max(peak[0], rss())}))
+"""
+
+
+def _timed(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _make_updates(n: int, d: int, tensor_size: int, dtype: torch.dtype, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    sizes = [tensor_size] * (d // tensor_size) + ([d % tensor_size] if d % tensor_size else [])
+    signal = [torch.randn(s, generator=g) for s in sizes]
+    return {f"client{i:02d}": {f"layer{k:04d}.lora": (sig + torch.randn(sig.shape, generator=g)).to(dtype)
+                               for k, sig in enumerate(signal)} for i in range(n)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--coords", type=int, default=50_000_000)
+    parser.add_argument("--tensor-size", type=int, default=1_000_000, help="coordinates per tensor")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip-naive", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--json", default=None, help="write the figures to this file")
+    args = parser.parse_args()
+
+    import kfca_llm
+    from kfca_llm.engine.layout import Layout
+
+    threads = torch.get_num_threads()
+    dtype = getattr(torch, args.dtype)
+    updates = _make_updates(args.clients, args.coords, args.tensor_size, dtype, seed=0)
+    nbytes = sum(t.numel() * t.element_size() for sd in updates.values() for t in sd.values())
+    kfca_llm.score_updates({"a": torch.randn(64), "b": torch.randn(64)})  # JIT compile outside the timing
+
+    floor = _timed(lambda: [t.sum() for sd in updates.values() for t in sd.values()], args.repeat)
+    engine = _timed(lambda: kfca_llm.score_updates(updates, backend="numpy"), args.repeat)
+    results = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {threads}",
+        "clients": args.clients, "coords": args.coords, "dtype": args.dtype, "bytes": nbytes,
+        "floor_s": floor, "engine_s": engine, "engine_over_floor": engine / floor,
+        "engine_GBps": nbytes / engine / 1e9, "floor_GBps": nbytes / floor / 1e9,
+    }
+    if not args.skip_naive:
+        def naive():
+            for a, b in combinations(updates.values(), 2):
+                sum(int((torch.sign(a[k]) == torch.sign(b[k])).sum()) for k in a)
+        results["naive_s"] = _timed(naive, 1)
+        results["speedup_over_naive"] = results["naive_s"] / engine
+
+    if not args.skip_memory:
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = {}
+            for client, sd in updates.items():
+                paths[client] = str(Path(tmp) / f"{client}.safetensors")
+                save_file(sd, paths[client])
+            out = subprocess.run([sys.executable, "-c", _MEMORY_PROBE, json.dumps(paths)], check=True,
+                                 capture_output=True, text=True).stdout
+        probe = json.loads(out.strip().splitlines()[-1])
+        layout = Layout.from_shapes({k: v.shape for k, v in next(iter(updates.values())).items()})
+        packed = (args.clients + 1) * layout.n_words * 4
+        largest = max(t.numel() * 4 for t in next(iter(updates.values())).values())
+        results.update({
+            "checkpoint_peak_growth_MiB": (probe["peak"] - probe["baseline"]) / 2**20,
+            "packed_bits_MiB": packed / 2**20, "largest_tensor_fp32_MiB": largest / 2**20,
+            "update_bytes_MiB": nbytes / 2**20,
+        })
+
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    width = max(map(len, results))
+    for key, value in results.items():
+        print(f"{key:<{width}}  {value:.4g}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
