@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--device", default=None, help="stream tensors to this device (e.g. cuda)")
     _add_scoring_options(score)
     score.set_defaults(handler=_score)
+    from .simulate import add_simulate_parser
+    add_simulate_parser(sub)
     return parser
 
 
