@@ -163,7 +163,11 @@ def load_model_and_tokenizer(recipe: Recipe, *, device: str | torch.device = "cp
     else:
         model = model.to(device)
         if recipe.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
-            model.enable_input_require_grads()
+            # transformers >= 5 renamed it (the old name warns); older releases only have the old one
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
+            model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need inputs with grad
     model = get_peft_model(model, lora_config(recipe))
     return model, tokenizer
