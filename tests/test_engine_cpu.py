@@ -131,3 +131,11 @@ def test_noncontiguous_tensor_packs_like_its_contiguous_copy():
     np.testing.assert_array_equal(b1.signs[0], b1.signs[1])
     ref, _ = naive.pack_signs(transposed.contiguous().numpy())
     np.testing.assert_array_equal(b1.signs[0], ref)
+
+
+def test_negative_nan_packs_exactly_like_x_less_than_zero():
+    values = torch.tensor([-float("nan"), float("nan"), -0.0, -1.0, float("-inf")] * 8, dtype=torch.float32)
+    backend, buffers = _pack(Layout.from_shapes({"w": (40,)}), [{"w": values}, {"w": values}])
+    ref_signs, ref_task = _reference_words(Layout.from_shapes({"w": (40,)}), [{"w": values}] * 2)
+    np.testing.assert_array_equal(buffers.signs, ref_signs)
+    np.testing.assert_array_equal(buffers.task, ref_task)

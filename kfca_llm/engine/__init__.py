@@ -1,6 +1,6 @@
 """Scoring engine: packed sign bits, backends and streaming."""
 
-from .backends import Backend, PackedBuffers, available_backends, get_backend, register_backend
+from .backends import Backend, BackendUnavailable, PackedBuffers, available_backends, get_backend, register_backend
 from .cpu import CpuBackend
 from .layout import Layout, TensorSlot
 from .packer import SignPacker
@@ -16,5 +16,5 @@ def _triton_backend() -> Backend:
 register_backend("numpy", CpuBackend)
 register_backend("triton", _triton_backend)
 
-__all__ = ["Backend", "CpuBackend", "Layout", "PackedBuffers", "SignPacker", "TensorSlot",
+__all__ = ["Backend", "BackendUnavailable", "CpuBackend", "Layout", "PackedBuffers", "SignPacker", "TensorSlot",
            "available_backends", "get_backend", "register_backend"]

@@ -20,6 +20,10 @@ from .layout import Layout
 from .stats import RoundCounts
 
 
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this machine; the message says why (no silent fallback)."""
+
+
 @dataclass
 class PackedBuffers:
     """Backend-native arrays of one round (numpy arrays or torch tensors)."""

@@ -7,8 +7,8 @@ on the fly. numba gives both without a compiler at install time.
 
 The kernels work on the raw bits of the floats (viewed as same-width signed integers), so
 fp16/bf16/fp32/fp64 share one code path:
-negative = sign bit set and magnitude non-zero (so -0.0 is not negative), non-zero = magnitude
-bits non-zero, non-finite = exponent bits all ones.
+negative = sign bit set, magnitude non-zero and not NaN (exactly ``x < 0``: -0.0 and -NaN are not
+negative), non-zero = magnitude bits non-zero, non-finite = exponent bits all ones.
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ def _lanes32(typingctx, raw, start, exp_mask):
                                      ir.Constant(ir.VectorType(ir.IntType(32), 32), [0] * 32))
         magnitude = builder.and_(v, splat((1 << (width - 1)) - 1))
         nonzero = builder.icmp_unsigned("!=", magnitude, splat(0))
-        negative = builder.and_(builder.icmp_signed("<", v, splat(0)), nonzero)
+        not_nan = builder.icmp_unsigned("<=", magnitude, exp)
+        negative = builder.and_(builder.and_(builder.icmp_signed("<", v, splat(0)), nonzero), not_nan)
         nonfinite = builder.icmp_unsigned(">=", magnitude, exp)
         words = [builder.bitcast(mask, ir.IntType(32)) for mask in (negative, nonzero, nonfinite)]
         return context.make_tuple(builder, result, words)
@@ -112,7 +113,7 @@ def _pack_kernel(raw, signs_row, task, word_offset, mag_mask, exp_mask):
             bit = np.uint32(1) << np.uint32(lane)
             if magnitude != 0:
                 nonzero |= bit
-                if v < 0:
+                if v < 0 and magnitude <= exp_mask:  # -NaN is not < 0
                     negative |= bit
             bad += magnitude >= exp_mask
         signs_row[word_offset + full] = negative

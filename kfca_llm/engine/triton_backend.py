@@ -14,13 +14,9 @@ import torch
 
 from ..errors import InputError
 from ..partition import MAX_CLIENTS
-from .backends import Backend, PackedBuffers
+from .backends import Backend, BackendUnavailable, PackedBuffers
 from .layout import Layout
 from .stats import RoundCounts
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run on this machine; the message says why (no silent fallback)."""
 
 
 def _interpreter_enabled() -> bool:
