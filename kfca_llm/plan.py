@@ -44,6 +44,8 @@ class Plan:
     local_steps: int | None  # optimizer steps per client per round; None = bound by epochs and data size
     examples_per_step: int
     sign_bytes_per_update: int  # packed sign bits, every tensor starting on a 32-bit word
+    base_weight_bytes: int  # estimate: quantized linears at their bit width, the rest in bf16
+    adapter_train_bytes: int  # adapter weights + gradients in fp32 and the optimizer state
     rows_source: str
     samples: tuple[SampleRow, ...]
     notes: tuple[str, ...]
@@ -96,6 +98,8 @@ class Plan:
         lines.append(f"  download (bf16) {_size(self.download_bytes_per_round('bf16'))}/round; "
                      f"upload+download bf16 over {T} rounds: "
                      f"{_size(T * (self.upload_bytes_per_round('bf16') + self.download_bytes_per_round('bf16')))}")
+        lines.append(f"memory (estimate): base weights {_size(self.base_weight_bytes)}, adapter training state "
+                     f"{_size(self.adapter_train_bytes)}, plus activations (batch x seq-length)")
         lines.append(f"kfca: peers {r.kfca.peers if r.kfca.peers is not None else 'all'}, penalty {r.kfca.penalty}, "
                      f"bonus-fraction {r.kfca.bonus_fraction}, seed {r.kfca.seed}, aggregate {r.kfca.aggregate}, "
                      f"attacks {', '.join(r.kfca.attacks)}")
@@ -113,6 +117,19 @@ def _size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n} B"
+
+
+def _base_weight_bytes(base: Any, base_params: int, quantization: int | None) -> int:
+    """bitsandbytes quantizes every nn.Linear except the output head; 4-bit nf4 stores one fp32 scale per
+    64 weights (4.5 bits each), 8-bit about one byte each. Everything else stays bf16."""
+    import torch
+
+    if quantization is None:
+        return 2 * base_params
+    head = base.get_output_embeddings()
+    linear = sum(m.weight.numel() for m in base.modules() if isinstance(m, torch.nn.Linear) and m is not head)
+    bits = 4.5 if quantization == 4 else 8
+    return int(linear * bits / 8) + 2 * (base_params - linear)
 
 
 def _load_config(recipe: Recipe, model_dir: str | Path | None) -> Any:
@@ -171,6 +188,7 @@ def build_plan(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir:
     with init_empty_weights():  # meta device: shapes only
         base = AutoModelForCausalLM.from_config(config)
     base_params = sum(p.numel() for p in base.parameters())
+    base_bytes = _base_weight_bytes(base, base_params, recipe.model.quantization)  # before peft adds linears
     try:
         model = get_peft_model(base, lora_config(recipe))
     except ValueError as exc:  # peft: target modules not found in the architecture
@@ -179,6 +197,9 @@ def build_plan(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir:
     adapter_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     shapes = {k: tuple(v.shape) for k, v in get_peft_model_state_dict(model).items()}
     adapted = sum(1 for m in model.modules() if isinstance(m, LoraLayer))
+    # fp32 adapter weights and gradients, plus AdamW's two moments (fp32, or 8-bit for the bitsandbytes ones)
+    optim_bytes = 2 if "8bit" in recipe.train.training_arguments.optim else 8
+    adapter_train_bytes = adapter_params * (4 + 4 + optim_bytes)
     layout = Layout.from_shapes(shapes)
 
     ta = recipe.train.training_arguments
@@ -204,20 +225,14 @@ def build_plan(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir:
         recipe=recipe, architecture=config.model_type, base_params=base_params, adapter_params=adapter_params,
         adapter_shapes=shapes, adapted_modules=adapted, clients_per_round=clients_per_round(recipe),
         local_steps=ta.max_steps if ta.max_steps > 0 else None, examples_per_step=examples_per_step(recipe),
-        sign_bytes_per_update=4 * layout.n_words, rows_source=source, samples=tuple(samples), notes=tuple(notes))
+        sign_bytes_per_update=4 * layout.n_words, base_weight_bytes=base_bytes,
+        adapter_train_bytes=adapter_train_bytes, rows_source=source, samples=tuple(samples), notes=tuple(notes))
 
 
 def dry_run(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir: str | Path | None = None,
             n_rows: int = 2) -> str:
     """Human-readable plan of a recipe (see ``build_plan``)."""
     return build_plan(recipe, model_dir=model_dir, data_dir=data_dir, n_rows=n_rows).describe()
-
-
-def add_dry_run_parser(sub: Any) -> None:
-    """Register ``kfca-llm dry-run`` on an argparse subparsers object."""
-    p = sub.add_parser("dry-run", help="validate a recipe without a GPU: adapter size, rounds, bytes, sample rows")
-    _add_arguments(p)
-    p.set_defaults(func=_run)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import InputError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised only on Python 3.10
@@ -40,7 +42,7 @@ SYNTHETIC_DATASET = "synthetic"
 _ATTACK_SPEC = re.compile(r"^(honest|stale|flip|zero|random|lagged:[1-9][0-9]*|sparse:(0?\.[0-9]+|1(\.0*)?))$")
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError):
     """A recipe file or override is invalid; the message names the key."""
 
 

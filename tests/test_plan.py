@@ -50,6 +50,13 @@ def test_dry_run_counts_the_winners_adapters_from_real_dimensions(domain, tmp_pa
     assert plan.upload_bytes_per_round("bf16") == 2 * 2 * want
     assert plan.download_bytes_per_round("fp32") == 2 * 4 * want
     assert plan.local_steps == 10
+    # 4-bit: every decoder linear at 4.5 bits (nf4 + one fp32 scale per 64), embeddings/head/norms in bf16
+    h, i, L = dims["hidden_size"], dims["intermediate_size"], dims["num_hidden_layers"]
+    q_out, kv_out = dims["num_attention_heads"] * head_dim, dims["num_key_value_heads"] * head_dim
+    linear = L * (2 * h * q_out + 2 * h * kv_out + 3 * h * i)
+    assert plan.base_weight_bytes == int(linear * 4.5 / 8) + 2 * (plan.base_params - linear)
+    optim_bytes = 2  # paged_adamw_8bit: two 8-bit moments
+    assert plan.adapter_train_bytes == want * (4 + 4 + optim_bytes)
     text = plan.describe()
     assert f"{want:,} trainable parameters" in text and "10 rounds, " in text and "2 per round" in text
     assert "synthetic stand-ins" in text  # no data set offline

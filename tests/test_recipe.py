@@ -79,6 +79,13 @@ def test_bad_values_fail_naming_the_key(override, key):
         load_recipe(TINY, [override])
 
 
+def test_recipe_errors_are_input_errors_for_the_cli():
+    from kfca_llm.errors import InputError
+
+    with pytest.raises(InputError):
+        load_recipe(TINY, ["no-such-key=1"])
+
+
 def test_malformed_override_fails():
     with pytest.raises(RecipeError, match="key=value"):
         load_recipe(TINY, ["num-server-rounds"])
