@@ -55,17 +55,18 @@ def build_byte_tokenizer() -> Any:
     return fast
 
 
-def build_tokenizer(recipe_or_model_dir: Recipe | str | Path) -> Any:
+def build_tokenizer(recipe_or_model_dir: Recipe | str | Path, *, trust_remote_code: bool = False) -> Any:
     """The recipe's tokenizer (tiny: built in code), or the one saved in a local model directory."""
     if isinstance(recipe_or_model_dir, Recipe):
         if is_tiny(recipe_or_model_dir):
             return build_byte_tokenizer()
         source: str | Path = recipe_or_model_dir.model.name
+        trust_remote_code = trust_remote_code or recipe_or_model_dir.model.trust_remote_code
     else:
         source = recipe_or_model_dir
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:  # Llama-style tokenizers ship without one; padding is masked anyway
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "right"
@@ -137,8 +138,8 @@ def load_model_and_tokenizer(recipe: Recipe, *, device: str | torch.device = "cp
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     source = str(model_dir) if model_dir is not None else recipe.model.name
-    tokenizer = build_tokenizer(source)
-    kwargs: dict[str, Any] = {}
+    tokenizer = build_tokenizer(source, trust_remote_code=recipe.model.trust_remote_code)
+    kwargs: dict[str, Any] = {"trust_remote_code": recipe.model.trust_remote_code}
     q = recipe.model.quantization
     if q is not None:
         from peft import prepare_model_for_kbit_training

@@ -137,7 +137,7 @@ def _load_config(recipe: Recipe, model_dir: str | Path | None) -> Any:
 
     source = str(model_dir) if model_dir is not None else recipe.model.name
     try:
-        return AutoConfig.from_pretrained(source)
+        return AutoConfig.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code)
     except OSError as exc:
         raise RecipeError(
             f"cannot read the config of model {source!r} ({exc.__class__.__name__}); without network access "
@@ -150,7 +150,8 @@ def _try_tokenizer(recipe: Recipe, model_dir: str | Path | None) -> Any | None:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(model_dir) if model_dir is not None else recipe.model.name)
+        return AutoTokenizer.from_pretrained(str(model_dir) if model_dir is not None else recipe.model.name,
+                                             trust_remote_code=recipe.model.trust_remote_code)
     except (OSError, ValueError):  # no tokenizer files offline: format rows as text only
         return None
 
@@ -186,7 +187,7 @@ def build_plan(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir:
     else:
         config = _load_config(recipe, model_dir)
     with init_empty_weights():  # meta device: shapes only
-        base = AutoModelForCausalLM.from_config(config)
+        base = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
     base_params = sum(p.numel() for p in base.parameters())
     base_bytes = _base_weight_bytes(base, base_params, recipe.model.quantization)  # before peft adds linears
     try:

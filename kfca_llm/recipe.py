@@ -60,6 +60,9 @@ class ModelConfig:
     name: str
     quantization: int | None = None  # 4 or 8 (bitsandbytes); None = full precision
     gradient_checkpointing: bool = False
+    # Run the model repository's own Python code (tokenizer/model classes transformers lacks). Off by
+    # default: it executes code from the hub; all four winners' architectures are native in transformers 5.
+    trust_remote_code: bool = False
     lora: LoraConfigSpec = field(default_factory=LoraConfigSpec)
 
 

@@ -27,6 +27,7 @@ def test_recipe_file_holds_the_winner_settings(domain):
     assert rec.name == domain and rec.domain == domain
     assert rec.model.name == model
     assert rec.model.quantization == 4 and rec.model.gradient_checkpointing is True
+    assert rec.model.trust_remote_code is False
     lora = rec.model.lora
     assert (lora.peft_use_dora, lora.peft_lora_r, lora.peft_lora_alpha) == (dora, r, alpha)
     assert lora.target_modules == targets and lora.peft_lora_dropout == 0.075
