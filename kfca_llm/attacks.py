@@ -6,7 +6,8 @@ An attack is a function ``(honest, history, generator) -> submitted`` where
 * ``history`` is the client's own past honest updates, oldest first, this round excluded
   (``history[0]`` is the round-1 update once round 1 is over),
 * ``generator`` is a seeded ``torch.Generator``; attacks that draw random numbers draw them on each
-  tensor's own device (a generator for another device is derived from it, deterministically).
+  tensor's own device (a generator for another device is derived from it, deterministically), tensor by
+  tensor in sorted name order, so the draws do not depend on the state dict's key order.
 
 Attacks return a new state dict with the honest tensors' shapes, dtypes and devices, and never
 mutate their inputs. Built-in specs (the paper's attack analysis, appendix "KFCA-QP for Federated
@@ -197,12 +198,13 @@ def lagged_update(honest, history, generator, lag: int):
 def sparse_update(honest, history, generator, keep: float):
     cache: dict[torch.device, torch.Generator] = {}
     out = {}
-    for name, t in honest.items():
+    for name in sorted(honest):  # draw in name order: the same noise whatever the dict's order
+        t = honest[name]
         g = _generator_for(t.device, generator, cache)
         std = _float_std(name, t)
         kept = torch.rand(t.shape, generator=g, device=t.device) < keep
         out[name] = torch.where(kept, t, _gaussian_like(t, std, g).to(t.dtype))
-    return out
+    return {name: out[name] for name in honest}
 
 
 @register_attack("flip")
@@ -218,8 +220,10 @@ def zero_update(honest, history, generator):
 @register_attack("random")
 def random_update(honest, history, generator):
     cache: dict[torch.device, torch.Generator] = {}
-    return {name: _gaussian_like(t, _float_std(name, t), _generator_for(t.device, generator, cache)).to(t.dtype)
-            for name, t in honest.items()}
+    out = {name: _gaussian_like(honest[name], _float_std(name, honest[name]),
+                                _generator_for(honest[name].device, generator, cache)).to(honest[name].dtype)
+           for name in sorted(honest)}  # name order: the same noise whatever the dict's order
+    return {name: out[name] for name in honest}
 
 
 PAPER_ATTACKS: tuple[str, ...] = (

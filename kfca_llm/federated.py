@@ -223,7 +223,9 @@ def adapter_state(model) -> StateDict:
     """The adapter's trainable state (float32 copies on the CPU)."""
     from peft import get_peft_model_state_dict
 
-    return {k: v.detach().to("cpu", torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
+    state = get_peft_model_state_dict(model)
+    # Sorted names: the same order as a safetensors file read back on resume.
+    return {k: state[k].detach().to("cpu", torch.float32).clone() for k in sorted(state)}
 
 
 def load_adapter_state(model, state: Mapping[str, torch.Tensor]) -> None:

@@ -144,3 +144,13 @@ def test_cpu_generator_drives_cuda_tensors_deterministically():
     a = resolve_attack("random")(honest, [], _gen(9))
     b = resolve_attack("random")(honest, [], _gen(9))
     assert _same(a, b) and all(v.is_cuda for v in a.values())
+
+
+@pytest.mark.parametrize("spec", ["random", "sparse:0.5"])
+def test_noise_does_not_depend_on_key_order(spec):
+    honest = _update(2)
+    reordered = dict(reversed(list(honest.items())))
+    a = resolve_attack(spec)(honest, [], _gen(4))
+    b = resolve_attack(spec)(reordered, [], _gen(4))
+    assert list(b) == list(reordered)
+    assert all(torch.equal(a[k], b[k]) for k in honest)

@@ -1,0 +1,156 @@
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kfca_llm.errors import InputError
+from kfca_llm.federated import (FederationOptions, choose_peers, derive_seed, fedavg, last_complete_round,
+                                round_dir, run_federation, sample_round_clients)
+from kfca_llm.recipe import clients_per_round, load_recipe
+
+TINY = Path(__file__).resolve().parent.parent / "recipes" / "tiny.toml"
+SHORT = ["num-server-rounds=3", "train.training-arguments.max-steps=2", "train.save-every-round=1"]
+
+
+def short_recipe(*overrides: str):
+    return load_recipe(TINY, [*SHORT, *overrides])
+
+
+def test_derive_seed_is_stable_and_separates_keys():
+    assert derive_seed(0, 1, 2) == derive_seed(0, 1, 2)
+    values = {derive_seed(s, p, t) for s in range(3) for p in range(3) for t in range(3)}
+    assert len(values) == 27
+    assert all(0 <= v < 2**32 for v in values)
+
+
+def test_round_sampling_keeps_the_attacker_and_follows_fraction():
+    recipe = load_recipe(TINY, ["num-clients=20", "strategy.fraction-train=0.2", "dataset.num-rows=200"])
+    k = clients_per_round(recipe)
+    seen = set()
+    for t in range(1, 11):
+        clients = sample_round_clients(recipe, t, seed=3)
+        assert clients == sorted(set(clients)) and len(clients) == k and clients[0] == 0
+        assert clients == sample_round_clients(recipe, t, seed=3)
+        seen.update(clients)
+    assert len(seen) > k  # honest participants change from round to round
+    plain = load_recipe(TINY, ["kfca.attacks=[]"])
+    drawn = {tuple(sample_round_clients(plain, t, seed=1)) for t in range(1, 30)}
+    assert any(0 not in c for c in drawn)  # without attacks client 0 is an ordinary client
+    assert all(len(c) == clients_per_round(plain) for c in drawn)
+
+
+def test_choose_peers():
+    ids = ["a", "b", "c", "d"]
+    assert choose_peers(ids, None, 0) == ids
+    assert choose_peers(ids, 9, 0) == ids
+    two = choose_peers(ids, 2, 5)
+    assert len(two) == 2 and set(two) <= set(ids) and two == choose_peers(ids, 2, 5)
+
+
+def test_fedavg_is_the_example_weighted_mean_in_any_input_order():
+    g = torch.Generator().manual_seed(0)
+    glob = {"w": torch.randn(5, 4, generator=g)}
+    ups = [(f"c{i}", {"w": torch.randn(5, 4, generator=g)}, n) for i, n in enumerate((10, 30, 60))]
+    want = glob["w"] + sum(u["w"] * n for _, u, n in ups) / 100
+    out = fedavg(glob, ups)
+    torch.testing.assert_close(out["w"], want)
+    assert torch.equal(out["w"], fedavg(glob, ups[::-1])["w"])  # sorted summation: bit-identical
+    with pytest.raises(InputError):
+        fedavg(glob, [("c", {"w": glob["w"]}, 0)])
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fed")
+    recipe = short_recipe('kfca.attacks=["honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"]')
+    return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))
+
+
+def test_round_records_are_complete_and_consistent(short_run):
+    recipe, _, result = short_run
+    assert [r.round for r in result.rounds] == [1, 2, 3]
+    for r in result.rounds:
+        assert r.attacker == "client-000" and r.attacker in r.clients
+        assert set(r.rewards) == {"honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"}
+        # Every strategy is scored against the same honest peers (the other clients of the round).
+        peers = {s: sorted(p.peer for p in r.pairs if p.strategy == s) for s in r.rewards}
+        assert all(v == sorted(c for c in r.clients if c != r.attacker) for v in peers.values())
+        # The "honest" strategy is the attacker's own honest reward.
+        assert r.honest_rewards[r.attacker] == r.rewards["honest"]
+        assert set(r.honest_rewards) == set(r.clients)
+        assert all(np.asarray(p.delta).shape == (2, 2) for p in r.pairs)
+        assert r.categorical_world
+        assert r.rewards["honest"] > 0 > r.rewards["flip"]
+        # Local training lowers the loss on the probe batch.
+        assert np.mean([r.loss_after[c] - r.loss_before[c] for c in r.clients]) < 0
+    # Round 1 has no history: stale and lagged submit the round-1 update, i.e. the honest one.
+    first = result.rounds[0]
+    assert first.rewards["stale"] == first.rewards["lagged:1"] == first.rewards["honest"]
+    assert result.rounds[2].rewards["stale"] != result.rounds[2].rewards["honest"]
+
+
+def test_adapters_are_saved_in_peft_format_and_load(short_run):
+    from peft import PeftModel
+
+    from kfca_llm.modeling import load_model_and_tokenizer
+
+    recipe, out, result = short_run
+    assert last_complete_round(out) == 3
+    for t in (1, 2, 3):
+        assert (round_dir(out, t) / "adapter_config.json").is_file()
+        assert (round_dir(out, t) / "adapter_model.safetensors").is_file()
+    base, _ = load_model_and_tokenizer(recipe)
+    from peft import get_peft_model_state_dict
+
+    initial = {k: v.clone() for k, v in get_peft_model_state_dict(base).items()}
+    loaded = PeftModel.from_pretrained(base.get_base_model(), str(round_dir(out, 3)))
+    state = get_peft_model_state_dict(loaded)
+    lora_b = [k for k in state if "lora_B" in k]
+    assert lora_b and any(not torch.equal(state[k], initial[k]) for k in lora_b)
+
+
+def test_same_seed_reproduces_and_resume_continues_bit_identically(short_run, tmp_path):
+    recipe, out, result = short_run
+    # Interrupt after round 2: keep rounds 1-2 only, then resume.
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(out, resumed_dir)
+    shutil.rmtree(round_dir(resumed_dir, 3))
+    shutil.rmtree(resumed_dir / "state" / "round-003")
+    assert last_complete_round(resumed_dir) == 2
+    resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
+    assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
+    a = (round_dir(out, 3) / "adapter_model.safetensors").read_bytes()
+    b = (round_dir(resumed_dir, 3) / "adapter_model.safetensors").read_bytes()
+    assert a == b
+    with pytest.raises(InputError, match="cannot resume"):
+        other = load_recipe(TINY, [*SHORT, 'kfca.attacks=["honest", "flip"]'])
+        run_federation(other, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
+
+
+def test_attacks_leave_the_honest_trajectory_alone_unless_aggregated():
+    # aggregate = "honest": listing a flip attack changes neither the model nor the honest clients' rewards
+    # (flip is non-zero exactly where the honest update is, so the task set is the same too).
+    base = ["num-server-rounds=2", "train.training-arguments.max-steps=2"]
+    only = run_federation(load_recipe(TINY, [*base, 'kfca.attacks=["honest"]']), FederationOptions(progress=False))
+    both = run_federation(load_recipe(TINY, [*base, 'kfca.attacks=["honest", "flip"]']),
+                          FederationOptions(progress=False))
+    poisoned = run_federation(load_recipe(TINY, [*base, 'kfca.attacks=["honest", "flip"]', "kfca.aggregate=all"]),
+                              FederationOptions(progress=False))
+    assert [r.honest_rewards for r in only.rounds] == [r.honest_rewards for r in both.rounds]
+    assert [r.loss_before for r in only.rounds] == [r.loss_before for r in both.rounds]
+    # With "all", the flipped submission enters FedAvg and round 2 starts from another global adapter.
+    assert poisoned.rounds[1].loss_before != both.rounds[1].loss_before
+    assert poisoned.rounds[0].rewards == both.rounds[0].rewards
+
+
+def test_report_dict_is_json_and_has_the_documented_keys(short_run):
+    _, _, result = short_run
+    report = json.loads(json.dumps(result.to_report()))
+    assert {"domain", "seed", "rounds", "strategies", "categorical_world", "delta"} <= set(report)
+    assert report["rounds"] == 3 and report["categorical_world"] == [True] * 3
+    honest = report["strategies"]["honest"]
+    assert honest["mean_reward"] == pytest.approx(np.mean(honest["per_round"]))
