@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+from PIL import Image
+
+from kfca_llm.plots import plot_delta, plot_rewards, strategy_colour
+
+
+def _report(domain: str, seed: int, rounds: int = 4):
+    rng = np.random.default_rng(seed)
+    strategies = {}
+    for spec, level in (("honest", 0.3), ("lagged:2", 0.1), ("sparse:0.5", 0.15), ("flip", -0.3), ("zero", 0.0)):
+        per_round = (level + 0.02 * rng.standard_normal(rounds)).tolist()
+        strategies[spec] = {"mean_reward": float(np.mean(per_round)), "per_round": per_round}
+    deltas = []
+    for _ in range(rounds):
+        d = float(rng.uniform(0.05, 0.2))
+        deltas.append([[d, -d], [-d, d]])
+    return {"domain": domain, "seed": seed, "rounds": rounds, "strategies": strategies,
+            "categorical_world": [True] * (rounds - 1) + [False], "delta": deltas}
+
+
+def _image(path):
+    with Image.open(path) as img:
+        assert img.format == "PNG"
+        return np.asarray(img.convert("RGB"))
+
+
+@pytest.mark.parametrize("n_domains", [1, 4])
+def test_figures_are_written_with_one_panel_per_domain(tmp_path, n_domains):
+    reports = [_report(d, i) for i, d in enumerate(["general-nlp", "finance", "medical", "code"][:n_domains])]
+    plot_rewards(reports, tmp_path / "rewards.png")
+    plot_delta(reports, tmp_path / "delta.png")
+    rewards, delta = _image(tmp_path / "rewards.png"), _image(tmp_path / "delta.png")
+    # More domains: wider reward figure (columns), taller delta figure (rows).
+    assert rewards.shape[1] > 700 * n_domains
+    assert delta.shape[0] > 150 * n_domains
+    assert rewards.std() > 10 and delta.std() > 10  # not blank
+    assert not list(tmp_path.glob(".*"))  # no temporary files left behind
+
+
+def test_delta_uses_distinct_diagonal_and_off_diagonal_colours(tmp_path):
+    plot_delta([_report("finance", 3, rounds=1)], tmp_path / "delta.png")
+    img = _image(tmp_path / "delta.png").reshape(-1, 3).astype(int)
+    greenish = ((img[:, 1] > img[:, 0] + 40) & (img[:, 1] > img[:, 2])).sum()  # finance: green diagonal
+    reddish = ((img[:, 0] > img[:, 1] + 40) & (img[:, 0] > img[:, 2] + 40)).sum()
+    assert greenish > 1000 and reddish > 1000
+
+
+def test_strategy_colours_group_families():
+    assert strategy_colour("honest") != strategy_colour("flip")
+    assert len({strategy_colour(f"lagged:{k}") for k in (2, 3, 4, 5)}) == 4
+    assert strategy_colour("sparse:0.25") != strategy_colour("sparse:0.75")
+    assert strategy_colour("my-attack")  # user attacks get a colour too
