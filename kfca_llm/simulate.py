@@ -143,7 +143,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         from .plan import dry_run
 
         for recipe in recipes:
-            print(dry_run(recipe))
+            print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
         return 0
     if args.domain == "all":
         out = Path(args.out) if args.out else Path("runs") / f"all-seed{recipes[0].kfca.seed}"

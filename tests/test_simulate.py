@@ -1,0 +1,76 @@
+import csv
+import json
+
+import pytest
+
+from kfca_llm.cli import main
+
+FAST = ["--no-progress", "--set", "train.training-arguments.max-steps=2"]
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sim") / "run"
+    return out, main(["simulate", "--rounds", "2", "--attacks", "honest,zero,flip,sparse:0.5", "--seed", "3",
+                      "--out", str(out), *FAST])
+
+
+def test_simulate_writes_every_output(simulated):
+    out, code = simulated
+    assert code == 0
+    for name in ("report.json", "rewards.csv", "rewards.png", "delta.png"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0
+    assert (out / "adapters" / "round-002" / "adapter_model.safetensors").is_file()
+    report = json.loads((out / "report.json").read_text())
+    assert report["domain"] == "general-nlp" and report["seed"] == 3 and report["rounds"] == 2
+    assert set(report["strategies"]) == {"honest", "zero", "flip", "sparse:0.5"}
+    assert all(len(v["per_round"]) == 2 for v in report["strategies"].values())
+    assert len(report["categorical_world"]) == 2
+    rows = list(csv.DictReader((out / "rewards.csv").open()))
+    strategy_rows = [r for r in rows if r["kind"] == "strategy"]
+    assert len(strategy_rows) == 8
+    for r in strategy_rows:
+        assert float(r["reward"]) == report["strategies"][r["name"]]["per_round"][int(r["round"]) - 1]
+    assert any(r["kind"] == "honest-client" for r in rows)
+    assert not list(out.glob(".*"))  # atomic writes leave no temporary files
+
+
+def test_simulate_table_is_sorted_by_mean_reward(simulated, capsys):
+    out, _ = simulated
+    from kfca_llm.simulate import reward_table
+
+    text = reward_table(json.loads((out / "report.json").read_text()))
+    positions = [text.index(f" {s} ") for s in ("honest", "sparse:0.5", "zero", "flip")]
+    assert positions == sorted(positions)
+
+
+def test_simulate_resume_of_a_finished_run_changes_nothing(simulated, capsys):
+    out, _ = simulated
+    before = json.loads((out / "report.json").read_text())
+    assert main(["simulate", "--rounds", "2", "--attacks", "honest,zero,flip,sparse:0.5", "--seed", "3",
+                 "--out", str(out), "--resume", *FAST]) == 0
+    after = json.loads((out / "report.json").read_text())
+    assert after["strategies"] == before["strategies"]
+
+
+def test_bad_attack_spec_is_a_clean_error(tmp_path, capsys):
+    assert main(["simulate", "--attacks", "honest,lagged:0", "--out", str(tmp_path / "x"), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "lagged:0" in err and "valid specs" in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_dry_run_prints_the_plan_without_training(tmp_path, capsys):
+    assert main(["simulate", "--dry-run", "--domain", "finance", "--out", str(tmp_path / "x")]) == 0
+    text = capsys.readouterr().out
+    assert "finance" in text and "10 rounds" in text
+    assert not (tmp_path / "x").exists()
+
+
+def test_domain_all_runs_four_domains_and_combines_figures(tmp_path, capsys):
+    out = tmp_path / "all"
+    assert main(["simulate", "--domain", "all", "--rounds", "1", "--attacks", "honest,flip", "--out", str(out),
+                 "--no-progress", "--set", "train.training-arguments.max-steps=1"]) == 0
+    for domain in ("general-nlp", "finance", "medical", "code"):
+        assert json.loads((out / domain / "report.json").read_text())["domain"] == domain
+    assert (out / "rewards.png").is_file() and (out / "delta.png").is_file()
