@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import re
 import sys
 import types
 import typing
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .attacks import resolve_attacks
 from .errors import InputError
 
 if sys.version_info >= (3, 11):
@@ -39,7 +39,6 @@ PENALTIES = ("expected", "sampled")
 # "all": FedAvg over every submitted update, attacks included (what an unguarded server would do).
 AGGREGATES = ("honest", "all")
 SYNTHETIC_DATASET = "synthetic"
-_ATTACK_SPEC = re.compile(r"^(honest|stale|flip|zero|random|lagged:[1-9][0-9]*|sparse:(0?\.[0-9]+|1(\.0*)?))$")
 
 
 class RecipeError(InputError):
@@ -305,10 +304,10 @@ def _validate(r: Recipe) -> None:
     need(0.0 < k.bonus_fraction < 1.0, "kfca.bonus-fraction", "must be in (0, 1)")
     need(k.penalty in PENALTIES, "kfca.penalty", f"must be one of {PENALTIES}")
     need(k.aggregate in AGGREGATES, "kfca.aggregate", f"must be one of {AGGREGATES}")
-    for spec in k.attacks:
-        need(bool(_ATTACK_SPEC.match(spec)), "kfca.attacks",
-             f"has an unknown attack {spec!r} (known: honest, stale, lagged:K, sparse:P with P in (0,1], "
-             "flip, zero, random)")
+    try:  # the attack registry is the one authority, so user-registered attacks are valid here too
+        resolve_attacks(k.attacks)
+    except InputError as exc:
+        need(False, "kfca.attacks", f"is invalid: {exc}")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -130,3 +130,23 @@ def test_all_keys_lists_flowertune_names():
 def test_clients_per_round_follows_flower(n, fraction, want):
     r = load_recipe(TINY, [f"num-clients={n}", f"strategy.fraction-train={fraction}", f"dataset.num-rows={10 * n}"])
     assert clients_per_round(r) == want
+
+
+def test_attack_specs_are_validated_by_the_attack_registry(monkeypatch):
+    from kfca_llm import attacks
+    from kfca_llm.attacks import register_attack
+
+    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))  # keep the registration local
+
+    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    with pytest.raises(RecipeError, match="kfca.attacks.*sparse:1.0"):
+        load_recipe(base, ["kfca.attacks=['honest', 'sparse:1.0']"])
+    with pytest.raises(RecipeError, match="kfca.attacks.*duplicate|kfca.attacks"):
+        load_recipe(base, ["kfca.attacks=['flip', 'flip']"])
+
+    @register_attack("halve_for_recipe_test")
+    def _halve(honest, history, generator):
+        return {k: v / 2 for k, v in honest.items()}
+
+    recipe = load_recipe(base, ["kfca.attacks=['honest', 'halve_for_recipe_test']"])
+    assert recipe.kfca.attacks == ("honest", "halve_for_recipe_test")
