@@ -1,7 +1,7 @@
 # kfca-llm on a CUDA GPU: federated LoRA/DoRA fine-tuning with KFCA rewards (4-bit bitsandbytes needs CUDA).
 #   docker build -t kfca-llm .
 #   docker run --rm --gpus all -v "$HOME/.cache/huggingface:/hf-cache" -v "$PWD/runs:/work/runs" \
-#       kfca-llm simulate recipes/finance.toml
+#       kfca-llm simulate --recipe recipes/finance.toml
 # The official PyTorch runtime image brings CUDA, cuDNN and a CUDA build of torch, so `pip install .` keeps
 # that torch (pyproject asks torch>=2.4) instead of pulling the CPU wheel.
 FROM pytorch/pytorch:2.9.0-cuda12.8-cudnn9-runtime
