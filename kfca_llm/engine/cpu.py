@@ -165,44 +165,53 @@ def _set_masks(word_index, task_word, key, t_bonus, t_m1):
 
 @njit(parallel=True, cache=True)
 def _gram_kernel(signs, task, key, t_bonus, t_m1):
+    """Upper triangles of the three co-negative Gram matrices, one partial per chunk of words.
+
+    ``signs`` and ``task`` are viewed as uint64 (two 32-bit words per lane; rows are padded to an
+    even number of words). Per block of words the three set masks are built once, then every pair
+    runs a contiguous AND + popcount reduction over the block, which LLVM vectorises.
+    """
     n, n_words = signs.shape
     n_chunks = (n_words + _WORDS_PER_CHUNK - 1) // _WORDS_PER_CHUNK
     partial = np.zeros((n_chunks, 3, n, n), dtype=np.int64)
     sizes = np.zeros((n_chunks, 3), dtype=np.int64)
     for chunk in prange(n_chunks):
-        masked = np.empty((3, n), dtype=np.uint64)
-        local = partial[chunk]
         start = chunk * _WORDS_PER_CHUNK
         stop = min(start + _WORDS_PER_CHUNK, n_words)
-        # Two 32-bit words at a time so popcounts run on 64-bit registers.
-        for w in range(start, stop, 2):
-            t_lo = task[w]
-            t_hi = task[w + 1] if w + 1 < stop else np.uint32(0)
-            if (t_lo | t_hi) == 0:
+        width = stop - start
+        masks = np.empty((3, width), dtype=np.uint64)
+        masked = np.empty(width, dtype=np.uint64)
+        for k in range(width):
+            w = start + k
+            t = task[w]
+            if t == 0:
+                masks[0, k] = 0
+                masks[1, k] = 0
+                masks[2, k] = 0
                 continue
-            b_lo, m1_lo = _set_masks(w, t_lo, key, t_bonus, t_m1)
-            b_hi, m1_hi = _set_masks(w + 1, t_hi, key, t_bonus, t_m1)
+            b_lo, m1_lo = _set_masks(2 * w, np.uint32(t & np.uint64(0xFFFFFFFF)), key, t_bonus, t_m1)
+            b_hi, m1_hi = _set_masks(2 * w + 1, np.uint32(t >> np.uint64(32)), key, t_bonus, t_m1)
             bonus = np.uint64(b_lo) | (np.uint64(b_hi) << np.uint64(32))
             m1 = np.uint64(m1_lo) | (np.uint64(m1_hi) << np.uint64(32))
-            all_tasks = np.uint64(t_lo) | (np.uint64(t_hi) << np.uint64(32))
-            m2 = all_tasks & ~(bonus | m1)
-            sizes[chunk, 0] += _popcount64(bonus)
-            sizes[chunk, 1] += _popcount64(m1)
-            sizes[chunk, 2] += _popcount64(m2)
+            masks[0, k] = bonus
+            masks[1, k] = m1
+            masks[2, k] = t & ~(bonus | m1)
+        local = partial[chunk]
+        for s in range(3):
+            total = 0
+            for k in range(width):
+                total += _popcount64(masks[s, k])
+            sizes[chunk, s] = total
             for i in range(n):
-                lo = np.uint64(signs[i, w])
-                hi = np.uint64(signs[i, w + 1]) if w + 1 < stop else np.uint64(0)
-                x = lo | (hi << np.uint64(32))
-                masked[0, i] = x & bonus
-                masked[1, i] = x & m1
-                masked[2, i] = x & m2
-            for s in range(3):
-                for i in range(n):
-                    xi = masked[s, i]
-                    if xi == 0:
-                        continue
-                    for j in range(i, n):
-                        local[s, i, j] += _popcount64(xi & masked[s, j])
+                row_i = signs[i, start:stop]
+                for k in range(width):
+                    masked[k] = row_i[k] & masks[s, k]
+                for j in range(i, n):
+                    row_j = signs[j, start:stop]
+                    acc = 0
+                    for k in range(width):
+                        acc += _popcount64(masked[k] & row_j[k])
+                    local[s, i, j] += acc
     return partial, sizes
 
 
@@ -287,10 +296,12 @@ class CpuBackend(Backend):
     def allocate(self, n_clients: int, layout: Layout, device=None) -> PackedBuffers:
         if not 2 <= n_clients <= MAX_CLIENTS:
             raise InputError(f"need between 2 and {MAX_CLIENTS} clients, got {n_clients}")
+        # Rows padded to an even number of words (zeros: never tasks) so counting can use uint64.
+        padded = layout.n_words + layout.n_words % 2
         return PackedBuffers(
             layout=layout,
-            signs=np.zeros((n_clients, layout.n_words), dtype=np.int32),
-            task=np.zeros(layout.n_words, dtype=np.int32),
+            signs=np.zeros((n_clients, padded), dtype=np.int32),
+            task=np.zeros(padded, dtype=np.int32),
             nonfinite=np.zeros((n_clients, len(layout.slots)), dtype=np.int32),
             device="cpu",
         )
@@ -309,7 +320,7 @@ class CpuBackend(Backend):
 
     def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float) -> RoundCounts:
         t_bonus, t_m1 = partition_thresholds(bonus_fraction)
-        partial, sizes = _gram_kernel(buffers.signs.view(np.uint32), buffers.task.view(np.uint32),
+        partial, sizes = _gram_kernel(buffers.signs.view(np.uint64), buffers.task.view(np.uint64),
                                       np.uint32(partition_key(seed)), np.uint32(t_bonus), np.uint32(t_m1))
         upper = partial.sum(axis=0)
         gram = np.triu(upper) + np.triu(upper, 1).transpose(0, 2, 1)
@@ -330,5 +341,6 @@ class CpuBackend(Backend):
         return partial.sum(axis=0)
 
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:
-        return buffers.signs, buffers.task
+        n_words = buffers.layout.n_words
+        return buffers.signs[:, :n_words], buffers.task[:n_words]
 
