@@ -6,7 +6,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,35 +97,42 @@ class RewardReport:
         }
 
     def table(self) -> str:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"KFCA rewards (seed {self.seed}, penalty {self.penalty}, backend {self.backend})")
-        table.add_column("rank", justify="right")
-        table.add_column("client")
-        table.add_column("reward", justify="right")
-        table.add_column("peers", justify="right")
-        table.add_column("bonus agree", justify="right")
-        table.add_column("penalty agree", justify="right")
         peers = self.peers
+        rows = []
         for rank, (client, reward) in enumerate(self.ranking(), start=1):
             mine = [(client, p) for p in peers.get(client, [])]
             bonus = np.mean([self.bonus_agreement[k] for k in mine])
             penalty = np.mean([self.penalty_agreement[k] for k in mine])
-            table.add_row(str(rank), client, f"{reward:+.4f}", str(len(mine)), f"{bonus:.4f}", f"{penalty:.4f}")
-        buffer = io.StringIO()
-        console = Console(file=buffer, width=110, force_terminal=False, color_system=None)
-        console.print(table)
+            rows.append((str(rank), client, f"{reward:+.4f}", str(len(mine)), f"{bonus:.4f}", f"{penalty:.4f}"))
         delta = np.array2string(self.delta, precision=5, suppress_small=False)
-        world = "holds" if self.categorical_world else "VIOLATED"
-        console.print(f"pooled delta matrix (labels {', '.join(self.labels)}):\n{delta}\n"
-                      f"categorical-world condition: {world}")
+        notes = [f"pooled delta matrix (labels {', '.join(self.labels)}):\n{delta}\n"
+                 f"categorical-world condition: {'holds' if self.categorical_world else 'VIOLATED'}"]
         if self.tasks:
-            console.print("tasks: " + ", ".join(f"{k} {v}" for k, v in self.tasks.items()))
-        return buffer.getvalue().rstrip()
+            notes.append("tasks: " + ", ".join(f"{k} {v}" for k, v in self.tasks.items()))
+        return text_table(f"KFCA rewards (seed {self.seed}, penalty {self.penalty}, backend {self.backend})",
+                          ["rank", "client", "reward", "peers", "bonus agree", "penalty agree"], rows, notes)
 
     def __str__(self) -> str:
         return self.table()
+
+
+def text_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
+               notes: Sequence[str] = (), width: int = 110) -> str:
+    """A plain-text rich table (numbers right-aligned: every column but a name column) and notes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for k, column in enumerate(columns):
+        table.add_column(column, justify="left" if k == 1 else "right")
+    for row in rows:
+        table.add_row(*row)
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=False, color_system=None)
+    console.print(table)
+    for note in notes:
+        console.print(note)
+    return buffer.getvalue().rstrip()
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:

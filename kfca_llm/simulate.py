@@ -19,6 +19,7 @@ from typing import Any
 from .attacks import resolve_attacks
 from .errors import InputError
 from .recipe import DOMAINS, SYNTHETIC_DATASET, Recipe, load_recipe
+from .report import text_table
 
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny.toml"
 
@@ -75,34 +76,23 @@ def rewards_csv(report: dict[str, Any]) -> str:
 
 
 def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
-    """The rich table of mean rewards, sorted, as text."""
-    from rich.console import Console
-    from rich.table import Table
-
+    """The table of mean rewards per strategy, sorted, as text."""
     strategies = report["strategies"]
     honest = strategies.get("honest", {}).get("mean_reward")
-    table = Table(title=f"KFCA-QP rewards: {report['domain']}, seed {report['seed']}, {report['rounds']} rounds")
-    table.add_column("rank", justify="right")
-    table.add_column("strategy")
-    table.add_column("mean reward", justify="right")
-    table.add_column("% of honest", justify="right")
-    table.add_column("min", justify="right")
-    table.add_column("max", justify="right")
     order = sorted(strategies, key=lambda s: strategies[s]["mean_reward"], reverse=True)
+    rows = []
     for rank, spec in enumerate(order, start=1):
         entry = strategies[spec]
         share = f"{100 * entry['mean_reward'] / honest:+.0f}%" if honest else "-"
-        table.add_row(str(rank), spec, f"{entry['mean_reward']:+.4f}", share,
-                      f"{min(entry['per_round']):+.4f}", f"{max(entry['per_round']):+.4f}")
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=100, force_terminal=False, color_system=None)
-    console.print(table)
+        rows.append((str(rank), spec, f"{entry['mean_reward']:+.4f}", share,
+                     f"{min(entry['per_round']):+.4f}", f"{max(entry['per_round']):+.4f}"))
     cat = report["categorical_world"]
-    console.print(f"honest clients' own mean reward: {report['honest_clients']['mean_reward']:+.4f}; "
-                  f"categorical-world condition held in {sum(cat)}/{len(cat)} rounds")
+    notes = [f"honest clients' own mean reward: {report['honest_clients']['mean_reward']:+.4f}; "
+             f"categorical-world condition held in {sum(cat)}/{len(cat)} rounds"]
     if wall_s is not None:
-        console.print(f"wall time {wall_s:.1f} s")
-    return buffer.getvalue().rstrip()
+        notes.append(f"wall time {wall_s:.1f} s")
+    return text_table(f"KFCA-QP rewards: {report['domain']}, seed {report['seed']}, {report['rounds']} rounds",
+                      ["rank", "strategy", "mean reward", "% of honest", "min", "max"], rows, notes, width=100)
 
 
 def write_outputs(report: dict[str, Any], out: Path) -> None:
