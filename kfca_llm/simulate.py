@@ -13,6 +13,7 @@ import csv
 import io
 import time
 from collections.abc import Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ from .errors import InputError
 from .recipe import DOMAINS, SYNTHETIC_DATASET, Recipe, load_recipe
 from .report import text_table
 
-DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "tiny.toml"
+# recipes/ is installed as the data package kfca_llm.recipes (pyproject), so this works outside a checkout too.
+RECIPES_DIR = Path(str(files("kfca_llm.recipes")))
+DEFAULT_RECIPE = RECIPES_DIR / "tiny.toml"
 
 
 def resolve_recipe_path(name: str | None) -> Path:
@@ -31,10 +34,10 @@ def resolve_recipe_path(name: str | None) -> Path:
     path = Path(name)
     if path.is_file():
         return path
-    shipped = DEFAULT_RECIPE.parent / f"{name}.toml"
+    shipped = RECIPES_DIR / f"{name}.toml"
     if shipped.is_file():
         return shipped
-    known = sorted(p.stem for p in DEFAULT_RECIPE.parent.glob("*.toml"))
+    known = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
     raise InputError(f"no recipe file {name!r} (shipped recipes: {', '.join(known) or 'none'})")
 
 

@@ -1,0 +1,1 @@
+"""Recipe files (FlowerTune key names), installed as the data package kfca_llm.recipes."""
