@@ -67,8 +67,7 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     packer = SignPacker(_shared_shapes(state_dicts), list(state_dicts), backend=backend,
                         device=_device_of(state_dicts))
     for client, sd in state_dicts.items():
-        for name, tensor in sd.items():
-            packer.add(client, name, tensor)
+        packer.add_many(client, sd)
     return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs)
 
 

@@ -142,3 +142,25 @@ def test_negative_nan_packs_exactly_like_x_less_than_zero():
     signs, task = backend.host_words(buffers)
     np.testing.assert_array_equal(signs, ref_signs)
     np.testing.assert_array_equal(task, ref_task)
+
+
+def test_fused_pack_many_equals_reference_with_mixed_dtypes_and_flags():
+    """pack_many groups tensors by float format into one pass; words and flags must not change."""
+    rng = np.random.default_rng(9)
+    shapes = {"a": (1,), "b": (31,), "c": (4097 * 32 + 5,), "d": (7, 9), "e": (64,), "f": (3, 1000)}
+    dtypes = {"a": torch.float32, "b": torch.bfloat16, "c": torch.float32, "d": torch.float16,
+              "e": torch.bfloat16, "f": torch.float32}
+    layout = Layout.from_shapes(shapes)
+    sds = [{k: torch.from_numpy(rng.standard_normal(s)).to(dtypes[k]) for k, s in shapes.items()} for _ in range(3)]
+    sds[1]["c"][-1] = float("nan")  # last, partial word of a multi-block tensor
+    sds[2]["e"][0] = float("inf")
+    backend = get_backend("numpy")
+    buffers = backend.allocate(3, layout)
+    for i, sd in enumerate(sds):
+        backend.pack_many(buffers, i, [(k, sd[slot.name]) for k, slot in enumerate(layout.slots)])
+    ref_signs, ref_task = _reference_words(layout, sds)
+    signs, task = backend.host_words(buffers)
+    np.testing.assert_array_equal(signs, ref_signs)
+    np.testing.assert_array_equal(task, ref_task)
+    flagged = {(i, layout.slots[k].name) for i, k in np.argwhere(backend.nonfinite(buffers))}
+    assert flagged == {(1, "c"), (2, "e")}

@@ -9,7 +9,7 @@ integers of ``kfca_llm.engine.naive``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,11 @@ class Backend(ABC):
     @abstractmethod
     def pack(self, buffers: PackedBuffers, client: int, tensor: int, values) -> None:
         """Pack one tensor (torch tensor or numpy array, any float dtype) of one client."""
+
+    def pack_many(self, buffers: PackedBuffers, client: int, items: Sequence[tuple[int, Any]]) -> None:
+        """Pack several (tensor index, values) of one client; backends may fuse them into one launch."""
+        for tensor, values in items:
+            self.pack(buffers, client, tensor, values)
 
     @abstractmethod
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:

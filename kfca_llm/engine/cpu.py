@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from llvmlite import ir
 from numba import njit, prange, types
+from numba.typed import List
 from numba.extending import intrinsic
 
 from ..errors import InputError
@@ -35,6 +36,7 @@ _RAW_FORMATS = {
 _NUMPY_FLOATS = {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
                  np.dtype(np.float64): torch.float64}
 _WORDS_PER_CHUNK = 1 << 14
+_PACK_BLOCK_WORDS = 1 << 12
 
 
 @intrinsic
@@ -94,31 +96,68 @@ def _lanes32(typingctx, raw, start, exp_mask):
     return result(raw, start, exp_mask), codegen
 
 
-@njit(parallel=True, cache=True)
-def _pack_kernel(raw, signs_row, task, word_offset, mag_mask, exp_mask):
+@njit(inline="always")
+def _pack_words(raw, signs_row, task, word_offset, first, stop, mag_mask, exp_mask):
+    """Pack words [first, stop) of one tensor; the last word of the tensor may be partial."""
     n = raw.size
-    full = n // 32
     bad = 0
-    for w in prange(full):
-        negative, nonzero, nonfinite = _lanes32(raw, w * 32, exp_mask)
+    for w in range(first, stop):
+        if (w + 1) * 32 <= n:
+            negative, nonzero, nonfinite = _lanes32(raw, w * 32, exp_mask)
+            bad += nonfinite != 0
+        else:
+            negative = np.uint32(0)
+            nonzero = np.uint32(0)
+            for lane in range(n - w * 32):
+                v = np.int64(raw[w * 32 + lane])
+                magnitude = v & mag_mask
+                bit = np.uint32(1) << np.uint32(lane)
+                if magnitude != 0:
+                    nonzero |= bit
+                    if v < 0 and magnitude <= exp_mask:  # -NaN is not < 0
+                        negative |= bit
+                bad += magnitude >= exp_mask
         signs_row[word_offset + w] = negative
         task[word_offset + w] |= nonzero
-        bad += nonfinite != 0
-    if n > full * 32:
-        negative = np.uint32(0)
-        nonzero = np.uint32(0)
-        for lane in range(n - full * 32):
-            v = np.int64(raw[full * 32 + lane])
-            magnitude = v & mag_mask
-            bit = np.uint32(1) << np.uint32(lane)
-            if magnitude != 0:
-                nonzero |= bit
-                if v < 0 and magnitude <= exp_mask:  # -NaN is not < 0
-                    negative |= bit
-            bad += magnitude >= exp_mask
-        signs_row[word_offset + full] = negative
-        task[word_offset + full] |= nonzero
     return bad
+
+
+@njit(parallel=True, cache=True)
+def _pack_one_kernel(raw, word_offset, signs_row, task, mag_mask, exp_mask):
+    """Pack one tensor (the streaming path: no container to build per call)."""
+    n_words = (raw.size + 31) // 32
+    n_blocks = (n_words + _PACK_BLOCK_WORDS - 1) // _PACK_BLOCK_WORDS
+    bad = np.zeros(n_blocks, dtype=np.int64)
+    for block in prange(n_blocks):
+        first = block * _PACK_BLOCK_WORDS
+        stop = min(first + _PACK_BLOCK_WORDS, n_words)
+        bad[block] = _pack_words(raw, signs_row, task, word_offset, first, stop, mag_mask, exp_mask)
+    return bad.sum()
+
+
+@njit(parallel=True, cache=True)
+def _pack_kernel(raws, word_offsets, signs_row, task, mag_mask, exp_mask):
+    """Pack several tensors of one client (same float format) in one parallel pass.
+
+    Work is split into blocks of ``_PACK_BLOCK_WORDS`` words across all tensors, so many small LoRA
+    tensors cost one parallel region instead of one each. Returns non-finite counts per tensor.
+    """
+    k = len(raws)
+    first_block = np.zeros(k + 1, dtype=np.int64)
+    for t in range(k):
+        n_words = (raws[t].size + 31) // 32
+        first_block[t + 1] = first_block[t] + (n_words + _PACK_BLOCK_WORDS - 1) // _PACK_BLOCK_WORDS
+    bad = np.zeros(first_block[k], dtype=np.int64)
+    for block in prange(first_block[k]):
+        t = np.searchsorted(first_block, block, side="right") - 1
+        raw = raws[t]
+        first = (block - first_block[t]) * _PACK_BLOCK_WORDS
+        stop = min(first + _PACK_BLOCK_WORDS, (raw.size + 31) // 32)
+        bad[block] = _pack_words(raw, signs_row, task, word_offsets[t], first, stop, mag_mask, exp_mask)
+    per_tensor = np.zeros(k, dtype=np.int64)
+    for t in range(k):
+        per_tensor[t] = bad[first_block[t]:first_block[t + 1]].sum()
+    return per_tensor
 
 
 @intrinsic
@@ -307,13 +346,29 @@ class CpuBackend(Backend):
         )
 
     def pack(self, buffers: PackedBuffers, client: int, tensor: int, values) -> None:
-        slot = buffers.layout.slots[tensor]
-        raw, mag_mask, exp_mask = _raw_view(values)
-        if raw.size != slot.numel:
-            raise InputError(f"expected {slot.numel} values, got {raw.size}", tensor=slot.name)
-        bad = _pack_kernel(raw, buffers.signs[client].view(np.uint32), buffers.task.view(np.uint32),
-                           slot.word_offset, np.int64(mag_mask), np.int64(exp_mask))
-        buffers.nonfinite[client, tensor] = min(int(bad), 1)
+        self.pack_many(buffers, client, [(tensor, values)])
+
+    def pack_many(self, buffers: PackedBuffers, client: int, items) -> None:
+        groups: dict[tuple, list] = {}
+        for tensor, values in items:
+            slot = buffers.layout.slots[tensor]
+            raw, mag_mask, exp_mask = _raw_view(values)
+            if raw.size != slot.numel:
+                raise InputError(f"expected {slot.numel} values, got {raw.size}", tensor=slot.name)
+            groups.setdefault((raw.dtype, mag_mask, exp_mask), []).append((tensor, raw))
+        signs_row, task = buffers.signs[client].view(np.uint32), buffers.task.view(np.uint32)
+        slots = buffers.layout.slots
+        for (_, mag_mask, exp_mask), group in groups.items():
+            masks = np.int64(mag_mask), np.int64(exp_mask)
+            if len(group) == 1:  # the streaming path: no container to build per tensor
+                tensor, raw = group[0]
+                bad = [_pack_one_kernel(raw, slots[tensor].word_offset, signs_row, task, *masks)]
+            else:
+                raws = List([raw for _, raw in group])
+                offsets = np.array([slots[t].word_offset for t, _ in group], dtype=np.int64)
+                bad = _pack_kernel(raws, offsets, signs_row, task, *masks)
+            for (tensor, _), count in zip(group, bad):
+                buffers.nonfinite[client, tensor] = min(int(count), 1)
 
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         return buffers.nonfinite != 0

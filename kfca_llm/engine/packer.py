@@ -61,6 +61,17 @@ class SignPacker:
 
     def add(self, client: str, name: str, tensor) -> None:
         """Pack one tensor of one client (validated: known name, exact shape, float dtype)."""
+        self.add_many(client, {name: tensor})
+
+    def add_many(self, client: str, tensors: Mapping[str, object]) -> None:
+        """Pack several tensors of one client at once (the CPU backend fuses them into one pass)."""
+        items = [(self._validate(client, name, tensor), tensor) for name, tensor in tensors.items()]
+        i = self._index[client]
+        self.backend.pack_many(self.buffers, i, items)
+        for k, _ in items:
+            self._packed[i, k] = True
+
+    def _validate(self, client: str, name: str, tensor) -> int:
         if client not in self._index:
             raise InputError(f"unknown client; expected one of {list(self.clients)}", client=client)
         if name not in self._tensor_index:
@@ -74,8 +85,7 @@ class SignPacker:
             raise InputError(f"shape {shape} differs from the shared shape {slot.shape}", client=client, tensor=name)
         if not _is_float(tensor):
             raise InputError(f"dtype {tensor.dtype} is not a floating-point type", client=client, tensor=name)
-        self.backend.pack(self.buffers, i, k, tensor)
-        self._packed[i, k] = True
+        return k
 
     def words(self) -> tuple[np.ndarray, np.ndarray]:
         """(sign words [n_clients, n_words], task words [n_words]) as int32 host arrays."""
