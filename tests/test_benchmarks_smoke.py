@@ -29,4 +29,4 @@ def test_cpu_engine_benchmark_small(tmp_path):
 
 def test_triton_benchmark_smoke(tmp_path):
     printed = _run(["benchmarks/bench_triton.py", "--smoke"], tmp_path)
-    assert "ratio pack / copy per tensor" in printed and "speed-up pack + round_counts vs naive" in printed
+    assert "ratio pack grouped / copy flat" in printed and "speed-up pack grouped + round_counts vs naive" in printed

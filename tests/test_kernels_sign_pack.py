@@ -83,3 +83,33 @@ def test_nonfinite_flags_only_that_client_and_tensor(dtype, bad, rng):
     ref_signs, ref_nonzero = naive.pack_signs(values.double().numpy())
     np.testing.assert_array_equal(signs[2, 5:8].numpy(), ref_signs)
     np.testing.assert_array_equal(task[5:8].numpy(), task_before[5:8].numpy() | ref_nonzero)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + (torch.float64,))
+def test_grouped_launch_equals_one_launch_per_tensor(dtype, rng):
+    """sign_pack_many (one launch for many tensors) writes exactly what per-tensor launches write."""
+    from kfca_llm.kernels.sign_pack import sign_pack_many
+
+    numels = [1, 31, 33, 32 * 1024 + 7, 1000]  # one tensor spans several blocks of the grouped grid
+    values = [random_values(rng, n, dtype) for n in numels]
+    values[3][-1] = float("nan")  # flagged in the partial last word of a multi-block member
+    offsets, total = [], 2
+    for n in numels:
+        offsets.append(total)
+        total += -(-n // 32) + 1  # a gap word between members must stay untouched
+    tensors = [4, 0, 3, 1, 2]
+    grouped = torch.full((3, total + 3), SENTINEL, dtype=torch.int32)
+    single = grouped.clone()
+    task_before = torch.from_numpy(rng.integers(-2**31, 2**31, size=total + 3, dtype=np.int64).astype(np.int32))
+    task_grouped, task_single = task_before.clone(), task_before.clone()
+    flags_grouped = torch.zeros((3, 5), dtype=torch.int32)
+    flags_single = flags_grouped.clone()
+    sign_pack_many(values, grouped, task_grouped, flags_grouped, client=2, tensors=tensors, word_offsets=offsets)
+    for v, t, o in zip(values, tensors, offsets):
+        sign_pack(v, single, task_single, flags_single, client=2, tensor=t, word_offset=o)
+    assert torch.equal(grouped, single) and torch.equal(task_grouped, task_single)
+    assert torch.equal(flags_grouped, flags_single) and flags_grouped[2].tolist() == [0, 1, 0, 0, 0]
+    for v, o in zip(values, offsets):
+        ref_signs, _ = naive.pack_signs(v.double().numpy())
+        np.testing.assert_array_equal(grouped[2, o:o + ref_signs.size].numpy(), ref_signs)
+    assert (grouped[[0, 1]] == SENTINEL).all() and (grouped[2, :2] == SENTINEL).all()

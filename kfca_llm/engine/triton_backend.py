@@ -65,7 +65,7 @@ class TritonBackend(Backend):
             device=device,
         )
 
-    def pack(self, buffers: PackedBuffers, client: int, tensor: int, values) -> None:
+    def _device_tensor(self, buffers: PackedBuffers, tensor: int, values) -> torch.Tensor:
         slot = buffers.layout.slots[tensor]
         if isinstance(values, np.ndarray):
             values = torch.from_numpy(np.ascontiguousarray(values))
@@ -78,9 +78,23 @@ class TritonBackend(Backend):
         if values.numel() != slot.numel:
             raise InputError(f"expected {slot.numel} values, got {values.numel()}", tensor=slot.name)
         # One tensor at a time: this is where a checkpoint streams from host memory to the device.
-        values = values.to(buffers.device)
+        return values.to(buffers.device)
+
+    def pack(self, buffers: PackedBuffers, client: int, tensor: int, values) -> None:
+        values = self._device_tensor(buffers, tensor, values)
         self._sign_pack.sign_pack(values, buffers.signs, buffers.task, buffers.nonfinite,
-                                  client=client, tensor=tensor, word_offset=slot.word_offset)
+                                  client=client, tensor=tensor, word_offset=buffers.layout.slots[tensor].word_offset)
+
+    def pack_many(self, buffers: PackedBuffers, client: int, items) -> None:
+        """One launch per float dtype for a client's tensors (instead of one per tensor)."""
+        groups: dict[torch.dtype, list[tuple[int, torch.Tensor]]] = {}
+        for tensor, values in items:
+            values = self._device_tensor(buffers, tensor, values)
+            groups.setdefault(values.dtype, []).append((tensor, values))
+        for group in groups.values():
+            self._sign_pack.sign_pack_many(
+                [v for _, v in group], buffers.signs, buffers.task, buffers.nonfinite, client=client,
+                tensors=[t for t, _ in group], word_offsets=[buffers.layout.slots[t].word_offset for t, _ in group])
 
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         return buffers.nonfinite.cpu().numpy() != 0
