@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import warnings
 
 from .errors import InputError
 
@@ -56,7 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _hide_known_third_party_noise() -> None:
+    """Two messages every CPU run would print, neither about anything kfca-llm does.
+
+    peft probes transformers' deprecated ``is_gradient_checkpointing``; bitsandbytes, on CPUs with
+    AVX512-BF16, reports that an optional 4-bit CPU kernel from the Hugging Face hub is missing.
+    """
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+        lambda record: "gemm_4bit_forward" not in record.getMessage())
+
+
 def main(argv: list[str] | None = None) -> int:
+    _hide_known_third_party_noise()
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
