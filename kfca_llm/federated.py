@@ -13,9 +13,13 @@ Round t = 1..T:
 3. The attacking client trains honestly and then submits *every* attack strategy side by side. One
    ``score_updates`` call per round scores each submission against the same honest peer(s), and each
    honest client against the other clients' honest updates, on one shared seeded task partition.
+   Fixed attackers (``kfca.attackers = ["3=flip", ...]``) also train honestly when sampled, but what the
+   server sees from them is their attack (on their own history of honest updates): every client is scored
+   against those submissions, and the fixed attackers are paid for them.
 4. FedAvg (weighted by number of examples) over the honest updates (``kfca.aggregate = "honest"``), or over
-   every submission (``"all"``: each attack submission counts as one more client with the attacker's
-   number of examples; its ``honest`` submission is its honest update, counted once).
+   every submission (``"all"``: fixed attackers contribute their attack; each analysis submission counts as
+   one more client with the attacker's number of examples; its ``honest`` submission is its honest update,
+   counted once).
 
 With several processes (``accelerate launch``), the round's clients are dealt round-robin (in sorted id
 order) to the processes; every process then gathers all honest updates, aggregates them in sorted client
@@ -37,10 +41,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .attacks import Attack, resolve_attacks
+from .attacks import Attack, resolve_attack, resolve_attacks
 from .errors import InputError
 from .report import write_atomic
-from .recipe import Recipe, clients_per_round, lr_for_round, recipe_to_dict
+from .recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round, recipe_to_dict
 
 StateDict = dict[str, torch.Tensor]
 
@@ -100,6 +104,8 @@ class PairRecord:
     delta: list[list[float]]
     """Empirical 2x2 delta matrix over (negative, non-negative) reports."""
     categorical_world: bool
+    honest_pair: bool = True
+    """Both sides are honest updates (no attack submission, no fixed attacker)."""
 
 
 @dataclass
@@ -119,10 +125,14 @@ class RoundRecord:
     loss_before: dict[str, float]
     loss_after: dict[str, float]
     num_examples: dict[str, int]
+    attacker_rewards: dict[str, float] = field(default_factory=dict)
+    """Fixed attacker id -> reward of what it submitted, against its peers."""
+    fixed_attacks: dict[str, str] = field(default_factory=dict)
+    """Fixed attackers of this round: client id -> attack spec."""
 
     def honest_delta(self) -> list[list[float]]:
         """Mean empirical delta matrix over the round's pairs of honest updates."""
-        deltas = [p.delta for p in self.pairs if p.strategy in (None, "honest")]
+        deltas = [p.delta for p in self.pairs if p.honest_pair]
         return np.mean(np.asarray(deltas, dtype=float), axis=0).tolist()
 
     @staticmethod
@@ -147,6 +157,17 @@ class FederationResult:
         values = [v for r in self.rounds for v in r.honest_rewards.values()]
         return float(np.mean(values)) if values else math.nan
 
+    def fixed_attackers(self) -> dict[str, dict[str, Any]]:
+        """Fixed attacker id -> spec, mean reward and per-round rewards (None where not sampled)."""
+        specs = {cid: spec for r in self.rounds for cid, spec in r.fixed_attacks.items()}
+        out = {}
+        for cid, spec in sorted(specs.items()):
+            per_round = [r.attacker_rewards.get(cid) for r in self.rounds]
+            seen = [v for v in per_round if v is not None]
+            out[cid] = {"spec": spec, "mean_reward": float(np.mean(seen)) if seen else math.nan,
+                        "per_round": per_round}
+        return out
+
     def to_report(self) -> dict[str, Any]:
         return {
             "domain": self.recipe.domain,
@@ -157,6 +178,7 @@ class FederationResult:
                            for s, m in self.mean_rewards().items()},
             "honest_clients": {"mean_reward": self.mean_honest_reward(),
                                "per_round": [r.honest_rewards for r in self.rounds]},
+            "fixed_attackers": self.fixed_attackers(),
             "categorical_world": [r.categorical_world for r in self.rounds],
             "delta": [r.honest_delta() for r in self.rounds],
             "round_records": [asdict(r) for r in self.rounds],
@@ -345,9 +367,9 @@ def round_dir(out_dir: Path, t: int) -> Path:
     return out_dir / "adapters" / f"round-{t:03d}"
 
 
-def _save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict, history: list[StateDict],
+def _save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict, histories: dict[str, list[StateDict]],
                      result: FederationResult) -> None:
-    """Adapter in PEFT's format, plus what a resume needs (attacker history, records), then a marker."""
+    """Adapter in PEFT's format, plus what a resume needs (attackers' histories, records), then a marker."""
     from safetensors.torch import save_file
 
     load_adapter_state(model, global_state)
@@ -360,7 +382,8 @@ def _save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict, hist
     model.save_pretrained(str(tmp))
     state = out_dir / "state" / f"round-{t:03d}"
     state.mkdir(parents=True, exist_ok=True)
-    tensors = {f"{r + 1:03d}/{name}": v.contiguous() for r, h in enumerate(history) for name, v in h.items()}
+    tensors = {f"{cid}/{r + 1:03d}/{name}": v.contiguous()
+               for cid, history in histories.items() for r, h in enumerate(history) for name, v in h.items()}
     save_file(tensors, str(state / "history.safetensors"))
     write_atomic(state / "records.json", json.dumps(
         {"seed": result.seed, "strategies": result.strategies, "rounds": [asdict(r) for r in result.rounds]}))
@@ -381,7 +404,7 @@ def last_complete_round(out_dir: Path) -> int:
 
 
 def _load_checkpoint(out_dir: Path, t: int, recipe: Recipe, seed: int, strategies: list[str]
-                     ) -> tuple[StateDict, list[StateDict], list[RoundRecord]]:
+                     ) -> tuple[StateDict, dict[str, list[StateDict]], list[RoundRecord]]:
     from safetensors.torch import load_file
 
     records = json.loads((out_dir / "state" / f"round-{t:03d}" / "records.json").read_text())
@@ -389,12 +412,13 @@ def _load_checkpoint(out_dir: Path, t: int, recipe: Recipe, seed: int, strategie
         raise InputError(f"cannot resume from {out_dir}: it was run with seed {records['seed']} and strategies "
                          f"{records['strategies']}, this run has seed {seed} and {strategies}")
     flat = load_file(str(out_dir / "state" / f"round-{t:03d}" / "history.safetensors"))
-    history: dict[int, StateDict] = {}
+    by_client: dict[str, dict[int, StateDict]] = {}
     for key, v in flat.items():
-        r, name = key.split("/", 1)
-        history.setdefault(int(r), {})[name] = v
+        cid, r, name = key.split("/", 2)
+        by_client.setdefault(cid, {}).setdefault(int(r), {})[name] = v
+    histories = {cid: [rounds[r] for r in sorted(rounds)] for cid, rounds in by_client.items()}
     adapter = load_file(str(round_dir(out_dir, t) / "adapter_model.safetensors"))
-    return adapter, [history[r] for r in sorted(history)], [RoundRecord.from_dict(d) for d in records["rounds"]]
+    return adapter, histories, [RoundRecord.from_dict(d) for d in records["rounds"]]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -422,42 +446,52 @@ def _attack_generator(seed: int, t: int, spec: str) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, _ATTACK, t, zlib.crc32(spec.encode())))
 
 
-def _score_round(recipe: Recipe, kfca_seed: int, honest: Mapping[str, StateDict], attacker: str | None,
-                 submissions: Mapping[str, StateDict], attacks: Sequence[Attack]):
-    """One score_updates call: every attack submission and every honest client against honest peers."""
+def _score_round(recipe: Recipe, kfca_seed: int, seen: Mapping[str, StateDict], attacker: str | None,
+                 submissions: Mapping[str, StateDict], attacks: Sequence[Attack], fixed: Mapping[str, str]):
+    """One score_updates call on one task partition.
+
+    ``seen`` is what each client of the round submitted (a fixed attacker's attack, else its honest
+    update): every client except the analysis attacker is scored against its peers among them. The
+    analysis attacker's submissions are each scored against the same honest peers.
+    """
     from . import score_updates
 
-    ids = sorted(honest)
+    ids = sorted(seen)
     pairs: list[tuple[str, str]] = []
-    meta: dict[tuple[str, str], str | None] = {}
+    meta: dict[tuple[str, str], tuple[str | None, bool]] = {}
     for position, cid in enumerate(ids):
         if cid == attacker:
             continue
         for peer in choose_peers([c for c in ids if c != cid], recipe.kfca.peers, derive_seed(kfca_seed, position)):
             pairs.append((cid, peer))
-            meta[(cid, peer)] = None
-    attacker_peers: list[str] = []
+            meta[(cid, peer)] = (None, cid not in fixed and peer not in fixed)
     if attacker is not None:
-        attacker_peers = choose_peers([c for c in ids if c != attacker], recipe.kfca.peers,
-                                      derive_seed(kfca_seed, ids.index(attacker)))
+        others = [c for c in ids if c != attacker]
+        honest_others = [c for c in others if c not in fixed] or others
+        peers = choose_peers(honest_others, recipe.kfca.peers, derive_seed(kfca_seed, ids.index(attacker)))
         for a in attacks:
-            for peer in attacker_peers:
+            for peer in peers:
                 pairs.append((submission_id(attacker, a.spec), peer))
-                meta[pairs[-1]] = a.spec
-    updates: dict[str, StateDict] = dict(honest)
+                meta[pairs[-1]] = (a.spec, a.spec == "honest" and peer not in fixed)
+    updates: dict[str, StateDict] = dict(seen)
     updates.update({submission_id(attacker, s): u for s, u in submissions.items() if s != "honest"})
     report = score_updates(updates, pairs=pairs, seed=kfca_seed, penalty=recipe.kfca.penalty,
                            bonus_fraction=recipe.kfca.bonus_fraction)
-    records = [PairRecord(client=c, peer=p, strategy=meta[(c, p)], payment=float(report.pairwise[(c, p)]),
+    records = [PairRecord(client=c, peer=p, strategy=meta[(c, p)][0], payment=float(report.pairwise[(c, p)]),
                           delta=np.asarray(report.pair_delta[(c, p)], dtype=float).tolist(),
-                          categorical_world=bool(report.pair_categorical_world[(c, p)])) for c, p in pairs]
-    rewards = {a.spec: float(np.mean([r.payment for r in records if r.strategy == a.spec])) for a in attacks}
-    honest_rewards = {cid: float(np.mean([r.payment for r in records if r.strategy is None and r.client == cid]))
-                      for cid in ids if cid != attacker}
+                          categorical_world=bool(report.pair_categorical_world[(c, p)]),
+                          honest_pair=meta[(c, p)][1]) for c, p in pairs]
+
+    def mean_payment(client: str, strategy: str | None) -> float:
+        return float(np.mean([r.payment for r in records if r.client == client and r.strategy == strategy]))
+
+    rewards = {a.spec: mean_payment(submission_id(attacker, a.spec), a.spec) for a in attacks}
+    honest_rewards = {cid: mean_payment(cid, None) for cid in ids if cid != attacker and cid not in fixed}
     if attacker is not None and "honest" in rewards:
         honest_rewards[attacker] = rewards["honest"]
-    honest_pairs = [r for r in records if r.strategy in (None, "honest")]
-    return rewards, honest_rewards, records, all(r.categorical_world for r in honest_pairs)
+    attacker_rewards = {cid: mean_payment(cid, None) for cid in ids if cid in fixed}
+    categorical = all(r.categorical_world for r in records if r.honest_pair)
+    return rewards, honest_rewards, attacker_rewards, records, categorical
 
 
 def run_federation(recipe: Recipe, options: FederationOptions = FederationOptions()) -> FederationResult:
@@ -472,6 +506,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     attacks = resolve_attacks(recipe.kfca.attacks)
     strategies = [a.spec for a in attacks]
     attacker = client_id(0) if attacks else None
+    fixed = {client_id(i): resolve_attack(spec) for i, spec in fixed_attackers(recipe).items()}
     result = FederationResult(recipe, seed, strategies)
 
     model, tokenizer = load_model_and_tokenizer(recipe, device=procs.device, model_dir=options.model_dir)
@@ -479,7 +514,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     datasets = load_client_datasets(recipe, tokenizer, data_dir=options.data_dir)
     # One initial adapter for all processes (a real model's LoRA init draws from each process's RNG).
     global_state: StateDict = procs.broadcast(adapter_state(model))
-    history: list[StateDict] = []  # the attacker's honest updates, oldest first
+    # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
+    histories: dict[str, list[StateDict]] = {cid: [] for cid in ([attacker] if attacker else []) + sorted(fixed)}
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
     if options.resume:
@@ -487,7 +523,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             raise InputError("--resume needs an output folder")
         done = last_complete_round(out_dir)
         if done:
-            global_state, history, result.rounds = _load_checkpoint(out_dir, done, recipe, seed, strategies)
+            global_state, saved, result.rounds = _load_checkpoint(out_dir, done, recipe, seed, strategies)
+            histories.update(saved)
             start = done + 1
 
     T = recipe.num_server_rounds
@@ -510,28 +547,36 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         for part in procs.gather(local):
             local.update(part)
         honest = {cid: local[cid].update for cid in ids}
+        round_fixed = {cid: fixed[cid] for cid in ids if cid in fixed}
+        seen = dict(honest)
+        for cid, attack in round_fixed.items():
+            seen[cid] = attack(honest[cid], histories[cid], _attack_generator(seed, t, f"{cid}={attack.spec}"))
 
         submissions: dict[str, StateDict] = {}
         if attacker is not None:
-            submissions = {a.spec: a(honest[attacker], history, _attack_generator(seed, t, a.spec)) for a in attacks}
+            submissions = {a.spec: a(honest[attacker], histories[attacker], _attack_generator(seed, t, a.spec))
+                           for a in attacks}
         kfca_seed = _round_kfca_seed(seed, t)
-        rewards, honest_rewards, pairs, categorical = _score_round(recipe, kfca_seed, honest, attacker,
-                                                                   submissions, attacks)
-        contributions = [(cid, honest[cid], local[cid].num_examples) for cid in ids]
+        rewards, honest_rewards, attacker_rewards, pairs, categorical = _score_round(
+            recipe, kfca_seed, seen, attacker, submissions, attacks, {c: a.spec for c, a in round_fixed.items()})
+        aggregated = seen if recipe.kfca.aggregate == "all" else honest
+        contributions = [(cid, aggregated[cid], local[cid].num_examples) for cid in ids]
         if recipe.kfca.aggregate == "all" and attacker is not None:
             n_att = local[attacker].num_examples
             contributions += [(submission_id(attacker, s), u, n_att) for s, u in submissions.items() if s != "honest"]
         global_state = fedavg(global_state, contributions)
-        if attacker is not None:
-            history.append(honest[attacker])
+        for cid, history in histories.items():
+            if cid in honest:
+                history.append(honest[cid])
 
         result.rounds.append(RoundRecord(
             round=t, learning_rate=lr, clients=ids, attacker=attacker, kfca_seed=kfca_seed, rewards=rewards,
             honest_rewards=honest_rewards, pairs=pairs, categorical_world=categorical,
             loss_before={c: local[c].loss_before for c in ids}, loss_after={c: local[c].loss_after for c in ids},
-            num_examples={c: local[c].num_examples for c in ids}))
+            num_examples={c: local[c].num_examples for c in ids}, attacker_rewards=attacker_rewards,
+            fixed_attacks={c: a.spec for c, a in round_fixed.items()}))
         if out_dir is not None and procs.is_main and (t % max(recipe.train.save_every_round, 1) == 0 or t == T):
-            _save_checkpoint(out_dir, t, model, global_state, history, result)
+            _save_checkpoint(out_dir, t, model, global_state, histories, result)
         procs.barrier()
         rounds_bar.update(1)
         if show:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .attacks import resolve_attacks
+from .attacks import resolve_attack, resolve_attacks
 from .errors import InputError
 
 if sys.version_info >= (3, 11):
@@ -103,6 +103,9 @@ class KfcaConfig:
     penalty: str = "expected"
     seed: int = 0
     attacks: tuple[str, ...] = ("honest",)
+    # Clients that attack whenever they are sampled, as "INDEX=SPEC" (e.g. "3=flip"): what they submit
+    # replaces their honest update for scoring (and for FedAvg with aggregate = "all").
+    attackers: tuple[str, ...] = ()
     aggregate: str = "honest"
 
 
@@ -308,6 +311,32 @@ def _validate(r: Recipe) -> None:
         resolve_attacks(k.attacks)
     except InputError as exc:
         need(False, "kfca.attacks", f"is invalid: {exc}")
+    fixed_attackers(r)
+
+
+def fixed_attackers(recipe: Recipe) -> dict[int, str]:
+    """``kfca.attackers`` as client index -> attack spec (validated)."""
+    def bad(entry: str, why: str) -> RecipeError:
+        return RecipeError(f"recipe key 'kfca.attackers' entry {entry!r} {why}")
+
+    out: dict[int, str] = {}
+    for entry in recipe.kfca.attackers:
+        index, sep, spec = entry.partition("=")
+        if not sep or not index.strip().isdigit():
+            raise bad(entry, "is not INDEX=SPEC (e.g. '3=flip')")
+        i, spec = int(index), spec.strip()
+        if not 0 <= i < recipe.num_clients:
+            raise bad(entry, f"names client {i}, outside 0..{recipe.num_clients - 1}")
+        if i in out:
+            raise bad(entry, f"repeats client {i}")
+        if i == 0 and recipe.kfca.attacks:
+            raise bad(entry, "uses client 0, the attack-analysis client while kfca.attacks is set")
+        try:
+            resolve_attack(spec)
+        except InputError as exc:
+            raise bad(entry, f"has an invalid spec: {exc}") from None
+        out[i] = spec
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -75,6 +75,10 @@ def rewards_csv(report: dict[str, Any]) -> str:
     for t, rewards in enumerate(report["honest_clients"]["per_round"], start=1):
         for client, reward in sorted(rewards.items()):
             writer.writerow([t, "honest-client", client, repr(reward)])
+    for client, entry in report.get("fixed_attackers", {}).items():
+        for t, reward in enumerate(entry["per_round"], start=1):
+            if reward is not None:
+                writer.writerow([t, f"attacker:{entry['spec']}", client, repr(reward)])
     return buffer.getvalue()
 
 
@@ -92,6 +96,10 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
     cat = report["categorical_world"]
     notes = [f"honest clients' own mean reward: {report['honest_clients']['mean_reward']:+.4f}; "
              f"categorical-world condition held in {sum(cat)}/{len(cat)} rounds"]
+    for client, entry in report.get("fixed_attackers", {}).items():
+        rounds = sum(v is not None for v in entry["per_round"])
+        notes.append(f"fixed attacker {client} ({entry['spec']}): mean reward {entry['mean_reward']:+.4f} "
+                     f"over the {rounds} rounds it was sampled")
     if wall_s is not None:
         notes.append(f"wall time {wall_s:.1f} s")
     return text_table(f"KFCA-QP rewards: {report['domain']}, seed {report['seed']}, {report['rounds']} rounds",

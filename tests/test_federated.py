@@ -154,3 +154,56 @@ def test_report_dict_is_json_and_has_the_documented_keys(short_run):
     assert report["rounds"] == 3 and report["categorical_world"] == [True] * 3
     honest = report["strategies"]["honest"]
     assert honest["mean_reward"] == pytest.approx(np.mean(honest["per_round"]))
+
+
+FIXED = ['kfca.attackers=["2=flip", "3=zero", "4=lagged:1"]', "strategy.fraction-train=1.0"]
+
+
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fixed")
+    recipe = short_recipe(*FIXED, 'kfca.attacks=["honest"]')
+    return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))
+
+
+def test_fixed_attackers_submit_their_attack_and_are_paid_for_it(fixed_run):
+    _, _, result = fixed_run
+    for r in result.rounds:
+        assert r.fixed_attacks == {"client-002": "flip", "client-003": "zero", "client-004": "lagged:1"}
+        assert set(r.attacker_rewards) == set(r.fixed_attacks)
+        assert not set(r.honest_rewards) & set(r.fixed_attacks)
+        assert r.attacker_rewards["client-002"] < 0 < min(r.honest_rewards.values())
+        assert abs(r.attacker_rewards["client-003"]) < 0.05
+        # pairs that involve an attacker are recorded but are not honest pairs
+        for p in r.pairs:
+            assert p.honest_pair == (p.client not in r.fixed_attacks and p.peer not in r.fixed_attacks)
+        assert r.categorical_world
+    # lagged:1 replays the previous round's honest update; in round 1 there is none, so it submits its
+    # honest update and is paid exactly what it is paid as an honest client, and differently afterwards.
+    honest_4 = run_federation(short_recipe('kfca.attackers=["2=flip", "3=zero"]', "strategy.fraction-train=1.0",
+                                           'kfca.attacks=["honest"]'),
+                              FederationOptions(progress=False))
+    assert result.rounds[0].attacker_rewards["client-004"] == honest_4.rounds[0].honest_rewards["client-004"]
+    assert result.rounds[1].attacker_rewards["client-004"] != honest_4.rounds[1].honest_rewards["client-004"]
+    report = result.to_report()["fixed_attackers"]
+    assert report["client-002"]["spec"] == "flip" and report["client-002"]["mean_reward"] < 0
+
+
+def test_fixed_attackers_leave_the_model_alone_unless_aggregated(fixed_run):
+    _, _, attacked = fixed_run
+    clean = run_federation(short_recipe("strategy.fraction-train=1.0", 'kfca.attacks=["honest"]'),
+                           FederationOptions(progress=False))
+    poisoned = run_federation(short_recipe(*FIXED, 'kfca.attacks=["honest"]', "kfca.aggregate=all"),
+                              FederationOptions(progress=False))
+    assert [r.loss_before for r in attacked.rounds] == [r.loss_before for r in clean.rounds]
+    assert poisoned.rounds[1].loss_before != attacked.rounds[1].loss_before
+
+
+def test_resume_keeps_fixed_attackers_histories(fixed_run, tmp_path):
+    recipe, out, result = fixed_run
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(out, resumed_dir)
+    shutil.rmtree(round_dir(resumed_dir, 3))
+    shutil.rmtree(resumed_dir / "state" / "round-003")
+    resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
+    assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]

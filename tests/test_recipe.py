@@ -150,3 +150,25 @@ def test_attack_specs_are_validated_by_the_attack_registry(monkeypatch):
 
     recipe = load_recipe(base, ["kfca.attacks=['honest', 'halve_for_recipe_test']"])
     assert recipe.kfca.attacks == ("honest", "halve_for_recipe_test")
+
+
+@pytest.mark.parametrize("entries, message", [
+    ('["0=flip"]', "client 0, the attack-analysis client"),
+    ('["6=flip"]', "outside 0..5"),
+    ('["2=flop"]', "invalid spec"),
+    ('["2:flip"]', "INDEX=SPEC"),
+    ('["2=zero", "2=flip"]', "repeats client 2"),
+])
+def test_fixed_attackers_are_validated(entries, message):
+    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    with pytest.raises(RecipeError, match=message):
+        load_recipe(base, [f"kfca.attackers={entries}"])
+
+
+def test_fixed_attackers_parse_to_indices_and_specs():
+    from kfca_llm.recipe import fixed_attackers
+
+    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    recipe = load_recipe(base, ['kfca.attackers=["3=flip", "5 = lagged:2"]'])
+    assert fixed_attackers(recipe) == {3: "flip", 5: "lagged:2"}
+    assert fixed_attackers(load_recipe(base, ["kfca.attacks=[]", 'kfca.attackers=["0=zero"]'])) == {0: "zero"}
