@@ -113,14 +113,19 @@ def test_adapters_are_saved_in_peft_format_and_load(short_run):
     assert lora_b and any(not torch.equal(state[k], initial[k]) for k in lora_b)
 
 
-def test_same_seed_reproduces_and_resume_continues_bit_identically(short_run, tmp_path):
-    recipe, out, result = short_run
-    # Interrupt after round 2: keep rounds 1-2 only, then resume.
+def _interrupted_after_round_2(out: Path, tmp_path: Path) -> Path:
+    """A copy of a finished 3-round run's folder that keeps only rounds 1-2, as if it had stopped there."""
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(out, resumed_dir)
     shutil.rmtree(round_dir(resumed_dir, 3))
     shutil.rmtree(resumed_dir / "state" / "round-003")
     assert last_complete_round(resumed_dir) == 2
+    return resumed_dir
+
+
+def test_same_seed_reproduces_and_resume_continues_bit_identically(short_run, tmp_path):
+    recipe, out, result = short_run
+    resumed_dir = _interrupted_after_round_2(out, tmp_path)
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
     a = (round_dir(out, 3) / "adapter_model.safetensors").read_bytes()
@@ -201,9 +206,6 @@ def test_fixed_attackers_leave_the_model_alone_unless_aggregated(fixed_run):
 
 def test_resume_keeps_fixed_attackers_histories(fixed_run, tmp_path):
     recipe, out, result = fixed_run
-    resumed_dir = tmp_path / "resumed"
-    shutil.copytree(out, resumed_dir)
-    shutil.rmtree(round_dir(resumed_dir, 3))
-    shutil.rmtree(resumed_dir / "state" / "round-003")
+    resumed_dir = _interrupted_after_round_2(out, tmp_path)
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
