@@ -147,19 +147,23 @@ def test_bad_input_raises(call):
 
 # ---------------------------------------------------------------- Monte-Carlo: mechanism vs closed forms
 
+def simulated_rewards(rng, num_labels, honest, n_bad, corrupt) -> np.ndarray:
+    """Mean payment of one honest client against PEERS peers, the first n_bad corrupted, in WORLDS worlds."""
+    rewards = []
+    for world in range(WORLDS):
+        y = rng.integers(0, num_labels, TASKS)
+        focal = sample_signals(rng, y, honest)
+        pool = [sample_signals(rng, y, honest) for _ in range(PEERS)]
+        pool = [corrupt(r) for r in pool[:n_bad]] + pool[n_bad:]
+        rewards.append(mean_reward(focal, pool, seed=world))
+    return np.array(rewards)
+
+
 @pytest.mark.parametrize("alpha,lam", [(0.1, 0.0), (0.25, 0.3), (0.1, 0.7)])
 def test_binary_robustness_by_simulation(alpha, lam):
     rng = np.random.default_rng(1000 + int(100 * alpha) + int(10 * lam))
     honest = noisy_identity(2, alpha)
-    n_flippers = round(lam * PEERS)
-    rewards = []
-    for world in range(WORLDS):
-        y = rng.integers(0, 2, TASKS)
-        focal = sample_signals(rng, y, honest)
-        pool = [sample_signals(rng, y, honest) for _ in range(PEERS)]
-        pool = [1 - r for r in pool[:n_flippers]] + pool[n_flippers:]
-        rewards.append(mean_reward(focal, pool, seed=world))
-    rewards = np.array(rewards)
+    rewards = simulated_rewards(rng, 2, honest, round(lam * PEERS), lambda r: 1 - r)
     expected = binary_robustness(alpha, lam)
     assert within_5_se(rewards, expected)
     assert np.sign(rewards.mean()) == np.sign(expected)
@@ -178,15 +182,7 @@ def test_multiclass_bound_by_simulation(lam):
     bound = multiclass_robustness_bound(a, b, e_pen)
     assert 0.5 < bound < 0.8  # the multi-class threshold is not 1/2: lam = 0.6 is still tolerated
 
-    n_mal = round(lam * PEERS)
-    rewards = []
-    for world in range(WORLDS):
-        y = rng.integers(0, 3, TASKS)
-        focal = sample_signals(rng, y, honest)
-        pool = [sample_signals(rng, y, honest) for _ in range(PEERS)]
-        pool = [shift[r] for r in pool[:n_mal]] + pool[n_mal:]
-        rewards.append(mean_reward(focal, pool, seed=world))
-    rewards = np.array(rewards)
+    rewards = simulated_rewards(rng, 3, honest, round(lam * PEERS), lambda r: shift[r])
     expected = multiclass_expected_reward(prior, honest, malicious, lam)
     assert expected == pytest.approx((1 - lam) * a + lam * b - e_pen, abs=1e-15)
     assert within_5_se(rewards, expected)
