@@ -1,7 +1,8 @@
 """Plain-numpy reference of the packed engine: slow, obvious, used by tests to check the fast paths.
 
-Works coordinate by coordinate on booleans; the fast backends (numba on the CPU, Triton on the
-GPU) must reproduce its packed words and integer counts exactly.
+Packs with ``np.packbits``, counts with ``np.bitwise_count`` on uint32 words (one pass per pair and
+set), draws the sampled penalty on unpacked booleans. The fast backends (numba on the CPU, Triton on
+the GPU) must reproduce its packed words and integer counts exactly.
 """
 
 from __future__ import annotations
@@ -32,17 +33,19 @@ def pack_signs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def round_counts(sign_words: np.ndarray, task_words: np.ndarray, seed: int, bonus_fraction: float) -> RoundCounts:
-    neg = np.stack([unpack_words(row) for row in sign_words])
-    task = unpack_words(task_words)
-    classes = partition_classes(np.arange(task.size), seed, bonus_fraction)
-    n = neg.shape[0]
+    """Co-negative counts per task set: popcount (``np.bitwise_count`` on uint32) of s_i & s_j & set."""
+    signs = np.ascontiguousarray(sign_words, dtype=np.int32).view(np.uint32)
+    task = np.ascontiguousarray(task_words, dtype=np.int32).view(np.uint32)
+    classes = partition_classes(np.arange(task.size * WORD_BITS), seed, bonus_fraction)
+    n = signs.shape[0]
     gram = np.zeros((3, n, n), dtype=np.int64)
     sizes = np.zeros(3, dtype=np.int64)
     for s in (BONUS, PENALTY_1, PENALTY_2):
-        in_set = task & (classes == s)
-        sizes[s] = in_set.sum()
-        x = neg[:, in_set].astype(np.int64)
-        gram[s] = x @ x.T
+        in_set = pack_words(classes == s).view(np.uint32) & task
+        sizes[s] = np.bitwise_count(in_set).sum()
+        for i in range(n):
+            for j in range(n):
+                gram[s, i, j] = np.bitwise_count(signs[i] & signs[j] & in_set).sum()
     return RoundCounts(gram, sizes)
 
 
