@@ -12,7 +12,7 @@ import torch
 from .checkpoints import check_same_tensors, client_paths, open_adapter
 from .engine.packer import SignPacker, _check_penalty
 from .errors import InputError
-from .mechanism import kfca_score_matrix, mtpp_terms
+from .mechanism import joint_counts, kfca_score_matrix, mtpp_terms
 from .partition import check_seed, sample_peers
 from .report import RewardReport
 
@@ -135,7 +135,7 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
             key = (clients[i], clients[j])
             terms[key] = mtpp_terms(r1, r2, score, seed=seed, bonus_fraction=bonus_fraction, penalty=penalty,
                                     pair=(i, j))
-            joints[key] = np.bincount(r1 * num_labels + r2, minlength=num_labels**2).reshape(num_labels, num_labels)
+            joints[key] = joint_counts(r1, r2, num_labels)
     return RewardReport.from_pairs(
         terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, backend="labels",
         labels=tuple(str(k) for k in range(num_labels)), tasks={"tasks": sizes.pop()},

@@ -70,16 +70,20 @@ def _check_label_map(f, num_labels: int, name: str) -> np.ndarray:
     return a.astype(np.int64)
 
 
+def joint_counts(r1, r2, num_labels: int) -> np.ndarray:
+    """int64 (L, L) table: how many tasks have report a from client 1 and b from client 2."""
+    num_labels = _check_num_labels(num_labels)
+    a, b = _check_reports(r1, r2, num_labels)
+    return np.bincount(a * num_labels + b, minlength=num_labels * num_labels).reshape(num_labels, num_labels)
+
+
 def delta_matrix(r1, r2, num_labels: int) -> np.ndarray:
     """Empirical delta matrix P(a, b) - P(a) P(b) of two clients' reports over their shared tasks.
 
     Definition 2.2 with the probabilities replaced by frequencies over the tasks; rows and columns
     sum to zero (up to rounding).
     """
-    num_labels = _check_num_labels(num_labels)
-    a, b = _check_reports(r1, r2, num_labels)
-    joint = np.bincount(a * num_labels + b, minlength=num_labels * num_labels).reshape(num_labels, num_labels)
-    return delta_from_joint(joint)
+    return delta_from_joint(joint_counts(r1, r2, num_labels))
 
 
 def categorical_world(delta) -> bool:
