@@ -28,7 +28,6 @@ def _run(command, cwd):
 
 
 def test_two_processes_match_one_process(tmp_path):
-    pytest.importorskip("accelerate")
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, "-m", "kfca_llm.cli", *ARGS, "--out", str(one)], tmp_path)
     _run([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
