@@ -6,7 +6,6 @@ import socket
 import subprocess
 import sys
 
-import pytest
 
 ARGS = ["simulate", "--rounds", "2", "--attacks", "honest,flip,lagged:1,random,sparse:0.5", "--seed", "5",
         "--no-progress", "--set", "train.training-arguments.max-steps=2", "--set", "num-clients=8",
