@@ -1,8 +1,10 @@
 """Agreement counts over packed sign words: binary Gram matrices and the sampled penalty draws.
 
 Partition: the class of coordinate ``c = 32 * w + lane`` is derived inside the kernels from the
-counter hash of ``kfca_llm.partition`` (``u = mix32(c ^ partition_key(seed))``), so no index array
-of size d is ever built; a set's member word is that class's lanes AND-ed with the task mask.
+counter hash of ``kfca_llm.partition`` (``u = mix32(c ^ key)``, bonus if ``u < t_bonus``, M_1 if
+``u < t_m1``, else M_2), so no index array of size d is ever built; a set's member word is that
+class's lanes AND-ed with the task mask. The kernels take those integers (and the pairs' draw keys)
+as they are: ``kfca_llm.partition.partition_params`` and ``pair_keys`` derive them from a seed.
 
 ``binary_gram`` ("expected" penalty and everything else): each program walks a contiguous range
 of words; per chunk it loads the words of a tile of client rows and a tile of client columns once
@@ -28,8 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ..errors import InputError
-from ..partition import DRAW2_SALT, pair_key, partition_key, partition_thresholds
 from .popcount import as_uint32, mix32, popcount32
 
 _MAX_TILE = 16
@@ -47,10 +47,10 @@ def _program_cap(t: torch.Tensor) -> int:
     return 4 * torch.cuda.get_device_properties(t.device).multi_processor_count
 
 
-def _round_params(seed: int, bonus_fraction: float, device, m1: int = 0, m2: int = 0) -> torch.Tensor:
-    """[partition key, t_bonus, t_m1, m1, m2] as int64 on the device (loaded, never specialized)."""
-    t_bonus, t_m1 = partition_thresholds(bonus_fraction)
-    return torch.tensor([partition_key(seed), t_bonus, t_m1, m1, m2], dtype=torch.int64, device=device)
+def _round_params(key: int, t_bonus: int, t_m1: int, device, m1: int = 0, m2: int = 0,
+                  draw2_salt: int = 0) -> torch.Tensor:
+    """[partition key, t_bonus, t_m1, m1, m2, draw2 salt] as int64 on the device (loaded, never specialized)."""
+    return torch.tensor([key, t_bonus, t_m1, m1, m2, draw2_salt], dtype=torch.int64, device=device)
 
 
 @triton.jit
@@ -133,11 +133,11 @@ def _gram_config(n_clients: int, signs: torch.Tensor) -> tuple[int, int]:
     return tile, max(4096 // (tile * tile), 16)
 
 
-def binary_gram(signs: torch.Tensor, task: torch.Tensor, seed: int,
-                bonus_fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
+                t_m1: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(gram int64 [3, n, n], sizes int64 [3]) on the device: co-negative counts per task set."""
     n_clients, n_words = signs.shape
-    params = _round_params(seed, bonus_fraction, signs.device)
+    params = _round_params(key, t_bonus, t_m1, signs.device)
     tile, block_words = _gram_config(n_clients, signs)
     n_tiles = triton.cdiv(n_clients, tile)
     n_blocks = triton.cdiv(n_words, block_words)
@@ -250,6 +250,7 @@ def _sampled_kernel(task_ptr, params_ptr, plane1_ptr, plane2_ptr, pairs_ptr, key
     t_bonus = tl.load(params_ptr + 1)
     m1 = tl.load(params_ptr + 3).to(tl.uint64)
     m2 = tl.load(params_ptr + 4).to(tl.uint64)
+    draw2_salt = tl.load(params_ptr + 5).to(tl.uint32)
     lanes = tl.arange(0, 32)
     matches = tl.zeros((), dtype=tl.int64)
     for k in range(blocks_per_program):
@@ -259,7 +260,7 @@ def _sampled_kernel(task_ptr, params_ptr, plane1_ptr, plane2_ptr, pairs_ptr, key
         is_bonus = (((task[:, None] >> lanes[None, :]) & 1) != 0) & (
             mix32(coords ^ key).to(tl.int64) < t_bonus)
         u1 = mix32(coords ^ pair_key)
-        u2 = mix32(u1 ^ 0x9E3779B9)
+        u2 = mix32(u1 ^ draw2_salt)
         rank1 = tl.where(is_bonus, ((u1.to(tl.uint64) * m1) >> 32).to(tl.int64), -1)
         rank2 = tl.where(is_bonus, ((u2.to(tl.uint64) * m2) >> 32).to(tl.int64), -1)
         sign1 = _draw_signs(plane1_ptr + i * plane1_words, rank1)
@@ -269,12 +270,11 @@ def _sampled_kernel(task_ptr, params_ptr, plane1_ptr, plane2_ptr, pairs_ptr, key
     tl.store(partial_ptr + pair.to(tl.int64) * tl.num_programs(0) + pid, matches)
 
 
-def penalty_planes(signs: torch.Tensor, task: torch.Tensor, seed: int,
-                   bonus_fraction: float) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def penalty_planes(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
+                   t_m1: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(plane1 int32 [n, ceil(m1/32)], plane2 int32 [n, ceil(m2/32)], m1, m2): compacted signs."""
-    assert DRAW2_SALT == 0x9E3779B9  # the literal in _sampled_kernel
     n_clients, n_words = signs.shape
-    params = _round_params(seed, bonus_fraction, signs.device)
+    params = _round_params(key, t_bonus, t_m1, signs.device)
     block_words = 1024 if _on_interpreter(signs) else 64
     n_blocks = triton.cdiv(n_words, block_words)
     counts = torch.empty((2, n_blocks), dtype=torch.int64, device=signs.device)
@@ -291,24 +291,23 @@ def penalty_planes(signs: torch.Tensor, task: torch.Tensor, seed: int,
     return plane1, plane2, m1, m2
 
 
-def sampled_matches(signs: torch.Tensor, task: torch.Tensor, seed: int, bonus_fraction: float,
-                    pairs) -> torch.Tensor:
+def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
+                    pairs, pair_keys, draw2_salt: int) -> torch.Tensor:
     """int64 [P] on the device: matches of the seeded (p1, p2) draws of each ordered pair (i, j).
 
-    M_1 and M_2 must be non-empty (``RoundCounts`` rejects such rounds before any payment).
+    ``pair_keys[k]`` is the draw key of ``pairs[k]``. Raises ``ValueError`` when M_1 or M_2 is empty.
     """
     pairs_list = [(int(i), int(j)) for i, j in pairs]
     n_clients, n_words = signs.shape
     device = signs.device
     if not pairs_list:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    plane1, plane2, m1, m2 = penalty_planes(signs, task, seed, bonus_fraction)
+    plane1, plane2, m1, m2 = penalty_planes(signs, task, key, t_bonus, t_m1)
     if m1 == 0 or m2 == 0:
-        raise InputError("too few informative coordinates to form non-empty penalty sets "
-                         f"(M_1 {m1}, M_2 {m2})")
-    params = _round_params(seed, bonus_fraction, device, m1, m2)
+        raise ValueError(f"too few informative coordinates to form non-empty penalty sets (M_1 {m1}, M_2 {m2})")
+    params = _round_params(key, t_bonus, t_m1, device, m1, m2, draw2_salt)
     pair_tensor = torch.tensor(pairs_list, dtype=torch.int32, device=device)
-    keys = torch.tensor([pair_key(seed, i, j) for i, j in pairs_list], dtype=torch.int64, device=device)
+    keys = torch.as_tensor([int(k) for k in pair_keys], dtype=torch.int64, device=device)
     block_words = 1024 if _on_interpreter(signs) else 32
     n_blocks = triton.cdiv(n_words, block_words)
     per_program = triton.cdiv(n_blocks, min(n_blocks, _program_cap(signs)))

@@ -6,8 +6,8 @@ penalty coordinates (the paper's multi-task peer prediction with the KFCA score 
 """
 
 from .api import score_checkpoints, score_labels, score_updates
-from .engine import SignPacker
 from .errors import InputError
+from .packer import SignPacker
 from .report import RewardReport
 
 __version__ = "0.1.0"

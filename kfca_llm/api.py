@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from .checkpoints import check_same_tensors, client_paths, open_adapter
-from .engine.packer import SignPacker, _check_penalty
 from .errors import InputError
-from .mechanism import joint_counts, kfca_score_matrix, mtpp_terms
+from .mechanism import check_penalty, joint_counts, kfca_score_matrix, mtpp_terms
+from .packer import SignPacker
 from .partition import check_seed, sample_peers
 from .report import RewardReport
 
@@ -107,7 +107,7 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
                  penalty: str = "expected", bonus_fraction: float = 0.5) -> RewardReport:
     """KFCA-D: rewards of clients' predicted labels on a shared data set (one task per example)."""
     seed = check_seed(seed)
-    _check_penalty(penalty)
+    check_penalty(penalty)
     if not isinstance(labels, Mapping) or len(labels) < 2:
         raise InputError("labels must map at least two client ids to label arrays")
     as_str = {str(c): v for c, v in labels.items()}

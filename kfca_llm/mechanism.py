@@ -24,6 +24,13 @@ PENALTY_MODES = ("expected", "sampled")
 _MAX_TASKS = 1 << 32  # task index must fit the uint32 partition hash
 
 
+def check_penalty(penalty: str) -> str:
+    """``penalty`` if it names one of ``PENALTY_MODES``, else an ``InputError`` listing them."""
+    if penalty not in PENALTY_MODES:
+        raise InputError(f"penalty must be one of {PENALTY_MODES}, got {penalty!r}")
+    return penalty
+
+
 def _check_num_labels(num_labels: int) -> int:
     if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
         raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
@@ -159,8 +166,7 @@ def mtpp_terms(r1, r2, score_matrix, *, seed: int = 0, bonus_fraction: float = 0
     """
     s = _check_square(score_matrix, "score_matrix")
     a, b = _check_reports(r1, r2, s.shape[0])
-    if penalty not in PENALTY_MODES:
-        raise InputError(f"penalty must be one of {PENALTY_MODES}, got {penalty!r}")
+    check_penalty(penalty)
     if (not isinstance(pair, tuple) or len(pair) != 2
             or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair)):
         raise InputError(f"pair must be a tuple of two client indices, got {pair!r}")

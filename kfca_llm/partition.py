@@ -77,12 +77,26 @@ def pair_key(seed: int, i: int, j: int) -> int:
     return mix32(mix32(check_seed(seed) ^ PENALTY_SALT) ^ ((i << 16) | j))
 
 
+def pair_keys(seed: int, pairs: np.ndarray) -> np.ndarray:
+    """uint32 [P]: ``pair_key(seed, i, j)`` of each ordered pair of ``pairs`` ([P, 2]), vectorised."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    if pairs.size and (pairs.min() < 0 or pairs.max() >= MAX_CLIENTS):
+        raise InputError(f"client indices must be below {MAX_CLIENTS}")
+    stream = np.uint32(mix32(check_seed(seed) ^ PENALTY_SALT))
+    return mix32(stream ^ ((pairs[:, 0] << 16) | pairs[:, 1]).astype(np.uint32))
+
+
 def partition_thresholds(bonus_fraction: float) -> tuple[int, int]:
     """(t_bonus, t_m1): a task is bonus if u < t_bonus, in M_1 if u < t_m1, else in M_2."""
     f = check_bonus_fraction(bonus_fraction)
     t_bonus = min(max(int(round(f * 2**32)), 1), _M32)
     t_m1 = t_bonus + ((2**32 - t_bonus) >> 1)
     return t_bonus, t_m1
+
+
+def partition_params(seed: int, bonus_fraction: float) -> tuple[int, int, int]:
+    """(key, t_bonus, t_m1): the integers a kernel classifies task coordinates with (see above)."""
+    return (partition_key(seed), *partition_thresholds(bonus_fraction))
 
 
 def partition_classes(coords: np.ndarray, seed: int, bonus_fraction: float) -> np.ndarray:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kfca_llm
-from kfca_llm.engine import SignPacker, available_backends
+from kfca_llm import SignPacker
+from kfca_llm.engine import available_backends
 
 
 def _updates(seed=0):

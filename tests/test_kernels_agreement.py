@@ -8,6 +8,7 @@ from conftest import random_updates
 from kfca_llm.engine import Layout, get_backend, naive
 from kfca_llm.errors import InputError
 from kfca_llm.kernels.agreement import binary_gram, sampled_matches
+from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params
 
 # Odd lengths on purpose: padding bits, tensors that start mid-way through nothing, one-element tensors.
 SHAPES = {"a.lora_A": (3, 11), "b.lora_B": (33,), "c.bias": (1,), "d.lora_A": (31,), "e.lora_B": (32, 40),
@@ -64,13 +65,15 @@ def test_kernels_on_random_words_match_naive(n_clients, rng):
     task[rng.random(n_words) < 0.1] = -1  # some all-task words, incl. lane 31
     signs = rng.integers(-2**31, 2**31, size=(n_clients, n_words), dtype=np.int64).astype(np.int32) & task
     seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
-    gram, sizes = binary_gram(torch.from_numpy(signs), torch.from_numpy(task), seed, fraction)
+    params = partition_params(seed, fraction)
+    gram, sizes = binary_gram(torch.from_numpy(signs), torch.from_numpy(task), *params)
     ref = naive.round_counts(signs, task, seed, fraction)
     np.testing.assert_array_equal(gram.numpy(), ref.gram)
     np.testing.assert_array_equal(sizes.numpy(), ref.sizes)
     pairs = rng.integers(0, n_clients, size=(40, 2))
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    matches = sampled_matches(torch.from_numpy(signs), torch.from_numpy(task), seed, fraction, pairs)
+    matches = sampled_matches(torch.from_numpy(signs), torch.from_numpy(task), *params, pairs,
+                              pair_keys(seed, pairs), DRAW2_SALT)
     np.testing.assert_array_equal(matches.numpy(), naive.sampled_matches(signs, task, seed, fraction, pairs))
 
 

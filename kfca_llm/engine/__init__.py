@@ -1,9 +1,8 @@
-"""Scoring engine: packed sign bits, backends and streaming."""
+"""Scoring engine: packed sign bits and the backends that pack and count them (``kfca_llm.packer`` streams into it)."""
 
 from .backends import Backend, BackendUnavailable, PackedBuffers, available_backends, get_backend, register_backend
 from .cpu import CpuBackend
 from .layout import Layout, TensorSlot
-from .packer import SignPacker
 
 
 def _triton_backend() -> Backend:
@@ -16,5 +15,5 @@ def _triton_backend() -> Backend:
 register_backend("numpy", CpuBackend)
 register_backend("triton", _triton_backend)
 
-__all__ = ["Backend", "BackendUnavailable", "CpuBackend", "Layout", "PackedBuffers", "SignPacker", "TensorSlot",
+__all__ = ["Backend", "BackendUnavailable", "CpuBackend", "Layout", "PackedBuffers", "TensorSlot",
            "available_backends", "get_backend", "register_backend"]

@@ -21,7 +21,7 @@ from numba.typed import List
 from numba.extending import intrinsic
 
 from ..errors import InputError
-from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_key, partition_key, partition_thresholds
+from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
 from .backends import Backend, PackedBuffers
 from .layout import Layout
 from .stats import RoundCounts
@@ -374,23 +374,23 @@ class CpuBackend(Backend):
         return buffers.nonfinite != 0
 
     def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float) -> RoundCounts:
-        t_bonus, t_m1 = partition_thresholds(bonus_fraction)
+        key, t_bonus, t_m1 = partition_params(seed, bonus_fraction)
         partial, sizes = _gram_kernel(buffers.signs.view(np.uint64), buffers.task.view(np.uint64),
-                                      np.uint32(partition_key(seed)), np.uint32(t_bonus), np.uint32(t_m1))
+                                      np.uint32(key), np.uint32(t_bonus), np.uint32(t_m1))
         upper = partial.sum(axis=0)
         gram = np.triu(upper) + np.triu(upper, 1).transpose(0, 2, 1)
         return RoundCounts(gram, sizes.sum(axis=0))
 
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
                         pairs: np.ndarray) -> np.ndarray:
-        t_bonus, t_m1 = partition_thresholds(bonus_fraction)
-        key = np.uint32(partition_key(seed))
+        key, t_bonus, t_m1 = partition_params(seed, bonus_fraction)
+        key = np.uint32(key)
         task = buffers.task.view(np.uint32)
         m1_coords, m2_coords = _penalty_coords(task, key, np.uint32(t_bonus), np.uint32(t_m1))
         if m1_coords.size == 0 or m2_coords.size == 0:
             raise InputError("too few informative coordinates to form non-empty penalty sets")
         pairs = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
-        keys = np.array([pair_key(seed, int(i), int(j)) for i, j in pairs], dtype=np.uint32)
+        keys = pair_keys(seed, pairs)
         partial = _sampled_kernel(buffers.signs.view(np.uint32), task, key, np.uint32(t_bonus),
                                   np.uint32(t_m1), m1_coords, m2_coords, pairs, keys, np.uint32(DRAW2_SALT))
         return partial.sum(axis=0)

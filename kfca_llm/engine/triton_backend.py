@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..partition import MAX_CLIENTS
+from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
 from .backends import Backend, BackendUnavailable, PackedBuffers
 from .layout import Layout
 from .stats import RoundCounts
@@ -100,7 +100,7 @@ class TritonBackend(Backend):
         return buffers.nonfinite.cpu().numpy() != 0
 
     def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float) -> RoundCounts:
-        gram, sizes = self._agreement.binary_gram(buffers.signs, buffers.task, seed, bonus_fraction)
+        gram, sizes = self._agreement.binary_gram(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction))
         return RoundCounts(gram.cpu().numpy(), sizes.cpu().numpy())
 
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
@@ -109,7 +109,11 @@ class TritonBackend(Backend):
         n_clients = buffers.signs.shape[0]
         if pairs.size and (pairs.min() < 0 or pairs.max() >= n_clients):
             raise InputError(f"pair indices must lie in [0, {n_clients})")
-        matches = self._agreement.sampled_matches(buffers.signs, buffers.task, seed, bonus_fraction, pairs)
+        try:
+            matches = self._agreement.sampled_matches(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction),
+                                                      pairs, pair_keys(seed, pairs), DRAW2_SALT)
+        except ValueError as error:  # the kernels know no client or tensor: this round has too few tasks
+            raise InputError(str(error)) from error
         return matches.cpu().numpy()
 
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:

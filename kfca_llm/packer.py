@@ -16,14 +16,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from ..errors import InputError
-from ..partition import check_bonus_fraction, check_seed, sample_peers
-from ..report import RewardReport
-from .backends import Backend, PackedBuffers, get_backend
-from .layout import Layout
-from .stats import pair_payment
+from .engine.backends import Backend, PackedBuffers, get_backend
+from .engine.layout import Layout
+from .engine.stats import pair_payment
+from .errors import InputError
+from .mechanism import check_penalty
+from .partition import check_bonus_fraction, check_seed, sample_peers
+from .report import RewardReport
 
-PENALTY_MODES = ("expected", "sampled")
 SIGN_LABELS = ("negative", "non-negative")
 
 
@@ -33,12 +33,6 @@ def resolve_backend(backend: str, device) -> Backend:
         on_cuda = device is not None and torch.device(device).type == "cuda"
         backend = "triton" if on_cuda else "numpy"
     return get_backend(backend)
-
-
-def _check_penalty(penalty: str) -> str:
-    if penalty not in PENALTY_MODES:
-        raise InputError(f"penalty must be one of {PENALTY_MODES}, got {penalty!r}")
-    return penalty
 
 
 class SignPacker:
@@ -95,7 +89,7 @@ class SignPacker:
               bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
         """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``."""
         seed = check_seed(seed)
-        penalty = _check_penalty(penalty)
+        penalty = check_penalty(penalty)
         bonus_fraction = check_bonus_fraction(bonus_fraction)
         self._check_complete()
         index_pairs = self._scored_pairs(peers, seed, pairs)

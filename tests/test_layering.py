@@ -1,0 +1,139 @@
+"""Import layering: lower layers never import higher ones, and the package has no import cycle.
+
+Read from the sources (``ast``), so function-level (lazy) imports count too: a lazy import only
+hides a cycle until someone calls the function. Importing ``a.b.c`` also runs the ``__init__`` of
+``a.b``, so it counts as importing ``a.b`` as well (that is how ``engine/packer.py -> report ->
+mechanism -> engine.stats`` was a cycle through ``engine/__init__``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# pyproject.toml installs the top-level kernels/ folder as kfca_llm.kernels.
+PACKAGE_DIRS = {"kfca_llm": ROOT / "kfca_llm", "kfca_llm.kernels": ROOT / "kernels"}
+
+# What each low layer may import from the package (itself included); everything else is higher.
+ALLOWED = {
+    "kfca_llm.kernels": ("kfca_llm.kernels",),
+    "kfca_llm.errors": ("kfca_llm.errors",),
+    "kfca_llm.partition": ("kfca_llm.partition", "kfca_llm.errors"),
+    "kfca_llm.engine": ("kfca_llm.engine", "kfca_llm.kernels", "kfca_llm.partition", "kfca_llm.errors"),
+    "kfca_llm.mechanism": ("kfca_llm.mechanism", "kfca_llm.engine", "kfca_llm.kernels", "kfca_llm.partition",
+                           "kfca_llm.errors"),
+    "kfca_llm.report": ("kfca_llm.report", "kfca_llm.mechanism", "kfca_llm.engine", "kfca_llm.kernels",
+                        "kfca_llm.partition", "kfca_llm.errors"),
+}
+
+
+def package_sources() -> dict[str, tuple[str, bool]]:
+    """module name -> (source, is a package __init__) for every module of the installed package."""
+    sources = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts.pop()
+            name = ".".join([package, *parts])
+            if name.startswith("kfca_llm.kernels") and package == "kfca_llm":
+                continue  # not a folder of kfca_llm/ (the mapping above wins)
+            sources[name] = (path.read_text(), is_package)
+    return sources
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """module -> the package modules its import statements run.
+
+    The parent packages an import runs on the way are left out where they contain the importer
+    (Python is already running them); a package the statement names itself always counts.
+    """
+    graph = {}
+    for module, (source, is_package) in sources.items():
+        package = module if is_package else module.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                named = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+                # `from pkg import sub` imports the submodule pkg.sub; `from pkg import name` imports pkg
+                subs = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in sources]
+                named = subs + ([base] if len(subs) < len(node.names) else [])
+            else:
+                continue
+            for name in named:
+                parts = name.split(".")
+                targets.update(t for t in (".".join(parts[:k]) for k in range(1, len(parts)))
+                               if t in sources and not _within(module, t))
+                if name in sources:
+                    targets.add(name)
+        graph[module] = targets
+    return graph
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, targets in sorted(graph.items()):
+        layer = max((p for p in ALLOWED if _within(module, p)), key=len, default=None)
+        if layer is None:
+            continue
+        for target in sorted(targets):
+            if not any(_within(target, allowed) for allowed in ALLOWED[layer]):
+                out.append(f"{module} imports {target}")
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path [a, b, ..., a], or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_lower_layers_never_import_higher_ones():
+    assert layer_violations(import_graph(package_sources())) == []
+
+
+def test_the_package_has_no_import_cycle():
+    assert find_cycle(import_graph(package_sources())) is None
+
+
+def test_the_checks_catch_a_reintroduced_cycle():
+    """The old cycle put back into a copy of today's sources: both checks must see it."""
+    sources = package_sources()
+    source, is_package = sources["kfca_llm.engine.backends"]
+    sources["kfca_llm.engine.backends"] = (source + "\nfrom ..report import RewardReport\n", is_package)
+    graph = import_graph(sources)
+    assert "kfca_llm.engine.backends imports kfca_llm.report" in layer_violations(graph)
+    cycle = find_cycle(graph)
+    assert cycle is not None and "kfca_llm.report" in cycle and "kfca_llm.engine.backends" in cycle
+    # A kernel that reaches back into the package (as agreement.py once did for the partition).
+    source, is_package = sources["kfca_llm.kernels.agreement"]
+    sources["kfca_llm.kernels.agreement"] = (source + "\nfrom ..partition import pair_key\n", is_package)
+    assert "kfca_llm.kernels.agreement imports kfca_llm.partition" in layer_violations(import_graph(sources))
