@@ -164,3 +164,52 @@ def test_fused_pack_many_equals_reference_with_mixed_dtypes_and_flags():
     np.testing.assert_array_equal(task, ref_task)
     flagged = {(i, layout.slots[k].name) for i, k in np.argwhere(backend.nonfinite(buffers))}
     assert flagged == {(1, "c"), (2, "e")}
+
+
+def _counter_words(n_clients: int, n_words: int, sparse_task: bool = False):
+    """Sign and task words from the partition hash itself (no library generator whose stream could change)."""
+    from kfca_llm.partition import mix32
+
+    index = np.arange(n_words, dtype=np.uint32)
+    task = mix32(index ^ np.uint32(0x5678)) | mix32(index ^ np.uint32(0x9ABC))
+    task[mix32(index ^ np.uint32(0x1111)) < np.uint32(2**32 // 10)] = 0
+    if sparse_task:  # blocks of the compaction with fewer members than one 32-bit word
+        task &= np.uint32(1) << (mix32(index) & np.uint32(31))
+        task[mix32(index ^ np.uint32(0x2222)) > np.uint32(2**32 // 300)] = 0
+    signs = mix32(np.arange(n_clients * n_words, dtype=np.uint32) ^ np.uint32(0x1234)).reshape(n_clients, n_words)
+    return (signs & task).view(np.int32), task.view(np.int32)
+
+
+def _buffers_holding(signs, task):
+    n_clients, n_words = signs.shape
+    backend = get_backend("numpy")
+    buffers = backend.allocate(n_clients, Layout.from_shapes({"w": (n_words * 32,)}))
+    buffers.signs[:, :n_words] = signs
+    buffers.task[:n_words] = task
+    return backend, buffers
+
+
+def test_sampled_matches_are_the_draws_of_the_per_draw_kernel():
+    """Pinned: what the per-draw kernel (before the compacted planes) returned on these words.
+
+    40,000 words span several compaction blocks and draw chunks, so every block edge is crossed.
+    """
+    backend, buffers = _buffers_holding(*_counter_words(5, 40_000))
+    pairs = np.array([(i, j) for i in range(5) for j in range(5) if i != j])
+    pinned = {
+        (0, 0.5): [215060, 216076, 216244, 214774, 215369, 215780, 215479, 216120, 215791, 215411, 215233, 215468,
+                   215637, 215294, 214958, 214971, 215792, 215549, 215655, 215156],
+        (987654321, 0.3): [128494, 128600, 128773, 128916, 128987, 128754, 128826, 128729, 128604, 128576, 128793,
+                           128965, 129298, 128768, 129077, 128967, 128718, 128654, 128774, 128867],
+    }
+    for (seed, fraction), matches in pinned.items():
+        assert backend.sampled_matches(buffers, seed, fraction, pairs).tolist() == matches
+
+
+def test_sampled_matches_with_sparse_blocks_match_reference():
+    signs, task = _counter_words(4, 3 * 4096 + 77, sparse_task=True)
+    backend, buffers = _buffers_holding(signs, task)
+    pairs = np.array([(0, 1), (1, 0), (2, 3), (3, 1), (0, 3)])
+    for seed, fraction in [(5, 0.5), (2**32 - 1, 0.2)]:
+        np.testing.assert_array_equal(backend.sampled_matches(buffers, seed, fraction, pairs),
+                                      naive.sampled_matches(signs, task, seed, fraction, pairs))

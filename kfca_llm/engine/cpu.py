@@ -254,64 +254,172 @@ def _gram_kernel(signs, task, key, t_bonus, t_m1):
     return partial, sizes
 
 
-@njit(cache=True)
-def _penalty_coords(task, key, t_bonus, t_m1):
-    """Task coordinates of M_1 and M_2 in increasing order (the draws pick them by rank)."""
-    total = 0
-    for w in range(task.size):
-        total += _popcount64(np.uint64(task[w]))
-    m1 = np.empty(total, dtype=np.int64)
-    m2 = np.empty(total, dtype=np.int64)
-    n1 = 0
-    n2 = 0
-    for w in range(task.size):
-        t = task[w]
-        if t == 0:
-            continue
-        bonus, in_m1 = _set_masks(w, t, key, t_bonus, t_m1)
-        for lane in range(32):
-            bit = np.uint32(1) << np.uint32(lane)
-            if in_m1 & bit:
-                m1[n1] = w * 32 + lane
-                n1 += 1
-            elif (t & bit) and not (bonus & bit):
-                m2[n2] = w * 32 + lane
-                n2 += 1
-    return m1[:n1], m2[:n2]
+def _compress_table() -> np.ndarray:
+    """uint8 [256, 256]: the bits of value byte v at the set bits of mask byte m, packed low (pext)."""
+    masks = np.arange(256, dtype=np.uint32)[:, None]
+    values = np.arange(256, dtype=np.uint32)[None, :]
+    table = np.zeros((256, 256), dtype=np.uint32)
+    rank = np.zeros((256, 1), dtype=np.uint32)  # set bits of m below bit b
+    for b in range(8):
+        in_mask = (masks >> np.uint32(b)) & np.uint32(1)
+        table |= (((values >> np.uint32(b)) & np.uint32(1)) & in_mask) << rank
+        rank = rank + in_mask
+    return table.astype(np.uint8)
 
 
-@njit(inline="always")
-def _bit(signs, client, coord):
-    return (signs[client, coord >> 5] >> np.uint32(coord & 31)) & np.uint32(1)
+_COMPRESS = _compress_table()
+_POPCOUNT8 = np.array([bin(m).count("1") for m in range(256)], dtype=np.int64)
+_PLANE_BLOCK_WORDS = 1 << 12
+_DRAWS_PER_TASK = 1 << 16
 
 
 @njit(parallel=True, cache=True)
-def _sampled_kernel(signs, task, key, t_bonus, t_m1, m1_coords, m2_coords, pairs, pair_keys, draw2_salt):
-    n_words = task.size
-    n_pairs = pairs.shape[0]
-    m1 = np.uint64(m1_coords.size)
-    m2 = np.uint64(m2_coords.size)
-    n_chunks = (n_words + _WORDS_PER_CHUNK - 1) // _WORDS_PER_CHUNK
-    partial = np.zeros((n_chunks, n_pairs), dtype=np.int64)
-    for chunk in prange(n_chunks):
-        start = chunk * _WORDS_PER_CHUNK
-        stop = min(start + _WORDS_PER_CHUNK, n_words)
-        for w in range(start, stop):
+def _penalty_set_sizes(task, key, t_bonus, t_m1):
+    """int64 [n_blocks, 3]: bonus, M_1 and M_2 members per block of ``_PLANE_BLOCK_WORDS`` words."""
+    n_blocks = (task.size + _PLANE_BLOCK_WORDS - 1) // _PLANE_BLOCK_WORDS
+    sizes = np.zeros((n_blocks, 3), dtype=np.int64)
+    for block in prange(n_blocks):
+        for w in range(block * _PLANE_BLOCK_WORDS, min((block + 1) * _PLANE_BLOCK_WORDS, task.size)):
             t = task[w]
             if t == 0:
                 continue
-            bonus, _ = _set_masks(w, t, key, t_bonus, t_m1)
+            bonus, m1 = _set_masks(w, t, key, t_bonus, t_m1)
+            sizes[block, 0] += _popcount64(np.uint64(bonus))
+            sizes[block, 1] += _popcount64(np.uint64(m1))
+            sizes[block, 2] += _popcount64(np.uint64(t & ~(bonus | m1)))
+    return sizes
+
+
+@njit(inline="always")
+def _append_compressed(plane_row, value, mask, acc, n_bits, word, edges, first, table, pop8):
+    """Append the bits of ``value`` at ``mask`` to the bitstream; full words owned by this block are stored.
+
+    The first word of a block may hold the previous block's bits and its last word the next one's:
+    those go to ``edges`` (OR-ed in afterwards), so parallel blocks never write the same word.
+    """
+    for byte in range(4):
+        m = (mask >> np.uint32(8 * byte)) & np.uint32(0xFF)
+        if m == 0:
+            continue
+        v = (value >> np.uint32(8 * byte)) & np.uint32(0xFF)
+        acc |= np.uint64(table[m, v]) << np.uint64(n_bits)
+        n_bits += pop8[m]
+        if n_bits >= 32:
+            if first:
+                edges[0] = np.uint32(acc & np.uint64(0xFFFFFFFF))
+                first = False
+            else:
+                plane_row[word] = np.uint32(acc & np.uint64(0xFFFFFFFF))
+            acc >>= np.uint64(32)
+            n_bits -= 32
+            word += 1
+    return acc, n_bits, word, first
+
+
+@njit(parallel=True, cache=True)
+def _penalty_planes_kernel(signs, task, key, t_bonus, t_m1, offsets, plane1, plane2, bonus_coords, edges,
+                           table, pop8):
+    """Compact every client's sign bits on M_1 and M_2 (increasing coordinate order) and list the bonus tasks.
+
+    ``offsets[block]`` = (bonus, M_1, M_2) members before the block. ``edges[block, set, client]`` holds
+    the block's first and last partial words of each plane as (word index, bits), OR-ed in by the caller.
+    """
+    n = signs.shape[0]
+    n_blocks = offsets.shape[0]
+    for block in prange(n_blocks):
+        first_word = block * _PLANE_BLOCK_WORDS
+        stop = min(first_word + _PLANE_BLOCK_WORDS, task.size)
+        width = stop - first_word
+        m1_masks = np.empty(width, dtype=np.uint32)
+        m2_masks = np.empty(width, dtype=np.uint32)
+        b = offsets[block, 0]
+        for k in range(width):
+            w = first_word + k
+            t = task[w]
+            if t == 0:
+                m1_masks[k] = 0
+                m2_masks[k] = 0
+                continue
+            bonus, m1 = _set_masks(w, t, key, t_bonus, t_m1)
+            m1_masks[k] = m1
+            m2_masks[k] = t & ~(bonus | m1)
             while bonus:
-                lane = _popcount64(np.uint64((bonus & -bonus) - np.uint32(1)))
+                bonus_coords[b] = np.uint32(w * 32) + np.uint32(_popcount64(np.uint64((bonus & -bonus) - np.uint32(1))))
                 bonus &= bonus - np.uint32(1)
-                coord = np.uint32(w * 32 + lane)
-                for p in range(n_pairs):
-                    u1 = _mix32(coord ^ pair_keys[p])
-                    u2 = _mix32(u1 ^ draw2_salt)
-                    p1 = m1_coords[(np.uint64(u1) * m1) >> np.uint64(32)]
-                    p2 = m2_coords[(np.uint64(u2) * m2) >> np.uint64(32)]
-                    partial[chunk, p] += _bit(signs, pairs[p, 0], p1) == _bit(signs, pairs[p, 1], p2)
+                b += 1
+        for s in range(2):
+            masks = m1_masks if s == 0 else m2_masks
+            plane = plane1 if s == 0 else plane2
+            start = offsets[block, s + 1]
+            for i in range(n):
+                row = plane[i]
+                edge = edges[block, s, i]
+                acc = np.uint64(0)
+                n_bits = start & 31
+                word = start >> 5
+                edge[0] = word
+                first = n_bits != 0
+                head = np.zeros(1, dtype=np.uint32)
+                for k in range(width):
+                    if masks[k] != 0:
+                        acc, n_bits, word, first = _append_compressed(row, signs[i, first_word + k], masks[k], acc,
+                                                                      n_bits, word, head, first, table, pop8)
+                edge[1] = head[0]
+                edge[2] = word
+                edge[3] = np.uint32(acc & np.uint64(0xFFFFFFFF)) if n_bits > 0 else np.uint32(0)
+
+
+@njit(parallel=True, cache=True)
+def _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys, draw2_salt, m1, m2):
+    """Matches of Algorithm 1's draws per ordered pair: ranks hashed from the bonus task, signs from the planes."""
+    n_pairs = pairs.shape[0]
+    n_chunks = (bonus_coords.size + _DRAWS_PER_TASK - 1) // _DRAWS_PER_TASK
+    partial = np.zeros((n_pairs, n_chunks), dtype=np.int64)
+    m1 = np.uint64(m1)
+    m2 = np.uint64(m2)
+    for task_id in prange(n_pairs * n_chunks):
+        p = task_id // n_chunks
+        chunk = task_id % n_chunks
+        row1 = plane1[pairs[p, 0]]
+        row2 = plane2[pairs[p, 1]]
+        key = pair_keys[p]
+        matches = 0
+        for k in range(chunk * _DRAWS_PER_TASK, min((chunk + 1) * _DRAWS_PER_TASK, bonus_coords.size)):
+            u1 = _mix32(bonus_coords[k] ^ key)
+            u2 = _mix32(u1 ^ draw2_salt)
+            # 32-bit ranks (m < 2**32) so that the two lookups vectorise as 32-bit-index gathers
+            rank1 = np.uint32((np.uint64(u1) * m1) >> np.uint64(32))
+            rank2 = np.uint32((np.uint64(u2) * m2) >> np.uint64(32))
+            bit1 = row1[rank1 >> np.uint32(5)] >> (rank1 & np.uint32(31))
+            bit2 = row2[rank2 >> np.uint32(5)] >> (rank2 & np.uint32(31))
+            matches += np.int64(~(bit1 ^ bit2) & np.uint32(1))
+        partial[p, chunk] = matches
     return partial
+
+
+def penalty_planes(signs: np.ndarray, task: np.ndarray, key, t_bonus, t_m1):
+    """(bonus coordinates uint32 [|M_b|], plane1 uint32 [n, m1/32 + 1], plane2, m1, m2).
+
+    Bit r of ``plane1[i]`` (word r // 32, bit r % 32) is client i's sign at the r-th member of M_1, so a
+    draw of rank r is one lookup in a bitstream 1/4 the size of the sign row.
+    """
+    sizes = _penalty_set_sizes(task, key, t_bonus, t_m1)
+    ends = np.cumsum(sizes, axis=0)
+    offsets = np.ascontiguousarray(ends - sizes)
+    n_bonus, m1, m2 = (int(v) for v in ends[-1])
+    n = signs.shape[0]
+    plane1 = np.zeros((n, m1 // 32 + 1), dtype=np.uint32)
+    plane2 = np.zeros((n, m2 // 32 + 1), dtype=np.uint32)
+    bonus_coords = np.empty(n_bonus, dtype=np.uint32)
+    edges = np.zeros((offsets.shape[0], 2, n, 4), dtype=np.uint32)  # head word, head bits, tail word, tail bits
+    _penalty_planes_kernel(signs, task, key, t_bonus, t_m1, offsets, plane1, plane2, bonus_coords, edges,
+                           _COMPRESS, _POPCOUNT8)
+    for s, plane in enumerate((plane1, plane2)):
+        rows = np.arange(n)[None, :]
+        for word_col, bits_col in ((0, 1), (2, 3)):
+            np.bitwise_or.at(plane, (np.broadcast_to(rows, edges.shape[:1] + (n,)),
+                                     edges[:, s, :, word_col].astype(np.int64)), edges[:, s, :, bits_col])
+    return bonus_coords, plane1, plane2, m1, m2
 
 
 def _raw_view(values) -> tuple[np.ndarray, int, int]:
@@ -383,17 +491,15 @@ class CpuBackend(Backend):
 
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
                         pairs: np.ndarray) -> np.ndarray:
-        key, t_bonus, t_m1 = partition_params(seed, bonus_fraction)
-        key = np.uint32(key)
-        task = buffers.task.view(np.uint32)
-        m1_coords, m2_coords = _penalty_coords(task, key, np.uint32(t_bonus), np.uint32(t_m1))
-        if m1_coords.size == 0 or m2_coords.size == 0:
+        key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(seed, bonus_fraction))
+        bonus_coords, plane1, plane2, m1, m2 = penalty_planes(buffers.signs.view(np.uint32),
+                                                              buffers.task.view(np.uint32), key, t_bonus, t_m1)
+        if m1 == 0 or m2 == 0:
             raise InputError("too few informative coordinates to form non-empty penalty sets")
         pairs = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
-        keys = pair_keys(seed, pairs)
-        partial = _sampled_kernel(buffers.signs.view(np.uint32), task, key, np.uint32(t_bonus),
-                                  np.uint32(t_m1), m1_coords, m2_coords, pairs, keys, np.uint32(DRAW2_SALT))
-        return partial.sum(axis=0)
+        partial = _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys(seed, pairs), np.uint32(DRAW2_SALT),
+                               m1, m2)
+        return partial.sum(axis=1)
 
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:
         n_words = buffers.layout.n_words
