@@ -18,10 +18,10 @@ import torch
 
 from .engine.backends import Backend, PackedBuffers, get_backend
 from .engine.layout import Layout
-from .engine.stats import pair_payment
+from .engine.stats import PairPayment, joint_tables, pair_payments
 from .errors import InputError
 from .mechanism import check_penalty
-from .partition import check_bonus_fraction, check_seed, sample_peers
+from .partition import check_bonus_fraction, check_seed, peer_pairs
 from .report import RewardReport
 
 SIGN_LABELS = ("negative", "non-negative")
@@ -93,15 +93,15 @@ class SignPacker:
         bonus_fraction = check_bonus_fraction(bonus_fraction)
         self._check_complete()
         index_pairs = self._scored_pairs(peers, seed, pairs)
-        counts = self.backend.round_counts(self.buffers, seed, bonus_fraction)
+        counts = self.backend.round_counts(self.buffers, seed, bonus_fraction, index_pairs)
         matches = None
         if penalty == "sampled":
-            matches = self.backend.sampled_matches(self.buffers, seed, bonus_fraction, np.array(index_pairs))
-        terms, joints = {}, {}
-        for k, (i, j) in enumerate(index_pairs):
-            key = (self.clients[i], self.clients[j])
-            terms[key] = pair_payment(counts, i, j, None if matches is None else int(matches[k]))
-            joints[key] = counts.joint_counts(i, j)
+            matches = self.backend.sampled_matches(self.buffers, seed, bonus_fraction, index_pairs)
+        # Whole arrays of pairs at once: a round of n clients and p peers costs no per-pair numpy call.
+        payment, bonus, penalty_agreement = pair_payments(counts, index_pairs, matches)
+        keys = [(self.clients[i], self.clients[j]) for i, j in index_pairs.tolist()]
+        terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))
+        joints = dict(zip(keys, joint_tables(counts, index_pairs)))
         sizes = [int(v) for v in counts.sizes]
         return RewardReport.from_pairs(
             terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
@@ -122,10 +122,9 @@ class SignPacker:
             raise InputError("update holds NaN or Inf values", client=self.clients[i],
                              tensor=self.layout.slots[k].name)
 
-    def _scored_pairs(self, peers, seed, pairs) -> list[tuple[int, int]]:
+    def _scored_pairs(self, peers, seed, pairs) -> np.ndarray:
         if pairs is None:
-            chosen = sample_peers(len(self.clients), peers, seed)
-            return [(i, j) for i, js in enumerate(chosen) for j in js]
+            return peer_pairs(len(self.clients), peers, seed)
         if peers is not None:
             raise InputError("give either peers or pairs, not both")
         out = []
@@ -138,7 +137,7 @@ class SignPacker:
             out.append((self._index[client], self._index[peer]))
         if not out:
             raise InputError("pairs is empty")
-        return out
+        return np.array(out, dtype=np.int64)
 
 
 def _is_float(tensor) -> bool:

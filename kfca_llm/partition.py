@@ -127,17 +127,30 @@ PEER_SALT = 0x452821E6
 def sample_peers(n_clients: int, peers: int | None, seed: int) -> list[list[int]]:
     """Peers of each client: all others (``peers=None``) or ``peers`` of them drawn from the seed.
 
-    Client i ranks every other client j by ``mix32(mix32(seed ^ PEER_SALT) ^ (i << 16 | j))`` and
-    keeps the ``peers`` smallest: a counter-based draw that no library version can change.
+    Client i ranks every other client j by ``mix32(mix32(seed ^ PEER_SALT) ^ (i << 16 | j))`` (ties
+    by j) and keeps the ``peers`` smallest: a counter-based draw that no library version can change.
     """
-    if peers is None:
-        return [[j for j in range(n_clients) if j != i] for i in range(n_clients)]
-    if isinstance(peers, bool) or not isinstance(peers, (int, np.integer)) or not 1 <= peers < n_clients:
+    pairs = peer_pairs(n_clients, peers, seed)
+    per_client = len(pairs) // n_clients
+    return pairs[:, 1].reshape(n_clients, per_client).tolist()
+
+
+def peer_pairs(n_clients: int, peers: int | None, seed: int) -> np.ndarray:
+    """int64 [n_clients * k, 2]: the ordered (client, peer) pairs of ``sample_peers``, client-major."""
+    if peers is not None and (isinstance(peers, bool) or not isinstance(peers, (int, np.integer))
+                              or not 1 <= peers < n_clients):
         raise InputError(f"peers must be an integer in [1, {n_clients - 1}] for {n_clients} clients, got {peers!r}")
-    key = mix32(check_seed(seed) ^ PEER_SALT)
-    chosen = []
-    for i in range(n_clients):
-        others = [j for j in range(n_clients) if j != i]
-        others.sort(key=lambda j: (mix32(key ^ ((i << 16) | j)), j))
-        chosen.append(sorted(others[: int(peers)]))
-    return chosen
+    clients = np.arange(n_clients, dtype=np.int64)
+    if peers is None:
+        others = np.broadcast_to(np.arange(n_clients - 1, dtype=np.int64), (n_clients, n_clients - 1))
+        chosen = others + (others >= clients[:, None])
+    else:
+        key = np.uint32(mix32(check_seed(seed) ^ PEER_SALT))
+        chosen = np.empty((n_clients, int(peers)), dtype=np.int64)
+        for first in range(0, n_clients, 1024):  # blocks of rows: memory O(1024 n), not O(n^2)
+            rows = clients[first:first + 1024]
+            rank = mix32(key ^ ((rows[:, None] << 16) | clients[None, :]).astype(np.uint32)).astype(np.int64)
+            rank[np.arange(rows.size), rows] = 1 << 32  # never one's own peer
+            columns = np.broadcast_to(clients, rank.shape)
+            chosen[rows] = np.sort(np.lexsort((columns, rank), axis=-1)[:, : int(peers)], axis=1)
+    return np.stack([np.repeat(clients, chosen.shape[1]), chosen.reshape(-1)], axis=1)

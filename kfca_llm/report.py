@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine.stats import PairPayment, delta_from_joint
+from .engine.stats import PairPayment, delta_from_joint, deltas_from_joints
 from .mechanism import categorical_world
 
 Pair = tuple[str, str]
@@ -47,13 +47,14 @@ class RewardReport:
         rewards: dict[str, list[float]] = {}
         for (client, _), t in terms.items():
             rewards.setdefault(client, []).append(t.payment)
+        stacked = np.stack(list(joints.values()))  # one array op for all pairs' deltas
         return cls(
             rewards={c: float(np.mean(v)) for c, v in sorted(rewards.items())},
             pairwise={k: t.payment for k, t in terms.items()},
             bonus_agreement={k: t.bonus_agreement for k, t in terms.items()},
             penalty_agreement={k: t.penalty_agreement for k, t in terms.items()},
-            pair_delta={k: delta_from_joint(j) for k, j in joints.items()},
-            delta=delta_from_joint(sum(joints.values())),
+            pair_delta=dict(zip(joints, deltas_from_joints(stacked))),
+            delta=delta_from_joint(stacked.sum(axis=0)),
             **meta,
         )
 

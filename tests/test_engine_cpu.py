@@ -213,3 +213,38 @@ def test_sampled_matches_with_sparse_blocks_match_reference():
     for seed, fraction in [(5, 0.5), (2**32 - 1, 0.2)]:
         np.testing.assert_array_equal(backend.sampled_matches(buffers, seed, fraction, pairs),
                                       naive.sampled_matches(signs, task, seed, fraction, pairs))
+
+
+def test_vectorised_payments_and_deltas_equal_the_per_pair_ones():
+    from kfca_llm.engine.stats import delta_from_joint, deltas_from_joints, joint_tables, pair_payment, pair_payments
+
+    backend, buffers = _buffers_holding(*_counter_words(6, 900))
+    pairs = np.array([(i, j) for i in range(6) for j in range(6) if i != j])
+    counts = backend.round_counts(buffers, 9, 0.4)
+    matches = backend.sampled_matches(buffers, 9, 0.4, pairs)
+    for sampled in (None, matches):
+        payment, bonus, penalty = pair_payments(counts, pairs, sampled)
+        for k, (i, j) in enumerate(pairs):
+            one = pair_payment(counts, i, j, None if sampled is None else int(sampled[k]))
+            assert (payment[k], bonus[k], penalty[k]) == (one.payment, one.bonus_agreement, one.penalty_agreement)
+    joints = joint_tables(counts, pairs)
+    rng = np.random.default_rng(0)
+    tables = np.concatenate([joints, rng.integers(0, 1000, size=(5, 2, 2))])
+    for k, (i, j) in enumerate(pairs):
+        np.testing.assert_array_equal(joints[k], counts.joint_counts(i, j))
+    labelled = rng.integers(0, 50, size=(7, 10, 10))  # KFCA-D's L x L tables too
+    for stack in (tables, labelled):
+        batch = deltas_from_joints(stack)
+        for table, delta in zip(stack, batch):
+            assert delta.tobytes() == delta_from_joint(table).tobytes()
+
+
+def test_counting_only_the_scored_pairs_leaves_their_counts_unchanged():
+    backend, buffers = _buffers_holding(*_counter_words(7, 1500))
+    full = backend.round_counts(buffers, 1, 0.5)
+    pairs = np.array([(0, 3), (5, 2), (6, 0)])
+    part = backend.round_counts(buffers, 1, 0.5, pairs)
+    for i, j in [(0, 3), (3, 0), (5, 2), (2, 5), (6, 0)] + [(k, k) for k in range(7)]:
+        np.testing.assert_array_equal(part.gram[:, i, j], full.gram[:, i, j])
+    np.testing.assert_array_equal(part.sizes, full.sizes)
+    assert not part.gram[:, 1, 4].any() and full.gram[:, 1, 4].any()  # unscored: skipped

@@ -58,7 +58,13 @@ class Backend(ABC):
         """bool [n_clients, n_tensors] on the host."""
 
     @abstractmethod
-    def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float) -> RoundCounts: ...
+    def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
+                     pairs: np.ndarray | None = None) -> RoundCounts:
+        """Counts of every pair, or at least of the diagonal and the given pairs ([P, 2], either order).
+
+        With ``pairs`` a backend may leave the Gram entries of other pairs at 0: that is what lets a
+        round with p peers per client cost O(n p) pair counts instead of O(n^2).
+        """
 
     @abstractmethod
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,

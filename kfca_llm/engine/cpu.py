@@ -13,6 +13,7 @@ negative), non-zero = magnitude bits non-zero, non-finite = exponent bits all on
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import torch
 from llvmlite import ir
@@ -203,54 +204,60 @@ def _set_masks(word_index, task_word, key, t_bonus, t_m1):
 
 
 @njit(parallel=True, cache=True)
-def _gram_kernel(signs, task, key, t_bonus, t_m1):
-    """Upper triangles of the three co-negative Gram matrices, one partial per chunk of words.
+def _gram_kernel(signs, task, key, t_bonus, t_m1, needed, n_groups):
+    """Upper triangles of the three co-negative Gram matrices, one partial per group of chunks.
 
     ``signs`` and ``task`` are viewed as uint64 (two 32-bit words per lane; rows are padded to an
-    even number of words). Per block of words the three set masks are built once, then every pair
-    runs a contiguous AND + popcount reduction over the block, which LLVM vectorises.
+    even number of words). Per chunk of words the three set masks are built once, then every pair
+    with ``needed[i, j]`` (i <= j) runs a contiguous AND + popcount reduction over the chunk, which
+    LLVM vectorises. Chunks are dealt round-robin to ``n_groups`` groups, so the partials take
+    ``n_groups`` Gram matrices of memory however long the rows are.
     """
     n, n_words = signs.shape
     n_chunks = (n_words + _WORDS_PER_CHUNK - 1) // _WORDS_PER_CHUNK
-    partial = np.zeros((n_chunks, 3, n, n), dtype=np.int64)
-    sizes = np.zeros((n_chunks, 3), dtype=np.int64)
-    for chunk in prange(n_chunks):
-        start = chunk * _WORDS_PER_CHUNK
-        stop = min(start + _WORDS_PER_CHUNK, n_words)
-        width = stop - start
-        masks = np.empty((3, width), dtype=np.uint64)
-        masked = np.empty(width, dtype=np.uint64)
-        for k in range(width):
-            w = start + k
-            t = task[w]
-            if t == 0:
-                masks[0, k] = 0
-                masks[1, k] = 0
-                masks[2, k] = 0
-                continue
-            b_lo, m1_lo = _set_masks(2 * w, np.uint32(t & np.uint64(0xFFFFFFFF)), key, t_bonus, t_m1)
-            b_hi, m1_hi = _set_masks(2 * w + 1, np.uint32(t >> np.uint64(32)), key, t_bonus, t_m1)
-            bonus = np.uint64(b_lo) | (np.uint64(b_hi) << np.uint64(32))
-            m1 = np.uint64(m1_lo) | (np.uint64(m1_hi) << np.uint64(32))
-            masks[0, k] = bonus
-            masks[1, k] = m1
-            masks[2, k] = t & ~(bonus | m1)
-        local = partial[chunk]
-        for s in range(3):
-            total = 0
+    n_groups = max(min(n_groups, n_chunks), 1)
+    partial = np.zeros((n_groups, 3, n, n), dtype=np.int64)
+    sizes = np.zeros((n_groups, 3), dtype=np.int64)
+    for group in prange(n_groups):
+        local = partial[group]
+        masks = np.empty((3, _WORDS_PER_CHUNK), dtype=np.uint64)
+        masked = np.empty(_WORDS_PER_CHUNK, dtype=np.uint64)
+        for chunk in range(group, n_chunks, n_groups):
+            start = chunk * _WORDS_PER_CHUNK
+            stop = min(start + _WORDS_PER_CHUNK, n_words)
+            width = stop - start
             for k in range(width):
-                total += _popcount64(masks[s, k])
-            sizes[chunk, s] = total
-            for i in range(n):
-                row_i = signs[i, start:stop]
+                w = start + k
+                t = task[w]
+                if t == 0:
+                    masks[0, k] = 0
+                    masks[1, k] = 0
+                    masks[2, k] = 0
+                    continue
+                b_lo, m1_lo = _set_masks(2 * w, np.uint32(t & np.uint64(0xFFFFFFFF)), key, t_bonus, t_m1)
+                b_hi, m1_hi = _set_masks(2 * w + 1, np.uint32(t >> np.uint64(32)), key, t_bonus, t_m1)
+                bonus = np.uint64(b_lo) | (np.uint64(b_hi) << np.uint64(32))
+                m1 = np.uint64(m1_lo) | (np.uint64(m1_hi) << np.uint64(32))
+                masks[0, k] = bonus
+                masks[1, k] = m1
+                masks[2, k] = t & ~(bonus | m1)
+            for s in range(3):
+                total = 0
                 for k in range(width):
-                    masked[k] = row_i[k] & masks[s, k]
-                for j in range(i, n):
-                    row_j = signs[j, start:stop]
-                    acc = 0
+                    total += _popcount64(masks[s, k])
+                sizes[group, s] += total
+                for i in range(n):
+                    row_i = signs[i, start:stop]
                     for k in range(width):
-                        acc += _popcount64(masked[k] & row_j[k])
-                    local[s, i, j] += acc
+                        masked[k] = row_i[k] & masks[s, k]
+                    for j in range(i, n):
+                        if not needed[i, j]:
+                            continue
+                        row_j = signs[j, start:stop]
+                        acc = 0
+                        for k in range(width):
+                            acc += _popcount64(masked[k] & row_j[k])
+                        local[s, i, j] += acc
     return partial, sizes
 
 
@@ -481,10 +488,18 @@ class CpuBackend(Backend):
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         return buffers.nonfinite != 0
 
-    def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float) -> RoundCounts:
-        key, t_bonus, t_m1 = partition_params(seed, bonus_fraction)
-        partial, sizes = _gram_kernel(buffers.signs.view(np.uint64), buffers.task.view(np.uint64),
-                                      np.uint32(key), np.uint32(t_bonus), np.uint32(t_m1))
+    def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
+                     pairs: np.ndarray | None = None) -> RoundCounts:
+        key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(seed, bonus_fraction))
+        n = buffers.signs.shape[0]
+        if pairs is None:
+            needed = np.ones((n, n), dtype=np.bool_)
+        else:  # the diagonal (each client's own counts) and the scored pairs, in the upper triangle
+            pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+            needed = np.eye(n, dtype=np.bool_)
+            needed[pairs.min(axis=1), pairs.max(axis=1)] = True
+        partial, sizes = _gram_kernel(buffers.signs.view(np.uint64), buffers.task.view(np.uint64), key, t_bonus,
+                                      t_m1, needed, 4 * numba.get_num_threads())
         upper = partial.sum(axis=0)
         gram = np.triu(upper) + np.triu(upper, 1).transpose(0, 2, 1)
         return RoundCounts(gram, sizes.sum(axis=0))

@@ -75,10 +75,49 @@ def pair_payment(counts: RoundCounts, i: int, j: int, sampled_matches: int | Non
     return PairPayment(bonus - penalty, bonus, penalty)
 
 
+def pair_payments(counts: RoundCounts, pairs: np.ndarray,
+                  sampled_matches: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(payment, bonus agreement, penalty agreement) float64 [P] of the ordered pairs ([P, 2]).
+
+    ``pair_payment`` for many pairs at once, with the same integer-then-divide arithmetic, so every
+    float is bit-identical to it (int64 numerators are exact, and below 2**53 so is their conversion).
+    """
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    i, j = pairs[:, 0], pairs[:, 1]
+    n_bonus, m1, m2 = (int(v) for v in counts.sizes)
+    g = counts.gram
+    bonus = (n_bonus - (g[BONUS, i, i] + g[BONUS, j, j] - 2 * g[BONUS, i, j])) / n_bonus
+    if sampled_matches is not None:
+        penalty = np.asarray(sampled_matches, dtype=np.int64) / n_bonus
+    elif m1 * m2 < 2**53:
+        a, b = g[PENALTY_1, i, i], g[PENALTY_2, j, j]
+        penalty = (a * b + (m1 - a) * (m2 - b)) / (m1 * m2)
+    else:  # beyond float64's exact integers: Python's exactly rounded int division, pair by pair
+        penalty = np.array([counts.expected_penalty(int(x), int(y)) for x, y in pairs], dtype=np.float64)
+    return bonus - penalty, bonus, penalty
+
+
+def joint_tables(counts: RoundCounts, pairs: np.ndarray) -> np.ndarray:
+    """int64 [P, 2, 2]: ``RoundCounts.joint_counts`` of each ordered pair of ``pairs``."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    i, j = pairs[:, 0], pairs[:, 1]
+    both = counts.gram[:, i, j].sum(axis=0)
+    neg_i = counts.gram[:, i, i].sum(axis=0)
+    neg_j = counts.gram[:, j, j].sum(axis=0)
+    total = int(counts.sizes.sum())
+    return np.stack([np.stack([both, neg_i - both], axis=1),
+                     np.stack([neg_j - both, total - neg_i - neg_j + both], axis=1)], axis=1)
+
+
 def delta_from_joint(joint: np.ndarray) -> np.ndarray:
     """Empirical delta matrix P(a, b) - P(a) P(b) from a joint count table."""
-    total = joint.sum()
-    if total == 0:
+    return deltas_from_joints(np.asarray(joint)[None])[0]
+
+
+def deltas_from_joints(joints: np.ndarray) -> np.ndarray:
+    """``delta_from_joint`` of each table of ``joints`` ([P, L, L]) at once (one code path for both)."""
+    totals = joints.sum(axis=(1, 2))
+    if joints.shape[0] and not totals.all():
         raise InputError("no tasks to estimate a delta matrix from")
-    p = joint / total
-    return p - np.outer(p.sum(axis=1), p.sum(axis=0))
+    p = joints / totals[:, None, None]
+    return p - p.sum(axis=2)[:, :, None] * p.sum(axis=1)[:, None, :]

@@ -99,7 +99,9 @@ class TritonBackend(Backend):
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         return buffers.nonfinite.cpu().numpy() != 0
 
-    def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float) -> RoundCounts:
+    def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
+                     pairs: np.ndarray | None = None) -> RoundCounts:
+        # The tiled kernel counts every pair in one pass (a superset of ``pairs``).
         gram, sizes = self._agreement.binary_gram(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction))
         return RoundCounts(gram.cpu().numpy(), sizes.cpu().numpy())
 
