@@ -151,6 +151,7 @@ def peer_pairs(n_clients: int, peers: int | None, seed: int) -> np.ndarray:
             rows = clients[first:first + 1024]
             rank = mix32(key ^ ((rows[:, None] << 16) | clients[None, :]).astype(np.uint32)).astype(np.int64)
             rank[np.arange(rows.size), rows] = 1 << 32  # never one's own peer
-            columns = np.broadcast_to(clients, rank.shape)
-            chosen[rows] = np.sort(np.lexsort((columns, rank), axis=-1)[:, : int(peers)], axis=1)
+            order = (rank << 16) | clients  # (hash, j) as one unique integer: ties broken by j
+            smallest = np.argpartition(order, int(peers) - 1, axis=1)[:, : int(peers)]
+            chosen[rows] = np.sort(smallest, axis=1)
     return np.stack([np.repeat(clients, chosen.shape[1]), chosen.reshape(-1)], axis=1)

@@ -13,6 +13,8 @@ negative), non-zero = magnitude bits non-zero, non-finite = exponent bits all on
 
 from __future__ import annotations
 
+from types import FunctionType
+
 import numba
 import numpy as np
 import torch
@@ -123,8 +125,7 @@ def _pack_words(raw, signs_row, task, word_offset, first, stop, mag_mask, exp_ma
     return bad
 
 
-@njit(parallel=True, cache=True)
-def _pack_one_kernel(raw, word_offset, signs_row, task, mag_mask, exp_mask):
+def _pack_one(raw, word_offset, signs_row, task, mag_mask, exp_mask):
     """Pack one tensor (the streaming path: no container to build per call)."""
     n_words = (raw.size + 31) // 32
     n_blocks = (n_words + _PACK_BLOCK_WORDS - 1) // _PACK_BLOCK_WORDS
@@ -136,8 +137,7 @@ def _pack_one_kernel(raw, word_offset, signs_row, task, mag_mask, exp_mask):
     return bad.sum()
 
 
-@njit(parallel=True, cache=True)
-def _pack_kernel(raws, word_offsets, signs_row, task, mag_mask, exp_mask):
+def _pack_group(raws, word_offsets, signs_row, task, mag_mask, exp_mask):
     """Pack several tensors of one client (same float format) in one parallel pass.
 
     Work is split into blocks of ``_PACK_BLOCK_WORDS`` words across all tensors, so many small LoRA
@@ -159,6 +159,22 @@ def _pack_kernel(raws, word_offsets, signs_row, task, mag_mask, exp_mask):
     for t in range(k):
         per_tensor[t] = bad[first_block[t]:first_block[t + 1]].sum()
     return per_tensor
+
+
+def _builds(function):
+    """(single-threaded, multi-threaded) compiled builds of one kernel, indexed by ``parallel``.
+
+    Small inputs take the first: waking the thread pool costs more than their whole pass (up to
+    milliseconds on a busy machine). The copy has its own name so the two never share a cache entry.
+    """
+    serial = FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial")
+    serial.__qualname__ = function.__qualname__ + "_serial"
+    return njit(cache=True)(serial), njit(parallel=True, cache=True)(function)
+
+
+_PACK_ONE = _builds(_pack_one)
+_PACK_GROUP = _builds(_pack_group)
+_PARALLEL_FROM_WORDS = 1 << 15
 
 
 @intrinsic
@@ -203,23 +219,24 @@ def _set_masks(word_index, task_word, key, t_bonus, t_m1):
     return bonus & task_word, m1 & task_word
 
 
-@njit(parallel=True, cache=True)
-def _gram_kernel(signs, task, key, t_bonus, t_m1, needed, n_groups):
-    """Upper triangles of the three co-negative Gram matrices, one partial per group of chunks.
+def _gram_kernel(signs, task, key, t_bonus, t_m1, row_starts, cols, n_groups):
+    """Co-negative counts of each client (the Gram diagonal) and of the listed pairs, per task set.
 
+    Pairs are given row by row (CSR): client i's partners are ``cols[row_starts[i]:row_starts[i + 1]]``.
     ``signs`` and ``task`` are viewed as uint64 (two 32-bit words per lane; rows are padded to an
-    even number of words). Per chunk of words the three set masks are built once, then every pair
-    with ``needed[i, j]`` (i <= j) runs a contiguous AND + popcount reduction over the chunk, which
-    LLVM vectorises. Chunks are dealt round-robin to ``n_groups`` groups, so the partials take
-    ``n_groups`` Gram matrices of memory however long the rows are.
+    even number of words). Per chunk of words the three set masks are built once; each row is
+    masked once and then every listed pair runs a contiguous AND + popcount reduction over the
+    chunk, which LLVM vectorises. Chunks are dealt round-robin to ``n_groups`` groups, so partials
+    take ``n_groups`` x (n + pairs) counts of memory however long the rows are.
     """
     n, n_words = signs.shape
+    n_pairs = cols.size
     n_chunks = (n_words + _WORDS_PER_CHUNK - 1) // _WORDS_PER_CHUNK
     n_groups = max(min(n_groups, n_chunks), 1)
-    partial = np.zeros((n_groups, 3, n, n), dtype=np.int64)
+    diagonal = np.zeros((n_groups, 3, n), dtype=np.int64)
+    pair_counts = np.zeros((n_groups, 3, n_pairs), dtype=np.int64)
     sizes = np.zeros((n_groups, 3), dtype=np.int64)
     for group in prange(n_groups):
-        local = partial[group]
         masks = np.empty((3, _WORDS_PER_CHUNK), dtype=np.uint64)
         masked = np.empty(_WORDS_PER_CHUNK, dtype=np.uint64)
         for chunk in range(group, n_chunks, n_groups):
@@ -248,17 +265,21 @@ def _gram_kernel(signs, task, key, t_bonus, t_m1, needed, n_groups):
                 sizes[group, s] += total
                 for i in range(n):
                     row_i = signs[i, start:stop]
+                    own = 0
                     for k in range(width):
                         masked[k] = row_i[k] & masks[s, k]
-                    for j in range(i, n):
-                        if not needed[i, j]:
-                            continue
-                        row_j = signs[j, start:stop]
+                        own += _popcount64(masked[k])
+                    diagonal[group, s, i] += own
+                    for p in range(row_starts[i], row_starts[i + 1]):
+                        row_j = signs[cols[p], start:stop]
                         acc = 0
                         for k in range(width):
                             acc += _popcount64(masked[k] & row_j[k])
-                        local[s, i, j] += acc
-    return partial, sizes
+                        pair_counts[group, s, p] += acc
+    return diagonal, pair_counts, sizes
+
+
+_GRAM = _builds(_gram_kernel)
 
 
 def _compress_table() -> np.ndarray:
@@ -280,7 +301,6 @@ _PLANE_BLOCK_WORDS = 1 << 12
 _DRAWS_PER_TASK = 1 << 16
 
 
-@njit(parallel=True, cache=True)
 def _penalty_set_sizes(task, key, t_bonus, t_m1):
     """int64 [n_blocks, 3]: bonus, M_1 and M_2 members per block of ``_PLANE_BLOCK_WORDS`` words."""
     n_blocks = (task.size + _PLANE_BLOCK_WORDS - 1) // _PLANE_BLOCK_WORDS
@@ -323,7 +343,6 @@ def _append_compressed(plane_row, value, mask, acc, n_bits, word, edges, first, 
     return acc, n_bits, word, first
 
 
-@njit(parallel=True, cache=True)
 def _penalty_planes_kernel(signs, task, key, t_bonus, t_m1, offsets, plane1, plane2, bonus_coords, edges,
                            table, pop8):
     """Compact every client's sign bits on M_1 and M_2 (increasing coordinate order) and list the bonus tasks.
@@ -376,7 +395,6 @@ def _penalty_planes_kernel(signs, task, key, t_bonus, t_m1, offsets, plane1, pla
                 edge[3] = np.uint32(acc & np.uint64(0xFFFFFFFF)) if n_bits > 0 else np.uint32(0)
 
 
-@njit(parallel=True, cache=True)
 def _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys, draw2_salt, m1, m2):
     """Matches of Algorithm 1's draws per ordered pair: ranks hashed from the bonus task, signs from the planes."""
     n_pairs = pairs.shape[0]
@@ -404,13 +422,19 @@ def _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys, draw2_salt, m1,
     return partial
 
 
+_SET_SIZES = _builds(_penalty_set_sizes)
+_PLANES = _builds(_penalty_planes_kernel)
+_DRAWS = _builds(_draw_kernel)
+
+
 def penalty_planes(signs: np.ndarray, task: np.ndarray, key, t_bonus, t_m1):
     """(bonus coordinates uint32 [|M_b|], plane1 uint32 [n, m1/32 + 1], plane2, m1, m2).
 
     Bit r of ``plane1[i]`` (word r // 32, bit r % 32) is client i's sign at the r-th member of M_1, so a
     draw of rank r is one lookup in a bitstream 1/4 the size of the sign row.
     """
-    sizes = _penalty_set_sizes(task, key, t_bonus, t_m1)
+    parallel = task.size > _PLANE_BLOCK_WORDS
+    sizes = _SET_SIZES[parallel](task, key, t_bonus, t_m1)
     ends = np.cumsum(sizes, axis=0)
     offsets = np.ascontiguousarray(ends - sizes)
     n_bonus, m1, m2 = (int(v) for v in ends[-1])
@@ -419,7 +443,7 @@ def penalty_planes(signs: np.ndarray, task: np.ndarray, key, t_bonus, t_m1):
     plane2 = np.zeros((n, m2 // 32 + 1), dtype=np.uint32)
     bonus_coords = np.empty(n_bonus, dtype=np.uint32)
     edges = np.zeros((offsets.shape[0], 2, n, 4), dtype=np.uint32)  # head word, head bits, tail word, tail bits
-    _penalty_planes_kernel(signs, task, key, t_bonus, t_m1, offsets, plane1, plane2, bonus_coords, edges,
+    _PLANES[parallel](signs, task, key, t_bonus, t_m1, offsets, plane1, plane2, bonus_coords, edges,
                            _COMPRESS, _POPCOUNT8)
     for s, plane in enumerate((plane1, plane2)):
         rows = np.arange(n)[None, :]
@@ -442,6 +466,13 @@ def _raw_view(values) -> tuple[np.ndarray, int, int]:
     if t.device.type != "cpu":
         t = t.cpu()
     return t.contiguous().view(int_dtype).numpy().reshape(-1), mag_mask, exp_mask
+
+
+def _unique_pairs(pairs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols) of the distinct unordered pairs i < j of ``pairs``, sorted by row then column."""
+    low, high = pairs.min(axis=1), pairs.max(axis=1)
+    flat = np.unique(low[low != high] * n + high[low != high])
+    return flat // n, flat % n
 
 
 class CpuBackend(Backend):
@@ -475,13 +506,14 @@ class CpuBackend(Backend):
         slots = buffers.layout.slots
         for (_, mag_mask, exp_mask), group in groups.items():
             masks = np.int64(mag_mask), np.int64(exp_mask)
+            parallel = sum(slots[t].n_words for t, _ in group) >= _PARALLEL_FROM_WORDS
             if len(group) == 1:  # the streaming path: no container to build per tensor
                 tensor, raw = group[0]
-                bad = [_pack_one_kernel(raw, slots[tensor].word_offset, signs_row, task, *masks)]
+                bad = [_PACK_ONE[parallel](raw, slots[tensor].word_offset, signs_row, task, *masks)]
             else:
                 raws = List([raw for _, raw in group])
                 offsets = np.array([slots[t].word_offset for t, _ in group], dtype=np.int64)
-                bad = _pack_kernel(raws, offsets, signs_row, task, *masks)
+                bad = _PACK_GROUP[parallel](raws, offsets, signs_row, task, *masks)
             for (tensor, _), count in zip(group, bad):
                 buffers.nonfinite[client, tensor] = min(int(count), 1)
 
@@ -493,15 +525,22 @@ class CpuBackend(Backend):
         key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(seed, bonus_fraction))
         n = buffers.signs.shape[0]
         if pairs is None:
-            needed = np.ones((n, n), dtype=np.bool_)
-        else:  # the diagonal (each client's own counts) and the scored pairs, in the upper triangle
+            rows, cols = np.triu_indices(n, 1)
+        else:  # each unordered pair once, as (smaller, larger); the diagonal is always counted
             pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
-            needed = np.eye(n, dtype=np.bool_)
-            needed[pairs.min(axis=1), pairs.max(axis=1)] = True
-        partial, sizes = _gram_kernel(buffers.signs.view(np.uint64), buffers.task.view(np.uint64), key, t_bonus,
-                                      t_m1, needed, 4 * numba.get_num_threads())
-        upper = partial.sum(axis=0)
-        gram = np.triu(upper) + np.triu(upper, 1).transpose(0, 2, 1)
+            rows, cols = _unique_pairs(pairs, n)
+        row_starts = np.searchsorted(rows, np.arange(n + 1)).astype(np.int64)
+        parallel = buffers.signs.shape[1] > 2 * _WORDS_PER_CHUNK  # one chunk of words: one thread
+        diagonal, pair_counts, sizes = _GRAM[parallel](
+            buffers.signs.view(np.uint64), buffers.task.view(np.uint64), key, t_bonus, t_m1, row_starts,
+            np.ascontiguousarray(cols, dtype=np.int64), 4 * numba.get_num_threads())
+        # np.zeros maps untouched pages lazily: only the diagonal and the scored pairs are written.
+        gram = np.zeros((3, n, n), dtype=np.int64)
+        clients = np.arange(n)
+        gram[:, clients, clients] = diagonal.sum(axis=0)
+        counts = pair_counts.sum(axis=0)
+        gram[:, rows, cols] = counts
+        gram[:, cols, rows] = counts
         return RoundCounts(gram, sizes.sum(axis=0))
 
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
@@ -512,8 +551,9 @@ class CpuBackend(Backend):
         if m1 == 0 or m2 == 0:
             raise InputError("too few informative coordinates to form non-empty penalty sets")
         pairs = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
-        partial = _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys(seed, pairs), np.uint32(DRAW2_SALT),
-                               m1, m2)
+        parallel = len(pairs) * bonus_coords.size >= _DRAWS_PER_TASK
+        partial = _DRAWS[parallel](bonus_coords, plane1, plane2, pairs, pair_keys(seed, pairs), np.uint32(DRAW2_SALT),
+                                   m1, m2)
         return partial.sum(axis=1)
 
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:
