@@ -13,12 +13,14 @@ the same task k.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from .engine.stats import PairPayment, delta_from_joint
 from .errors import InputError
-from .partition import BONUS, PENALTY_1, PENALTY_2, partition_classes, penalty_ranks
+from .partition import (BONUS, PENALTY_1, PENALTY_2, check_bonus_fraction, check_seed, partition_classes,
+                        penalty_ranks)
 
 PENALTY_MODES = ("expected", "sampled")
 _MAX_TASKS = 1 << 32  # task index must fit the uint32 partition hash
@@ -134,8 +136,17 @@ def task_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5
     """
     if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)) or not 0 <= num_tasks <= _MAX_TASKS:
         raise InputError(f"num_tasks must be an integer in [0, 2**32], got {num_tasks!r}")
-    classes = partition_classes(np.arange(int(num_tasks), dtype=np.int64), seed, bonus_fraction)
-    return TaskPartition(*(np.flatnonzero(classes == c).astype(np.int64) for c in (BONUS, PENALTY_1, PENALTY_2)))
+    return _cached_partition(int(num_tasks), check_seed(seed), check_bonus_fraction(bonus_fraction))
+
+
+@lru_cache(maxsize=8)
+def _cached_partition(num_tasks: int, seed: int, bonus_fraction: float) -> TaskPartition:
+    """One partition per round, not one per scored pair (read-only arrays: callers share them)."""
+    classes = partition_classes(np.arange(num_tasks, dtype=np.int64), seed, bonus_fraction)
+    sets = [np.flatnonzero(classes == c).astype(np.int64) for c in (BONUS, PENALTY_1, PENALTY_2)]
+    for indices in sets:
+        indices.flags.writeable = False
+    return TaskPartition(*sets)
 
 
 def mtpp_payment(r1, r2, score_matrix, *, seed: int = 0, bonus_fraction: float = 0.5,
