@@ -261,3 +261,20 @@ def test_peer_draw_follows_its_contract():
             others = sorted((j for j in range(n) if j != i), key=lambda j: (mix32(key ^ ((i << 16) | j)), j))
             expected.append(sorted(others[: peers if peers is not None else n]))
         assert sample_peers(n, peers, seed) == expected
+
+
+def test_multi_threaded_fused_pack_matches_reference():
+    """Several tensors past the single-threaded size: the typed-list kernel, not the concatenated one."""
+    rng = np.random.default_rng(11)
+    shapes = {"a": (400_001,), "b": (1000, 700), "c": (5,)}
+    sds = _random_state_dicts(rng, shapes, 2, torch.float32)
+    layout = Layout.from_shapes(shapes)
+    assert layout.n_words >= 1 << 15
+    backend = get_backend("numpy")
+    buffers = backend.allocate(2, layout)
+    for i, sd in enumerate(sds):
+        backend.pack_many(buffers, i, [(k, sd[slot.name]) for k, slot in enumerate(layout.slots)])
+    signs, task = backend.host_words(buffers)
+    ref_signs, ref_task = _reference_words(layout, sds)
+    np.testing.assert_array_equal(signs, ref_signs)
+    np.testing.assert_array_equal(task, ref_task)
