@@ -93,20 +93,18 @@ def main() -> None:
     kfca_llm.score_updates({"a": torch.randn(64), "b": torch.randn(64)})  # JIT compile outside the timing
 
     # Interleaved, best of each: all see the same machine state (this VM's speed drifts between runs).
-    floor = engine = sampled = float("inf")
+    # pack / score split the engine's time: packing every client (reads the floats), scoring (bits only).
+    shapes = {k: tuple(v.shape) for k, v in next(iter(updates.values())).items()}
+    floor = engine = sampled = pack = score = float("inf")
     for _ in range(args.repeat):
         floor = min(floor, _timed(lambda: [t.sum() for sd in updates.values() for t in sd.values()], 1))
         engine = min(engine, _timed(lambda: kfca_llm.score_updates(updates, backend="numpy"), 1))
         if not args.skip_sampled:
             sampled = min(sampled, _timed(lambda: kfca_llm.score_updates(updates, backend="numpy",
                                                                          penalty="sampled"), 1))
-    # Where the engine's time goes: packing every client (reads the floats) against scoring (bits only).
-    shapes = {k: tuple(v.shape) for k, v in next(iter(updates.values())).items()}
-    pack = score = float("inf")
-    for _ in range(max(1, args.repeat // 2)):
         packer = kfca_llm.SignPacker(shapes, list(updates), backend="numpy")
         pack = min(pack, _timed(lambda: [packer.add_many(c, sd) for c, sd in updates.items()], 1))
-        score = min(score, _timed(lambda: packer.score(), 1))
+        score = min(score, _timed(packer.score, 1))
     load = os.getloadavg()
     results = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {threads}",
