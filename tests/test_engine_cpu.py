@@ -237,6 +237,8 @@ def test_vectorised_payments_and_deltas_equal_the_per_pair_ones():
         batch = deltas_from_joints(stack)
         for table, delta in zip(stack, batch):
             assert delta.tobytes() == delta_from_joint(table).tobytes()
+            p = table / table.sum()  # the definition: P(a, b) - P(a) P(b), rows a, columns b
+            np.testing.assert_allclose(delta, p - np.outer(p.sum(axis=1), p.sum(axis=0)), rtol=0, atol=1e-15)
 
 
 def test_counting_only_the_scored_pairs_leaves_their_counts_unchanged():
