@@ -24,6 +24,9 @@ def _add_scoring_options(parser: argparse.ArgumentParser) -> None:
                         help="expected: exact expectation of the penalty (default); sampled: the paper's draws")
     parser.add_argument("--bonus-fraction", type=float, default=0.5, help="fraction of tasks used as bonus tasks")
     parser.add_argument("--backend", choices=("auto", "numpy", "triton"), default="auto")
+    parser.add_argument("--duplicates", choices=("flag", "split", "zero"), default="flag",
+                        help="clients whose reports are copies of each other: flag (report only, default), "
+                             "split (each group is paid as one client), zero (groups are paid nothing)")
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -32,7 +35,7 @@ def _score(args: argparse.Namespace) -> int:
 
     report = score_checkpoints(args.paths, reference=args.reference, peers=args.peers, seed=args.seed,
                                penalty=args.penalty, bonus_fraction=args.bonus_fraction, backend=args.backend,
-                               device=args.device)
+                               device=args.device, duplicates=args.duplicates)
     print(report.table())
     if args.json:
         write_json(args.json, report.to_dict())

@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..partition import check_bonus_fraction, check_seed, sample_peers
 from ..report import RewardReport
 from .backends import Backend, PackedBuffers, get_backend
+from .duplicates import DuplicateGroup, DuplicateRule, check_duplicate_policy, disagreement_counts, find_duplicates
 from .layout import Layout
 from .stats import pair_payment
 
@@ -92,14 +93,22 @@ class SignPacker:
         return self.backend.host_words(self.buffers)
 
     def score(self, *, peers: int | None = None, seed: int = 0, penalty: str = "expected",
-              bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
-        """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``."""
+              bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None,
+              duplicates: str = "flag", duplicate_rule: DuplicateRule = DuplicateRule()) -> RewardReport:
+        """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``.
+
+        Copies among all the clients (``engine.duplicates``) are listed in ``report.duplicates``;
+        ``duplicates="split"`` pays each group of copies as one client, ``"zero"`` pays it nothing,
+        ``"flag"`` (default) only reports them.
+        """
         seed = check_seed(seed)
         penalty = _check_penalty(penalty)
         bonus_fraction = check_bonus_fraction(bonus_fraction)
+        duplicates = check_duplicate_policy(duplicates)
         self._check_complete()
         index_pairs = self._scored_pairs(peers, seed, pairs)
         counts = self.backend.round_counts(self.buffers, seed, bonus_fraction)
+        groups = find_duplicates(self.clients, disagreement_counts(counts), int(counts.sizes.sum()), duplicate_rule)
         matches = None
         if penalty == "sampled":
             matches = self.backend.sampled_matches(self.buffers, seed, bonus_fraction, np.array(index_pairs))
@@ -114,7 +123,15 @@ class SignPacker:
             backend=self.backend.name, labels=SIGN_LABELS,
             tasks={"coordinates": self.layout.n_coords, "tasks": sum(sizes), "bonus": sizes[0],
                    "penalty_1": sizes[1], "penalty_2": sizes[2]},
+            duplicates=groups, duplicate_policy=duplicates,
         )
+
+    def find_duplicates(self, rule: DuplicateRule = DuplicateRule()) -> tuple[DuplicateGroup, ...]:
+        """Groups of clients whose packed reports are copies of each other (no rewards computed)."""
+        self._check_complete()
+        # The disagreement counts sum the three task sets, so they do not depend on the partition seed.
+        counts = self.backend.round_counts(self.buffers, 0, 0.5)
+        return find_duplicates(self.clients, disagreement_counts(counts), int(counts.sizes.sum()), rule)
 
     def _check_complete(self) -> None:
         missing = np.argwhere(~self._packed)
