@@ -42,12 +42,31 @@ def test_no_false_positives_on_honest_rounds(n):
         assert groups_of(honest_round(n, seed)) == [], seed
 
 
+def test_no_false_positives_on_few_coordinates():
+    """Where sampling noise is large, the standard-error margin keeps honest pairs out."""
+    for coords in (300, 1000):
+        for n in (4, 6, 10):
+            for seed in range(20):
+                assert groups_of(honest_round(n, seed, coords)) == [], (coords, n, seed)
+
+
+@pytest.mark.parametrize("n", [6, 10])
 @pytest.mark.parametrize("noise", [0.01, 0.05, 0.2])
-def test_noisy_copy_is_caught(noise):
+def test_noisy_copy_is_caught(noise, n):
     for seed in range(6):
-        updates = honest_round(6, seed)
-        copied = np.vstack([updates, noisy_copy(updates[seed % 6], noise, seed)])
-        assert groups_of(copied) == [(f"c{seed % 6:02d}", "c06")], seed
+        updates = honest_round(n, seed)
+        copied = np.vstack([updates, noisy_copy(updates[seed % n], noise, seed)])
+        assert groups_of(copied) == [(f"c{seed % n:02d}", f"c{n:02d}")], seed
+
+
+def test_copy_of_the_strongest_client_is_caught():
+    """The hardest copy: its victim agrees most with everyone, so the pair looks like two strong clients."""
+    for n in (6, 10):
+        for seed in range(30):
+            updates = honest_round(n, seed)
+            strongest = int(np.argmax(np.abs(updates @ updates.sum(axis=0))))
+            copied = np.vstack([updates, noisy_copy(updates[strongest], 0.2, seed)])
+            assert groups_of(copied) == [(f"c{strongest:02d}", f"c{n:02d}")], (n, seed)
 
 
 @pytest.mark.parametrize("noise", [0.01, 0.05])
