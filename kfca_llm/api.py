@@ -18,6 +18,8 @@ from .partition import check_seed, sample_peers
 from .report import RewardReport
 
 FLAT_UPDATE_NAME = "update"
+MAX_LABELS = 1024
+MAX_REPORT_CELLS = 1 << 27  # 1 GiB of float64 delta matrices
 
 
 def _as_state_dict(client: str, update) -> dict:
@@ -33,6 +35,12 @@ def _as_state_dict(client: str, update) -> dict:
 
 def _shared_shapes(state_dicts: Mapping[str, Mapping]) -> dict[str, tuple[int, ...]]:
     first = min(state_dicts)
+    for client, sd in state_dicts.items():
+        for name, t in sd.items():
+            if not isinstance(name, str):
+                raise InputError(f"tensor names must be strings, got {name!r}", client=client)
+            if not isinstance(t, (torch.Tensor, np.ndarray)):
+                raise InputError(f"expected a tensor or numpy array, got {type(t).__name__}", client=client, tensor=name)
     shapes = {name: tuple(t.shape) for name, t in state_dicts[first].items()}
     for client, sd in state_dicts.items():
         for name in sorted(set(shapes) - set(sd)):
@@ -65,6 +73,8 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     if not isinstance(updates, Mapping):
         raise InputError("updates must be a mapping client id -> update")
     state_dicts = {str(c): _as_state_dict(str(c), u) for c, u in updates.items()}
+    if len(state_dicts) != len(updates):
+        raise InputError(f"client ids collide once converted to strings: {list(updates)}")
     if len(state_dicts) < 2:
         raise InputError(f"need at least two clients to score, got {len(state_dicts)}")
     packer = SignPacker(_shared_shapes(state_dicts), list(state_dicts), backend=backend,
@@ -99,6 +109,8 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
         ref_handle = stack.enter_context(open(ref.path, "rb")) if ref else None
         for slot in packer.layout.slots:
             base = ref.read(ref_handle, slot.name).to(device or "cpu") if ref else None
+            if base is not None and not bool(torch.isfinite(base).all()):
+                raise InputError("reference holds NaN or Inf values", client=ref.client, tensor=slot.name)
             for client, (file, handle) in handles.items():
                 tensor = file.read(handle, slot.name).to(device or "cpu")
                 if base is not None:
@@ -134,6 +146,13 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
     if not isinstance(labels, Mapping) or len(labels) < 2:
         raise InputError("labels must map at least two client ids to label arrays")
     as_str = {str(c): v for c, v in labels.items()}
+    if len(as_str) != len(labels):
+        raise InputError(f"client ids collide once converted to strings: {list(labels)}")
+    if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
+        raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
+    if num_labels > MAX_LABELS:
+        raise InputError(f"num_labels {num_labels} is above {MAX_LABELS}: the report holds an L x L delta "
+                         "matrix per scored pair; group the labels or score the examples in smaller label sets")
     clients = sorted(as_str)
     reports = {}
     for client in clients:
@@ -142,20 +161,23 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
             raise InputError("labels must be a non-empty 1-D array", client=client)
         if not np.issubdtype(r.dtype, np.integer):
             raise InputError(f"labels must be integers, got dtype {r.dtype}", client=client)
-        if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
-            raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
         if r.min() < 0 or r.max() >= num_labels:
             raise InputError(f"labels must lie in [0, {num_labels})", client=client)
         reports[client] = r
     sizes = {r.size for r in reports.values()}
     if len(sizes) != 1:
         raise InputError(f"every client must label the same tasks; got lengths {sorted(sizes)}")
+    chosen = sample_peers(len(clients), peers, seed)
+    n_pairs = sum(len(js) for js in chosen)
+    if (n_pairs + 1) * num_labels ** 2 > MAX_REPORT_CELLS:
+        raise InputError(f"{n_pairs} pairs x {num_labels}^2 labels is too large a report (one L x L delta matrix "
+                         "per pair); use fewer labels, peers or clients")
     stacked = np.stack([reports[c] for c in clients])
     disagreements = np.array([[np.count_nonzero(a != b) for b in stacked] for a in stacked], dtype=np.int64)
     groups = find_duplicates(clients, disagreements, stacked.shape[1], DuplicateRule(excess_correlation=False))
     score = kfca_score_matrix(num_labels)
     terms, joints = {}, {}
-    for i, js in enumerate(sample_peers(len(clients), peers, seed)):
+    for i, js in enumerate(chosen):
         for j in js:
             r1, r2 = reports[clients[i]], reports[clients[j]]
             key = (clients[i], clients[j])

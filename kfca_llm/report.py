@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .engine.duplicates import DuplicateGroup, apply_duplicate_policy
+from .errors import InputError
 from .engine.stats import PairPayment, delta_from_joint
 from .mechanism import categorical_world
 
@@ -166,11 +167,12 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
     """Write a file so that readers see either the old or the new content, never a torn one."""
-    path = Path(path)
+    path = check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode() if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a written file follows the umask like any tool's
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -180,6 +182,22 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """An output file path that may be (re)written: absent or a regular file, never a directory or device."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise InputError(f"output {path} exists and is not a regular file; refusing to replace it")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise InputError(f"output {path}: {path.parent} is not a directory")
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> Path:

@@ -12,17 +12,20 @@ tensor can be freed as soon as ``add`` returns.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..errors import InputError
 from ..partition import check_bonus_fraction, check_seed, sample_peers
-from ..report import RewardReport
 from .backends import Backend, PackedBuffers, get_backend
 from .duplicates import DuplicateGroup, DuplicateRule, check_duplicate_policy, disagreement_counts, find_duplicates
 from .layout import Layout
 from .stats import pair_payment
+
+if TYPE_CHECKING:
+    from ..report import RewardReport
 
 PENALTY_MODES = ("expected", "sampled")
 SIGN_LABELS = ("negative", "non-negative")
@@ -47,9 +50,12 @@ class SignPacker:
 
     def __init__(self, shapes: Mapping[str, Sequence[int]] | Layout, clients: Sequence[str], *,
                  backend: str = "auto", device=None):
+        if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
+            raise InputError(f"clients must be a list of client ids, got {clients!r}")
         ids = [str(c) for c in clients]
         if len(set(ids)) != len(ids):
-            raise InputError(f"client ids must be unique, got {ids}")
+            raise InputError(f"client ids must be unique (as strings), got {ids}")
+        device = _check_device(device)
         if len(ids) < 2:
             raise InputError(f"need at least two clients to score, got {len(ids)}")
         self.clients: tuple[str, ...] = tuple(sorted(ids))
@@ -81,11 +87,20 @@ class SignPacker:
         slot = self.layout.slots[k]
         if self._packed[i, k]:
             raise InputError("tensor was already added", client=client, tensor=name)
+        if not isinstance(tensor, (torch.Tensor, np.ndarray)):
+            raise InputError(f"expected a tensor or numpy array, got {type(tensor).__name__}", client=client,
+                             tensor=name)
+        if isinstance(tensor, torch.Tensor) and (tensor.layout != torch.strided or tensor.device.type == "meta"):
+            raise InputError(f"expected a dense tensor with data, got layout {tensor.layout} on {tensor.device}",
+                             client=client, tensor=name)
         shape = tuple(tensor.shape)
         if shape != slot.shape:
             raise InputError(f"shape {shape} differs from the shared shape {slot.shape}", client=client, tensor=name)
         if not _is_float(tensor):
             raise InputError(f"dtype {tensor.dtype} is not a floating-point type", client=client, tensor=name)
+        if tensor.dtype not in PACKABLE_DTYPES:
+            raise InputError(f"dtype {tensor.dtype} is not supported; use float16, bfloat16, float32 or float64 "
+                             "(native byte order)", client=client, tensor=name)
         return k
 
     def words(self) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +133,8 @@ class SignPacker:
             terms[key] = pair_payment(counts, i, j, None if matches is None else int(matches[k]))
             joints[key] = counts.joint_counts(i, j)
         sizes = [int(v) for v in counts.sizes]
+        from ..report import RewardReport  # the report layer sits above the engine (imported on use)
+
         return RewardReport.from_pairs(
             terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
             backend=self.backend.name, labels=SIGN_LABELS,
@@ -152,7 +169,10 @@ class SignPacker:
         if peers is not None:
             raise InputError("give either peers or pairs, not both")
         out = []
-        for client, peer in pairs:
+        for pair in pairs:
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+                raise InputError(f"each pair must be (client, peer), got {pair!r}")
+            client, peer = (str(c) for c in pair)
             for who in (client, peer):
                 if who not in self._index:
                     raise InputError("unknown client in pairs", client=who)
@@ -162,6 +182,19 @@ class SignPacker:
         if not out:
             raise InputError("pairs is empty")
         return out
+
+
+PACKABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                   np.dtype("=f2"), np.dtype("=f4"), np.dtype("=f8"))
+
+
+def _check_device(device):
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InputError(f"device {device!r} is not a torch device ({exc})") from None
 
 
 def _is_float(tensor) -> bool:
