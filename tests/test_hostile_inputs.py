@@ -253,3 +253,14 @@ def test_mutated_files_give_an_input_error_or_a_result(tmp_path_factory, payload
     else:
         assert set(report.rewards) == {"ok0", "ok1", "fuzz"}
         assert all(np.isfinite(v) for v in report.rewards.values())
+
+
+def test_numba_cache_falls_back_to_a_temporary_folder(tmp_path):
+    from kfca_llm.engine.numba_cache import fallback_cache_dir
+
+    blocker = tmp_path / "file"  # nothing can be created below a regular file, not even by root
+    blocker.write_text("")
+    assert fallback_cache_dir(tmp_path / "pkg", blocker / "numba") is None  # the package folder works
+    assert fallback_cache_dir(blocker / "pkg", tmp_path / "user") is None  # the user cache works
+    fallback = fallback_cache_dir(blocker / "pkg", blocker / "numba")
+    assert fallback is not None and fallback.name.startswith("kfca-llm-numba-")
