@@ -117,19 +117,15 @@ def find_duplicates(clients: Sequence[str], disagreements: np.ndarray, tasks: in
         raise InputError(f"need an [{n}, {n}] disagreement matrix over a positive number of tasks")
     rate = d / tasks
     excess = _excess_correlation(rate, tasks) if rule.excess_correlation and n >= rule.min_clients else None
-    flagged: list[DuplicatePair] = []
-    for i in range(n):
-        for j in range(i + 1, n):
-            e = None if excess is None else float(excess[0][i, j])
-            if d[i, j] == 0:
-                reason = IDENTICAL
-            elif rate[i, j] <= rule.max_disagreement:
-                reason = NEAR
-            elif excess is not None and excess[0][i, j] - rule.min_sigma * excess[1][i, j] >= rule.min_excess_correlation:
-                reason = NEAR
-            else:
-                continue
-            flagged.append(DuplicatePair(clients[i], clients[j], 1.0 - float(rate[i, j]), reason, e))
+    identical = d == 0
+    near = rate <= rule.max_disagreement
+    if excess is not None:
+        near |= excess[0] - rule.min_sigma * excess[1] >= rule.min_excess_correlation
+    flagged = []
+    for i, j in zip(*np.nonzero(np.triu(identical | near, k=1))):
+        flagged.append(DuplicatePair(clients[i], clients[j], 1.0 - float(rate[i, j]),
+                                     IDENTICAL if identical[i, j] else NEAR,
+                                     None if excess is None else float(excess[0][i, j])))
     return _groups(flagged)
 
 
@@ -164,14 +160,15 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
     # lambda_i = median_k rho_ik / lambda_k over informative peers (a peer with |lambda| near 0, a free
     # rider, says nothing about lambda_i; one copy partner is outvoted by the median).
     typical = np.sqrt(max(float(np.median(np.abs(rho[off]))), 1e-6))
-    lam = np.array([np.median(rho[i, off[i]]) for i in range(n)]) / typical
+    lam = np.median(rho[off].reshape(n, n - 1), axis=1) / typical
     for _ in range(50):
         informative = np.abs(lam) >= 0.1
+        peers = off & informative[None, :]
+        enough = peers.sum(axis=1) >= 2
         fit = np.zeros(n)
-        for i in range(n):
-            peers = off[i] & informative
-            if peers.sum() >= 2:
-                fit[i] = np.median(rho[i, peers] / lam[peers])
+        if enough.any():
+            ratios = np.where(peers, rho / np.where(informative, lam, 1.0)[None, :], np.nan)
+            fit[enough] = np.nanmedian(ratios[enough], axis=1)
         # Geometric damping: the plain update maps a common scale c to 1/c and oscillates.
         new = np.clip(np.sign(fit) * np.sqrt(np.abs(fit * lam)), -0.999, 0.999)
         if np.allclose(new, lam, atol=1e-6):
