@@ -30,3 +30,8 @@ def test_cpu_engine_benchmark_small(tmp_path):
 def test_triton_benchmark_smoke(tmp_path):
     printed = _run(["benchmarks/bench_triton.py", "--smoke"], tmp_path)
     assert "ratio pack grouped / copy flat" in printed and "speed-up pack grouped + round_counts vs naive" in printed
+
+
+def test_robustness_benchmark_synthetic_part(tmp_path):
+    printed = _run(["benchmarks/bench_robustness.py", "--seeds", "2", "--rounds", "0"], tmp_path)
+    assert "| 4 | 0/2 | 2/2 | 2/2 | 2/2 | 2/2 | 2/2 |" in printed
