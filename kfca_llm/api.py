@@ -35,10 +35,8 @@ def _as_state_dict(client: str, update) -> dict:
 
 def _shared_shapes(state_dicts: Mapping[str, Mapping]) -> dict[str, tuple[int, ...]]:
     first = min(state_dicts)
-    for client, sd in state_dicts.items():
+    for client, sd in state_dicts.items():  # shapes are read below: non-tensors first
         for name, t in sd.items():
-            if not isinstance(name, str):
-                raise InputError(f"tensor names must be strings, got {name!r}", client=client)
             if not isinstance(t, (torch.Tensor, np.ndarray)):
                 raise InputError(f"expected a tensor or numpy array, got {type(t).__name__}", client=client, tensor=name)
     shapes = {name: tuple(t.shape) for name, t in state_dicts[first].items()}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import stat
 import struct
 import threading
@@ -248,6 +249,12 @@ def test_mutated_files_give_an_input_error_or_a_result(tmp_path_factory, payload
         path.write_bytes(_valid_file_bytes(2, k))
         paths.append(path)
     (folder / "fuzz.safetensors").write_bytes(payload)
+
+    def hang(signum, frame):  # a hang guard (a generous minute per file), not a speed claim
+        raise TimeoutError("score_checkpoints hung on a mutated file")
+
+    previous = signal.signal(signal.SIGALRM, hang)
+    signal.alarm(60)
     try:
         report = kfca_llm.score_checkpoints(paths + [folder / "fuzz.safetensors"])
     except InputError:
@@ -255,6 +262,9 @@ def test_mutated_files_give_an_input_error_or_a_result(tmp_path_factory, payload
     else:
         assert set(report.rewards) == {"ok0", "ok1", "fuzz"}
         assert all(np.isfinite(v) for v in report.rewards.values())
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_numba_cache_falls_back_to_a_temporary_folder(tmp_path):
