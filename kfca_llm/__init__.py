@@ -5,11 +5,27 @@ client earns agreement with a peer on bonus coordinates minus agreement between 
 penalty coordinates (the paper's multi-task peer prediction with the KFCA score 1{r1 == r2}).
 """
 
-from .api import score_checkpoints, score_labels, score_updates
+from importlib import import_module
+
 from .errors import InputError
-from .packer import SignPacker
-from .report import RewardReport
 
 __version__ = "0.1.0"
 
 __all__ = ["InputError", "RewardReport", "SignPacker", "score_checkpoints", "score_labels", "score_updates"]
+
+# Imported on first use (PEP 562): torch and numba take a second to import, and `kfca-llm --help`
+# or `from kfca_llm import InputError` need neither.
+_LAZY = {"RewardReport": ".report", "SignPacker": ".packer", "score_checkpoints": ".api", "score_labels": ".api",
+         "score_updates": ".api"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

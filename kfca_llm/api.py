@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from .checkpoints import check_same_tensors, client_paths, open_adapter
+from .engine.duplicates import DuplicateRule, check_duplicate_policy, find_duplicates
 from .errors import InputError
 from .mechanism import check_penalty, joint_counts, kfca_score_matrix, mtpp_terms
 from .packer import SignPacker
@@ -17,6 +18,8 @@ from .partition import check_seed, sample_peers
 from .report import RewardReport
 
 FLAT_UPDATE_NAME = "update"
+MAX_LABELS = 1024
+MAX_REPORT_CELLS = 1 << 27  # 1 GiB of float64 delta matrices
 
 
 def _as_state_dict(client: str, update) -> dict:
@@ -32,6 +35,10 @@ def _as_state_dict(client: str, update) -> dict:
 
 def _shared_shapes(state_dicts: Mapping[str, Mapping]) -> dict[str, tuple[int, ...]]:
     first = min(state_dicts)
+    for client, sd in state_dicts.items():  # shapes are read below: non-tensors first
+        for name, t in sd.items():
+            if not isinstance(t, (torch.Tensor, np.ndarray)):
+                raise InputError(f"expected a tensor or numpy array, got {type(t).__name__}", client=client, tensor=name)
     shapes = {name: tuple(t.shape) for name, t in state_dicts[first].items()}
     for client, sd in state_dicts.items():
         for name in sorted(set(shapes) - set(sd)):
@@ -51,36 +58,43 @@ def _device_of(state_dicts: Mapping[str, Mapping]):
 
 def score_updates(updates: Mapping[str, object], *, peers: int | None = None, seed: int = 0,
                   penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
-                  pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
+                  pairs: Sequence[tuple[str, str]] | None = None, duplicates: str = "flag") -> RewardReport:
     """KFCA-QP rewards of adapter updates: each coordinate is a task, the report is its sign.
 
     ``updates`` maps client id -> state dict (name -> tensor, any float dtype, CPU or CUDA) or one
     flat tensor / numpy array. Every client is scored against ``peers`` sampled peers (all other
     clients when None), or only the explicit ordered ``pairs`` (client, peer). ``backend="auto"``
-    runs Triton on CUDA tensors (no host round trip) and the CPU engine otherwise.
+    runs Triton on CUDA tensors (no host round trip) and the CPU engine otherwise. Copies among the
+    clients are reported in ``report.duplicates``; ``duplicates`` is the payment policy for them
+    (``"flag"``: report only, ``"split"``: a group is paid as one client, ``"zero"``: paid nothing).
     """
     if not isinstance(updates, Mapping):
         raise InputError("updates must be a mapping client id -> update")
     state_dicts = {str(c): _as_state_dict(str(c), u) for c, u in updates.items()}
+    if len(state_dicts) != len(updates):
+        raise InputError(f"client ids collide once converted to strings: {list(updates)}")
     if len(state_dicts) < 2:
         raise InputError(f"need at least two clients to score, got {len(state_dicts)}")
     packer = SignPacker(_shared_shapes(state_dicts), list(state_dicts), backend=backend,
                         device=_device_of(state_dicts))
     for client, sd in state_dicts.items():
         packer.add_many(client, sd)
-    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs)
+    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
+                        duplicates=duplicates)
 
 
 def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike], *,
                       reference: str | os.PathLike | None = None, peers: int | None = None, seed: int = 0,
                       penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
-                      device=None, pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
+                      device=None, pairs: Sequence[tuple[str, str]] | None = None,
+                      duplicates: str = "flag") -> RewardReport:
     """KFCA-QP rewards of adapter checkpoints (PEFT directories or .safetensors files).
 
     With ``reference`` (the previous global adapter) a client's update is its adapter minus the
     reference; without it the files hold the updates. All headers are validated first; then the
     tensors stream one name at a time (the reference tensor is read once per name), so peak memory
-    is the packed bits plus a few tensors. ``device="cuda"`` streams them to the GPU.
+    is the packed bits plus a few tensors. ``device="cuda"`` streams them to the GPU. ``duplicates``:
+    as in ``score_updates`` (two paths to one file are caught as identical reports).
     """
     files = [open_adapter(path, client) for client, path in client_paths(paths).items()]
     if len(files) < 2:
@@ -93,24 +107,50 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
         ref_handle = stack.enter_context(open(ref.path, "rb")) if ref else None
         for slot in packer.layout.slots:
             base = ref.read(ref_handle, slot.name).to(device or "cpu") if ref else None
+            if base is not None and not bool(torch.isfinite(base).all()):
+                raise InputError("reference holds NaN or Inf values", client=ref.client, tensor=slot.name)
             for client, (file, handle) in handles.items():
                 tensor = file.read(handle, slot.name).to(device or "cpu")
                 if base is not None:
-                    # float32 difference: the sign of a - b is exact there for every input dtype.
-                    tensor = tensor.float() - base.float()
+                    tensor = update_from_reference(tensor, base)
                 packer.add(client, slot.name, tensor)
                 del tensor
-    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs)
+    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
+                        duplicates=duplicates)
+
+
+def update_from_reference(adapter: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """``adapter - reference`` in the wider of the two float dtypes.
+
+    Both convert exactly to that dtype, and an IEEE difference (with gradual underflow) rounds to the
+    sign of the exact difference and is zero only when the two are equal, so every report (negative,
+    zero, positive) is exact. A float32 difference would turn ``1 + 1e-12`` minus ``1`` in float64 into 0.
+    """
+    dtype = torch.promote_types(adapter.dtype, reference.dtype)
+    return adapter.to(dtype) - reference.to(dtype)
 
 
 def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | None = None, seed: int = 0,
-                 penalty: str = "expected", bonus_fraction: float = 0.5) -> RewardReport:
-    """KFCA-D: rewards of clients' predicted labels on a shared data set (one task per example)."""
+                 penalty: str = "expected", bonus_fraction: float = 0.5, duplicates: str = "flag") -> RewardReport:
+    """KFCA-D: rewards of clients' predicted labels on a shared data set (one task per example).
+
+    ``duplicates`` as in ``score_updates``; for labels only identical reports and pairs agreeing on
+    all but ``DuplicateRule.max_disagreement`` of the examples are copies (the excess-correlation rule
+    is for sign reports).
+    """
     seed = check_seed(seed)
     check_penalty(penalty)
+    check_duplicate_policy(duplicates)
     if not isinstance(labels, Mapping) or len(labels) < 2:
         raise InputError("labels must map at least two client ids to label arrays")
     as_str = {str(c): v for c, v in labels.items()}
+    if len(as_str) != len(labels):
+        raise InputError(f"client ids collide once converted to strings: {list(labels)}")
+    if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
+        raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
+    if num_labels > MAX_LABELS:
+        raise InputError(f"num_labels {num_labels} is above {MAX_LABELS}: the report holds an L x L delta "
+                         "matrix per scored pair; group the labels or score the examples in smaller label sets")
     clients = sorted(as_str)
     reports = {}
     for client in clients:
@@ -119,17 +159,23 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
             raise InputError("labels must be a non-empty 1-D array", client=client)
         if not np.issubdtype(r.dtype, np.integer):
             raise InputError(f"labels must be integers, got dtype {r.dtype}", client=client)
-        if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
-            raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
         if r.min() < 0 or r.max() >= num_labels:
             raise InputError(f"labels must lie in [0, {num_labels})", client=client)
         reports[client] = r
     sizes = {r.size for r in reports.values()}
     if len(sizes) != 1:
         raise InputError(f"every client must label the same tasks; got lengths {sorted(sizes)}")
+    chosen = sample_peers(len(clients), peers, seed)
+    n_pairs = sum(len(js) for js in chosen)
+    if (n_pairs + 1) * num_labels ** 2 > MAX_REPORT_CELLS:
+        raise InputError(f"{n_pairs} pairs x {num_labels}^2 labels is too large a report (one L x L delta matrix "
+                         "per pair); use fewer labels, peers or clients")
+    stacked = np.stack([reports[c] for c in clients])
+    disagreements = np.array([[np.count_nonzero(a != b) for b in stacked] for a in stacked], dtype=np.int64)
+    groups = find_duplicates(clients, disagreements, stacked.shape[1], DuplicateRule(excess_correlation=False))
     score = kfca_score_matrix(num_labels)
     terms, joints = {}, {}
-    for i, js in enumerate(sample_peers(len(clients), peers, seed)):
+    for i, js in enumerate(chosen):
         for j in js:
             r1, r2 = reports[clients[i]], reports[clients[j]]
             key = (clients[i], clients[j])
@@ -139,4 +185,5 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
     return RewardReport.from_pairs(
         terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, backend="labels",
         labels=tuple(str(k) for k in range(num_labels)), tasks={"tasks": sizes.pop()},
+        duplicates=groups, duplicate_policy=duplicates,
     )

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -22,6 +23,8 @@ from .errors import InputError
 
 ADAPTER_FILE = "adapter_model.safetensors"
 MAX_HEADER_BYTES = 100 << 20
+# A rank-64 LoRA + DoRA on every linear of a 70B model declares about 3,000 tensors.
+MAX_TENSORS = 100_000
 _FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 _ALL_DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
                     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
@@ -41,10 +44,10 @@ class AdapterFile:
     client: str
     path: Path
     entries: dict[str, TensorEntry]
+    shapes: dict[str, tuple[int, ...]] = field(init=False, repr=False)
 
-    @property
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: e.shape for name, e in self.entries.items()}
+    def __post_init__(self):
+        object.__setattr__(self, "shapes", {name: e.shape for name, e in self.entries.items()})
 
     def read(self, handle, name: str) -> torch.Tensor:
         """Read one tensor from an open binary handle of this file."""
@@ -62,15 +65,22 @@ def resolve_adapter_path(path: str | os.PathLike, client: str) -> Path:
     p = Path(path)
     if p.is_dir():
         candidate = p / ADAPTER_FILE
-        if candidate.is_file():
-            return candidate
+        if candidate.exists():
+            return _regular_file(candidate, client)
         if (p / "adapter_model.bin").exists():
             raise InputError(f"{p} holds only a pickled adapter_model.bin; pickled files are refused: "
                              "save adapters with safetensors (PEFT's default)", client=client)
         raise InputError(f"no {ADAPTER_FILE} in directory {p}", client=client)
     if not p.exists():
         raise InputError(f"path {p} does not exist", client=client)
-    return p
+    return _regular_file(p, client)
+
+
+def _regular_file(path: Path, client: str) -> Path:
+    """Refuse FIFOs, devices and sockets before opening them (reading a FIFO blocks forever)."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise InputError(f"{path} is not a regular file", client=client)
+    return path
 
 
 def open_adapter(path: str | os.PathLike, client: str) -> AdapterFile:
@@ -90,11 +100,15 @@ def open_adapter(path: str | os.PathLike, client: str) -> AdapterFile:
             raise bad(f"header length {header_len} exceeds the file or {MAX_HEADER_BYTES} bytes")
         try:
             header = json.loads(handle.read(header_len).decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except RecursionError:
+            raise bad("header JSON is nested too deeply") from None
+        except ValueError as exc:  # also UnicodeDecodeError and integers beyond Python's digit limit
             raise bad(f"header is not JSON ({exc})") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
     header.pop("__metadata__", None)
+    if len(header) > MAX_TENSORS:
+        raise bad(f"header declares {len(header)} tensors, more than {MAX_TENSORS}")
     data_start, data_size = 8 + header_len, size - 8 - header_len
     entries, ranges = {}, []
     for name, info in header.items():
@@ -130,10 +144,15 @@ def open_adapter(path: str | os.PathLike, client: str) -> AdapterFile:
 def client_paths(paths: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike]) -> dict[str, Path]:
     """Client id -> path; a sequence takes ids from the directory or file names."""
     if isinstance(paths, Mapping):
-        return {str(k): Path(v) for k, v in paths.items()}
-    out: dict[str, Path] = {}
+        out = {str(k): _as_path(v, str(k)) for k, v in paths.items()}
+        if len(out) != len(paths):
+            raise InputError(f"client ids collide once converted to strings: {list(paths)}")
+        return out
+    if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Sequence):
+        raise InputError(f"paths must be a list of adapter paths or a mapping client id -> path, got {paths!r}")
+    out = {}
     for path in paths:
-        p = Path(path)
+        p = _as_path(path, None)
         client = p.name if p.is_dir() or not p.suffix == ".safetensors" else p.stem
         if client in out:
             raise InputError(f"two paths give the same client id {client!r}; pass a mapping id -> path")
@@ -141,18 +160,25 @@ def client_paths(paths: Sequence[str | os.PathLike] | Mapping[str, str | os.Path
     return out
 
 
+def _as_path(path, client: str | None) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"an adapter path must be a string or path, got {type(path).__name__}", client=client)
+    return Path(path)
+
+
 def check_same_tensors(files: Sequence[AdapterFile], reference: AdapterFile | None) -> dict[str, tuple[int, ...]]:
     """The shared name -> shape map; any client whose tensors differ is named in the error."""
     base = reference or files[0]
+    expected = base.shapes  # built once per file: linear in the number of tensors
     for f in files:
-        if f is base:
+        if f is base or f.shapes == expected:
             continue
-        for name in sorted(set(base.shapes) - set(f.shapes)):
+        for name in sorted(expected.keys() - f.shapes.keys()):
             raise InputError(f"tensor missing (present in {base.client!r})", client=f.client, tensor=name)
-        for name in sorted(set(f.shapes) - set(base.shapes)):
+        for name in sorted(f.shapes.keys() - expected.keys()):
             raise InputError(f"unexpected tensor (absent from {base.client!r})", client=f.client, tensor=name)
         for name, shape in f.shapes.items():
-            if shape != base.shapes[name]:
-                raise InputError(f"shape {shape} differs from {base.shapes[name]} in {base.client!r}",
+            if shape != expected[name]:
+                raise InputError(f"shape {shape} differs from {expected[name]} in {base.client!r}",
                                  client=f.client, tensor=name)
-    return dict(base.shapes)
+    return dict(expected)

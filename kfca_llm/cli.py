@@ -7,8 +7,6 @@ import logging
 import sys
 import warnings
 
-from .errors import InputError
-
 DESCRIPTION = """\
 Knowledge-Free Correlated Agreement (KFCA) rewards for federated adapter tuning.
 Each adapter coordinate is a task and a client's report is the sign of its update there: a client earns
@@ -24,15 +22,20 @@ def _add_scoring_options(parser: argparse.ArgumentParser) -> None:
                         help="expected: exact expectation of the penalty (default); sampled: the paper's draws")
     parser.add_argument("--bonus-fraction", type=float, default=0.5, help="fraction of tasks used as bonus tasks")
     parser.add_argument("--backend", choices=("auto", "numpy", "triton"), default="auto")
+    parser.add_argument("--duplicates", choices=("flag", "split", "zero"), default="flag",
+                        help="clients whose reports are copies of each other: flag (report only, default), "
+                             "split (each group is paid as one client), zero (groups are paid nothing)")
 
 
 def _score(args: argparse.Namespace) -> int:
     from .api import score_checkpoints
-    from .report import write_json
+    from .report import check_output_path, write_json
 
+    if args.json:
+        check_output_path(args.json)  # before scoring, not after printing the table
     report = score_checkpoints(args.paths, reference=args.reference, peers=args.peers, seed=args.seed,
                                penalty=args.penalty, bonus_fraction=args.bonus_fraction, backend=args.backend,
-                               device=args.device)
+                               device=args.device, duplicates=args.duplicates)
     print(report.table())
     if args.json:
         write_json(args.json, report.to_dict())
@@ -40,7 +43,11 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+SIMULATE_HELP = "run a KFCA-FedAvg federation with the attack analysis (the main job)"
+
+
+def build_parser(*, full: bool = True) -> argparse.ArgumentParser:
+    """The command line; ``full=False`` lists ``simulate`` without importing it (fast ``--help``)."""
     parser = argparse.ArgumentParser(prog="kfca-llm", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,8 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--device", default=None, help="stream tensors to this device (e.g. cuda)")
     _add_scoring_options(score)
     score.set_defaults(handler=_score)
-    from .simulate import add_simulate_parser
-    add_simulate_parser(sub)
+    if full:
+        from .simulate import add_simulate_parser
+        add_simulate_parser(sub)
+    else:
+        sub.add_parser("simulate", help=SIMULATE_HELP, add_help=False)
     return parser
 
 
@@ -69,13 +79,27 @@ def _hide_known_third_party_noise() -> None:
         lambda record: "gemm_4bit_forward" not in record.getMessage())
 
 
+# Conditions a user can fix (bad input, no GPU/backend, no bitsandbytes): one line and exit status 2, no
+# traceback. Looked up in sys.modules: an exception of a class whose module was never imported cannot occur.
+_EXPECTED_ERRORS = (("kfca_llm.errors", "InputError"), ("kfca_llm.engine.backends", "BackendUnavailable"),
+                    ("kfca_llm.modeling", "QuantizationUnavailableError"))
+
+
+def _expected(exc: BaseException) -> bool:
+    classes = (getattr(sys.modules.get(module), name, None) for module, name in _EXPECTED_ERRORS)
+    return any(cls is not None and isinstance(exc, cls) for cls in classes)
+
+
 def main(argv: list[str] | None = None) -> int:
     _hide_known_third_party_noise()
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(full="simulate" in argv).parse_args(argv)
     try:
         return args.handler(args)
-    except InputError as exc:
-        print(f"kfca-llm: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        if not _expected(exc):
+            raise
+        print(f"kfca-llm: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
 
 

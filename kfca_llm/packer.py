@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .engine.backends import Backend, PackedBuffers, get_backend
+from .engine.duplicates import DuplicateGroup, DuplicateRule, check_duplicate_policy, disagreement_counts, find_duplicates
 from .engine.layout import Layout
 from .engine.stats import PairPayment, joint_tables, pair_payments
 from .errors import InputError
@@ -40,9 +41,12 @@ class SignPacker:
 
     def __init__(self, shapes: Mapping[str, Sequence[int]] | Layout, clients: Sequence[str], *,
                  backend: str = "auto", device=None):
+        if isinstance(clients, (str, bytes)) or not isinstance(clients, Sequence):
+            raise InputError(f"clients must be a list of client ids, got {clients!r}")
         ids = [str(c) for c in clients]
         if len(set(ids)) != len(ids):
-            raise InputError(f"client ids must be unique, got {ids}")
+            raise InputError(f"client ids must be unique (as strings), got {ids}")
+        device = _check_device(device)
         if len(ids) < 2:
             raise InputError(f"need at least two clients to score, got {len(ids)}")
         self.clients: tuple[str, ...] = tuple(sorted(ids))
@@ -74,11 +78,20 @@ class SignPacker:
         slot = self.layout.slots[k]
         if self._packed[i, k]:
             raise InputError("tensor was already added", client=client, tensor=name)
+        if not isinstance(tensor, (torch.Tensor, np.ndarray)):
+            raise InputError(f"expected a tensor or numpy array, got {type(tensor).__name__}", client=client,
+                             tensor=name)
+        if isinstance(tensor, torch.Tensor) and (tensor.layout != torch.strided or tensor.device.type == "meta"):
+            raise InputError(f"expected a dense tensor with data, got layout {tensor.layout} on {tensor.device}",
+                             client=client, tensor=name)
         shape = tuple(tensor.shape)
         if shape != slot.shape:
             raise InputError(f"shape {shape} differs from the shared shape {slot.shape}", client=client, tensor=name)
         if not _is_float(tensor):
             raise InputError(f"dtype {tensor.dtype} is not a floating-point type", client=client, tensor=name)
+        if tensor.dtype not in PACKABLE_DTYPES:
+            raise InputError(f"dtype {tensor.dtype} is not supported; use float16, bfloat16, float32 or float64 "
+                             "(native byte order)", client=client, tensor=name)
         return k
 
     def words(self) -> tuple[np.ndarray, np.ndarray]:
@@ -86,14 +99,24 @@ class SignPacker:
         return self.backend.host_words(self.buffers)
 
     def score(self, *, peers: int | None = None, seed: int = 0, penalty: str = "expected",
-              bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None) -> RewardReport:
-        """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``."""
+              bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None,
+              duplicates: str = "flag", duplicate_rule: DuplicateRule = DuplicateRule()) -> RewardReport:
+        """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``.
+
+        Copies among all the clients (``engine.duplicates``) are listed in ``report.duplicates``;
+        ``duplicates="split"`` pays each group of copies as one client, ``"zero"`` pays it nothing,
+        ``"flag"`` (default) only reports them.
+        """
         seed = check_seed(seed)
         penalty = check_penalty(penalty)
         bonus_fraction = check_bonus_fraction(bonus_fraction)
+        duplicates = check_duplicate_policy(duplicates)
         self._check_complete()
         index_pairs = self._scored_pairs(peers, seed, pairs)
-        counts = self.backend.round_counts(self.buffers, seed, bonus_fraction, index_pairs)
+        # Every pair is counted, not only the scored ones: copy detection compares each client with all
+        # others (a copier need not be drawn as its victim's peer to be paid for the copy).
+        counts = self.backend.round_counts(self.buffers, seed, bonus_fraction)
+        groups = find_duplicates(self.clients, disagreement_counts(counts), int(counts.sizes.sum()), duplicate_rule)
         matches = None
         if penalty == "sampled":
             matches = self.backend.sampled_matches(self.buffers, seed, bonus_fraction, index_pairs)
@@ -108,7 +131,15 @@ class SignPacker:
             backend=self.backend.name, labels=SIGN_LABELS,
             tasks={"coordinates": self.layout.n_coords, "tasks": sum(sizes), "bonus": sizes[0],
                    "penalty_1": sizes[1], "penalty_2": sizes[2]},
+            duplicates=groups, duplicate_policy=duplicates,
         )
+
+    def find_duplicates(self, rule: DuplicateRule = DuplicateRule()) -> tuple[DuplicateGroup, ...]:
+        """Groups of clients whose packed reports are copies of each other (no rewards computed)."""
+        self._check_complete()
+        # The disagreement counts sum the three task sets, so they do not depend on the partition seed.
+        counts = self.backend.round_counts(self.buffers, 0, 0.5)
+        return find_duplicates(self.clients, disagreement_counts(counts), int(counts.sizes.sum()), rule)
 
     def _check_complete(self) -> None:
         missing = np.argwhere(~self._packed)
@@ -128,7 +159,10 @@ class SignPacker:
         if peers is not None:
             raise InputError("give either peers or pairs, not both")
         out = []
-        for client, peer in pairs:
+        for pair in pairs:
+            if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+                raise InputError(f"each pair must be (client, peer), got {pair!r}")
+            client, peer = (str(c) for c in pair)
             for who in (client, peer):
                 if who not in self._index:
                     raise InputError("unknown client in pairs", client=who)
@@ -138,6 +172,19 @@ class SignPacker:
         if not out:
             raise InputError("pairs is empty")
         return np.array(out, dtype=np.int64)
+
+
+PACKABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                   np.dtype("=f2"), np.dtype("=f4"), np.dtype("=f8"))
+
+
+def _check_device(device):
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InputError(f"device {device!r} is not a torch device ({exc})") from None
 
 
 def _is_float(tensor) -> bool:

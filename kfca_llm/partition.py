@@ -60,6 +60,8 @@ def check_seed(seed: int) -> int:
 
 
 def check_bonus_fraction(bonus_fraction: float) -> float:
+    if isinstance(bonus_fraction, bool) or not isinstance(bonus_fraction, (int, float, np.integer, np.floating)):
+        raise InputError(f"bonus_fraction must be a number strictly between 0 and 1, got {bonus_fraction!r}")
     f = float(bonus_fraction)
     if not 0.0 < f < 1.0:
         raise InputError(f"bonus_fraction must lie strictly between 0 and 1, got {bonus_fraction!r}")

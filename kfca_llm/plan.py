@@ -12,6 +12,7 @@ is in the Hugging Face cache).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,16 +133,65 @@ def _base_weight_bytes(base: Any, base_params: int, quantization: int | None) ->
     return int(linear * bits / 8) + 2 * (base_params - linear)
 
 
+_TRUE = ("1", "true", "yes", "on")
+
+
+def hub_offline() -> bool:
+    """Hugging Face's own offline switches (read now, not at import, so a caller's setting counts)."""
+    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_reachable(timeout: float = 5.0) -> bool:
+    """One request to the hub's endpoint (proxies honoured). Any HTTP answer counts as reachable; the
+    hub client's own retries would otherwise spend a minute and a half failing offline."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _check_model_dir(model_dir: str | Path) -> Path:
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise RecipeError(f"--model-dir {path} is not a directory (it must hold the model's config.json)")
+    if not (path / "config.json").is_file():
+        raise RecipeError(f"--model-dir {path} holds no config.json; save one with "
+                          "transformers.AutoConfig.from_pretrained(<model id>).save_pretrained(<dir>) on a machine "
+                          "with network access, or copy the model's snapshot folder")
+    return path
+
+
 def _load_config(recipe: Recipe, model_dir: str | Path | None) -> Any:
     from transformers import AutoConfig
 
-    source = str(model_dir) if model_dir is not None else recipe.model.name
+    name = recipe.model.name
+    if model_dir is not None:
+        source = str(_check_model_dir(model_dir))
+    else:
+        source = name
+    remote = recipe.model.trust_remote_code
+    try:  # a local folder or the Hugging Face cache: no network at all
+        return AutoConfig.from_pretrained(source, trust_remote_code=remote, local_files_only=True)
+    except OSError:
+        if model_dir is not None:
+            raise RecipeError(f"cannot read the config in --model-dir {source}") from None
+    hint = (f"pass --model-dir (a folder holding {name}'s config.json) or fill the Hugging Face cache "
+            "on a machine with network access")
+    if hub_offline():
+        raise RecipeError(f"{name} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: {hint}")
+    if not hub_reachable():
+        raise RecipeError(f"{name} is not in the Hugging Face cache and the hub cannot be reached: {hint}")
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code)
+        return AutoConfig.from_pretrained(source, trust_remote_code=remote)
     except OSError as exc:
-        raise RecipeError(
-            f"cannot read the config of model {source!r} ({exc.__class__.__name__}); without network access "
-            "pass model_dir (a directory holding its config.json) or fill the Hugging Face cache first") from None
+        raise RecipeError(f"cannot read the config of model {name!r} ({exc.__class__.__name__}): {hint}") from None
 
 
 def _try_tokenizer(recipe: Recipe, model_dir: str | Path | None) -> Any | None:
@@ -149,9 +199,9 @@ def _try_tokenizer(recipe: Recipe, model_dir: str | Path | None) -> Any | None:
         return build_byte_tokenizer()
     from transformers import AutoTokenizer
 
-    try:
+    try:  # local files only: the config step has already decided whether the hub is usable
         return AutoTokenizer.from_pretrained(str(model_dir) if model_dir is not None else recipe.model.name,
-                                             trust_remote_code=recipe.model.trust_remote_code)
+                                             trust_remote_code=recipe.model.trust_remote_code, local_files_only=True)
     except (OSError, ValueError):  # no tokenizer files offline: format rows as text only
         return None
 
@@ -181,11 +231,12 @@ def build_plan(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir:
     from transformers import AutoModelForCausalLM
 
     notes = []
-    tokenizer = _try_tokenizer(recipe, model_dir)
     if model_dir is None and is_tiny(recipe):
+        tokenizer = _try_tokenizer(recipe, model_dir)
         config = tiny_config(recipe.model.name, len(tokenizer))
     else:
-        config = _load_config(recipe, model_dir)
+        config = _load_config(recipe, model_dir)  # fails at once offline, before any tokenizer lookup
+        tokenizer = _try_tokenizer(recipe, model_dir)
     with init_empty_weights():  # meta device: shapes only
         base = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
     base_params = sum(p.numel() for p in base.parameters())

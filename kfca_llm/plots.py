@@ -1,10 +1,13 @@
 """Figures of a simulation, drawn from its ``report.json`` dict (so they can be redrawn from the file).
 
 * ``plot_rewards``: like the paper's attack-analysis figure. One column per report (domain); top row the
-  reward of every strategy per round, bottom row the mean reward per strategy, sorted.
-* ``plot_delta``: like the paper's delta figure. One row per report, one 2x2 matrix per round (the mean
-  empirical delta matrix of the round's honest pairs), annotated; diagonal cells in the report's colour,
-  off-diagonal cells in red, a mark on rounds that break the categorical-world condition.
+  reward of every strategy per round (one line style and marker per attack family, each line labelled at
+  its end, honest drawn on top), bottom row the mean reward per strategy, sorted.
+* ``plot_delta``: the empirical delta matrices of the honest pairs. A binary delta matrix has one degree of
+  freedom (rows and columns sum to zero: ``delta = [[d, -d], [-d, d]]``), so each report gets one row:
+  the mean 2x2 matrix over the rounds as an annotated heatmap (diverging colours centred on 0, with a
+  colour bar; labels negative / non-negative as in the report), and ``d`` per round as bars, green where
+  the categorical-world condition holds (``d > 0``) and red where it breaks.
 """
 
 from __future__ import annotations
@@ -18,13 +21,20 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.colors import to_rgba  # noqa: E402
 
 Report = Mapping[str, Any]
 
 DOMAIN_COLOURS = {"general-nlp": "#1f77b4", "finance": "#2ca02c", "medical": "#9467bd", "code": "#ff7f0e"}
-OFF_DIAGONAL_COLOUR = "#d62728"
-LABELS = ("-1", "+1")  # delta rows/columns: negative, non-negative report
+LABELS = ("negative", "non-negative")  # delta rows/columns, as in RewardReport.labels
+HOLDS_COLOUR, BROKEN_COLOUR = "#2ca02c", "#d62728"
+# (line style, marker) per attack family: colours alone do not separate lagged from sparse in print.
+FAMILY_STYLES = {"honest": ("-", "o"), "stale": ("--", "s"), "lagged": ("-.", "^"), "sparse": (":", "D"),
+                 "flip": ("-", "X"), "zero": ((0, (1, 1)), "v"), "random": ((0, (5, 1, 1, 1)), "P")}
+
+
+def strategy_style(spec: str) -> tuple[Any, str]:
+    """(line style, marker) of a strategy's family; user attacks get a dashed line with stars."""
+    return FAMILY_STYLES.get(spec.partition(":")[0], ((0, (3, 2)), "*"))
 
 
 def strategy_colour(spec: str) -> str:
@@ -62,80 +72,104 @@ def _save(fig, path: str | Path) -> None:
     write_atomic(path, buffer.getvalue())
 
 
+def _end_label_positions(values: Sequence[float], gap: float) -> list[float]:
+    """Vertical positions for end labels: the values, pushed apart to at least ``gap``, order kept."""
+    order = sorted(range(len(values)), key=lambda k: values[k])
+    placed = [0.0] * len(values)
+    previous = None
+    for k in order:
+        y = values[k] if previous is None else max(values[k], previous + gap)
+        placed[k] = previous = y
+    shift = (max(placed) - max(values)) / 2 if values else 0.0  # recentre the stack on the data
+    return [y - shift for y in placed]
+
+
 def plot_rewards(reports: Sequence[Report], path: str | Path) -> None:
     """Reward trajectories (top) and sorted mean rewards (bottom), one column per report."""
     n = len(reports)
-    fig, axes = plt.subplots(2, n, figsize=(6.2 * n, 8.2), squeeze=False,
-                             gridspec_kw={"height_ratios": [1.0, 1.1]})
+    fig, axes = plt.subplots(2, n, figsize=(7.4 * n, 8.6), squeeze=False,
+                             gridspec_kw={"height_ratios": [1.2, 1.0]})
     for col, report in enumerate(reports):
         top, bottom = axes[0, col], axes[1, col]
         strategies = report["strategies"]
         order = sorted(strategies, key=lambda s: strategies[s]["mean_reward"], reverse=True)
+        rounds = report["rounds"]
+        ends = []
         for spec in order:
             per_round = strategies[spec]["per_round"]
-            top.plot(range(1, len(per_round) + 1), per_round, marker="o", ms=3, lw=1.4,
-                     color=strategy_colour(spec), label=spec)
+            style, marker = strategy_style(spec)
+            honest = spec == "honest"
+            # honest on top and larger: in round 1 stale and lagged:K equal it exactly and would hide it
+            top.plot(range(1, len(per_round) + 1), per_round, linestyle=style, marker=marker,
+                     ms=7 if honest else 4.5, lw=2.4 if honest else 1.4, color=strategy_colour(spec), label=spec,
+                     zorder=5 if honest else 3, mfc="white" if honest else None, mew=1.6 if honest else 1.0)
+            ends.append((spec, len(per_round), per_round[-1]))
+        values = [v for _, _, v in ends]
+        ylo, yhi = top.get_ylim()
+        for (spec, x, value), y in zip(ends, _end_label_positions(values, 0.045 * (yhi - ylo))):
+            top.annotate(spec, xy=(x, value), xytext=(x + 0.35, y), fontsize=8, va="center",
+                         color=strategy_colour(spec), arrowprops={"arrowstyle": "-", "color": "#bbbbbb", "lw": 0.6})
+        top.set_xlim(0.6, rounds + 0.3 + 0.12 * rounds + 0.8)
         top.axhline(0.0, color="black", lw=0.6)
         top.set_title(_title(report))
         top.set_xlabel("round")
         top.set_ylabel("KFCA-QP reward")
-        top.set_xticks(range(1, report["rounds"] + 1))
+        top.set_xticks(range(1, rounds + 1))
         top.grid(alpha=0.3)
         means = [strategies[s]["mean_reward"] for s in order]
         bars = bottom.barh(range(len(order)), means, color=[strategy_colour(s) for s in order])
         bottom.set_yticks(range(len(order)), order)
         bottom.invert_yaxis()
         bottom.axvline(0.0, color="black", lw=0.6)
-        bottom.set_xlabel(f"mean reward over {report['rounds']} rounds")
-        span = max((abs(m) for m in means), default=1.0) or 1.0
-        bottom.set_xlim(-1.35 * span, 1.35 * span)
+        bottom.set_xlabel(f"mean reward over {rounds} rounds")
+        extent = max((abs(m) for m in means), default=1.0) or 1.0
+        bottom.set_xlim(-1.35 * extent, 1.35 * extent)
         for bar, m in zip(bars, means):
-            bottom.text(m + (0.02 if m >= 0 else -0.02) * span, bar.get_y() + bar.get_height() / 2, f"{m:+.3f}",
+            bottom.text(m + (0.02 if m >= 0 else -0.02) * extent, bar.get_y() + bar.get_height() / 2, f"{m:+.3f}",
                         va="center", ha="left" if m >= 0 else "right", fontsize=8)
         bottom.grid(axis="x", alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 6), fontsize=8,
-               bbox_to_anchor=(0.5, 1.0), frameon=False)
-    fig.suptitle("KFCA-QP rewards under attack strategies", y=1.04)
+    fig.suptitle("KFCA-QP rewards under attack strategies (line style and marker: attack family)")
     fig.tight_layout()
     _save(fig, path)
 
 
 def plot_delta(reports: Sequence[Report], path: str | Path) -> None:
-    """2x2 empirical delta matrices per round (columns), one row per report."""
+    """Mean 2x2 delta heatmap and the diagonal entry per round (categorical world: > 0), one row per report."""
     rows = len(reports)
-    cols = max(r["rounds"] for r in reports)
-    fig, axes = plt.subplots(rows, cols, figsize=(1.55 * cols + 0.8, 1.75 * rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows, 2, figsize=(11.0, 3.3 * rows + 0.5), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.0, 2.4]})
+    scale = max((abs(v) for r in reports for d in r["delta"] for line in d for v in line), default=1.0) or 1.0
     for row, report in enumerate(reports):
-        colour = DOMAIN_COLOURS.get(report["domain"], "#1f77b4")
         deltas = report["delta"]
-        scale = max((abs(v) for d in deltas for line in d for v in line), default=1.0) or 1.0
-        for col in range(cols):
-            ax = axes[row, col]
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if col >= len(deltas):
-                ax.axis("off")
-                continue
-            d = deltas[col]
-            for a in range(2):
-                for b in range(2):
-                    v = d[a][b]
-                    base = colour if a == b else OFF_DIAGONAL_COLOUR
-                    ax.add_patch(plt.Rectangle((b, 1 - a), 1, 1, color=to_rgba(base, 0.15 + 0.75 * abs(v) / scale)))
-                    ax.text(b + 0.5, 1.5 - a, f"{v:+.3f}", ha="center", va="center", fontsize=7)
-            ax.set_xlim(0, 2)
-            ax.set_ylim(0, 2)
-            ax.set_aspect("equal")
-            ok = report["categorical_world"][col]
-            ax.set_title(f"r{col + 1}" + ("" if ok else " (not cat.)"), fontsize=8,
-                         color="black" if ok else OFF_DIAGONAL_COLOUR)
-            if row == rows - 1:
-                ax.set_xticks([0.5, 1.5], LABELS, fontsize=7)
-            if col == 0:
-                ax.set_yticks([1.5, 0.5], LABELS, fontsize=7)
-                ax.set_ylabel(report["domain"], fontsize=9, color=colour)
-    fig.suptitle("Empirical delta matrices of sign-quantized honest updates "
-                 "(rows: client report, columns: peer report)", fontsize=10)
+        mean = [[sum(d[a][b] for d in deltas) / len(deltas) for b in range(2)] for a in range(2)]
+        heat, bars = axes[row, 0], axes[row, 1]
+        image = heat.imshow(mean, cmap="RdBu", vmin=-scale, vmax=scale)
+        for a in range(2):
+            for b in range(2):
+                heat.text(b, a, f"{mean[a][b]:+.4f}", ha="center", va="center", fontsize=10,
+                          color="white" if abs(mean[a][b]) > 0.6 * scale else "black")
+        heat.set_xticks([0, 1], LABELS)
+        heat.set_yticks([0, 1], LABELS)
+        heat.set_xlabel("peer's report")
+        heat.set_ylabel(f"{report['domain']}\nclient's report", color=DOMAIN_COLOURS.get(report["domain"], "black"))
+        heat.set_title(f"mean over {len(deltas)} rounds", fontsize=9)
+        colourbar = fig.colorbar(image, ax=heat, fraction=0.046, pad=0.04)
+        colourbar.set_label("delta = P(a, b) - P(a) P(b)", fontsize=8)
+        holds = report["categorical_world"]
+        diagonal = [d[0][0] for d in deltas]
+        x = range(1, len(diagonal) + 1)
+        bars.bar(x, diagonal, color=[HOLDS_COLOUR if ok else BROKEN_COLOUR for ok in holds[:len(diagonal)]])
+        bars.axhline(0.0, color="black", lw=0.8)
+        bars.set_xticks(list(x))
+        bars.set_xlabel("round")
+        bars.set_ylabel("delta(negative, negative)")
+        broken = [t for t, ok in zip(x, holds) if not ok]
+        verdict = (f"categorical world holds in all {len(diagonal)} rounds" if not broken
+                   else f"categorical world BROKEN in round(s) {', '.join(map(str, broken))}")
+        bars.set_title(f"{_title(report)}: {verdict} (green: diagonal > 0, red: not)", fontsize=9,
+                       color="black" if not broken else BROKEN_COLOUR)
+        bars.grid(axis="y", alpha=0.3)
+    fig.suptitle("Empirical delta matrices of sign-quantized honest updates (binary: delta = [[d, -d], [-d, d]])",
+                 fontsize=10)
     fig.tight_layout()
     _save(fig, path)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .engine.duplicates import DuplicateGroup, apply_duplicate_policy
 from .engine.stats import PairPayment, delta_from_joint, deltas_from_joints
+from .errors import InputError
 from .mechanism import categorical_world
 
 Pair = tuple[str, str]
@@ -39,17 +41,26 @@ class RewardReport:
     backend: str
     labels: tuple[str, ...]
     tasks: dict[str, int] = field(default_factory=dict)
+    duplicates: tuple[DuplicateGroup, ...] = ()
+    """Groups of clients whose reports are copies of each other (``engine.duplicates``)."""
+    duplicate_policy: str = "flag"
+    """How ``rewards`` treat those groups: flag (unchanged), split (one reward shared), zero."""
+    unadjusted_rewards: dict[str, float] = field(default_factory=dict)
+    """Rewards before the duplicate policy (equal to ``rewards`` under ``flag``)."""
 
     @classmethod
-    def from_pairs(cls, terms: Mapping[Pair, PairPayment], joints: Mapping[Pair, np.ndarray],
+    def from_pairs(cls, terms: Mapping[Pair, PairPayment], joints: Mapping[Pair, np.ndarray], *,
+                   duplicates: tuple[DuplicateGroup, ...] = (), duplicate_policy: str = "flag",
                    **meta) -> "RewardReport":
         """Assemble a report from each scored pair's payment terms and joint report counts."""
-        rewards: dict[str, list[float]] = {}
+        per_client: dict[str, list[float]] = {}
         for (client, _), t in terms.items():
-            rewards.setdefault(client, []).append(t.payment)
+            per_client.setdefault(client, []).append(t.payment)
+        rewards = {c: float(np.mean(v)) for c, v in sorted(per_client.items())}
         stacked = np.stack(list(joints.values()))  # one array op for all pairs' deltas
         return cls(
-            rewards={c: float(np.mean(v)) for c, v in sorted(rewards.items())},
+            rewards=apply_duplicate_policy(rewards, duplicates, duplicate_policy),
+            unadjusted_rewards=rewards, duplicates=tuple(duplicates), duplicate_policy=duplicate_policy,
             pairwise={k: t.payment for k, t in terms.items()},
             bonus_agreement={k: t.bonus_agreement for k, t in terms.items()},
             penalty_agreement={k: t.penalty_agreement for k, t in terms.items()},
@@ -95,23 +106,34 @@ class RewardReport:
             "bonus_fraction": self.bonus_fraction,
             "backend": self.backend,
             "tasks": dict(self.tasks),
+            "duplicate_policy": self.duplicate_policy,
+            "duplicates": [g.to_dict() for g in self.duplicates],
+            "unadjusted_rewards": dict(self.unadjusted_rewards),
         }
 
     def table(self) -> str:
         peers = self.peers
+        group_of = {c: k for k, g in enumerate(self.duplicates, start=1) for c in g.clients}
         rows = []
         for rank, (client, reward) in enumerate(self.ranking(), start=1):
             mine = [(client, p) for p in peers.get(client, [])]
             bonus = np.mean([self.bonus_agreement[k] for k in mine])
             penalty = np.mean([self.penalty_agreement[k] for k in mine])
-            rows.append((str(rank), client, f"{reward:+.4f}", str(len(mine)), f"{bonus:.4f}", f"{penalty:.4f}"))
+            rows.append((str(rank), client, f"{reward:+.4f}", str(len(mine)), f"{bonus:.4f}", f"{penalty:.4f}",
+                         f"#{group_of[client]}" if client in group_of else ""))
         delta = np.array2string(self.delta, precision=5, suppress_small=False)
         notes = [f"pooled delta matrix (labels {', '.join(self.labels)}):\n{delta}\n"
                  f"categorical-world condition: {'holds' if self.categorical_world else 'VIOLATED'}"]
         if self.tasks:
             notes.append("tasks: " + ", ".join(f"{k} {v}" for k, v in self.tasks.items()))
+        action = {"flag": "rewards unchanged", "split": "each group paid as one client",
+                  "zero": "groups paid nothing"}[self.duplicate_policy]
+        for k, group in enumerate(self.duplicates, start=1):
+            pairs = "; ".join(f"{printable(p.client)} ~ {printable(p.peer)}: {p.reason}, agreement {p.agreement:.4f}"
+                              for p in group.pairs)
+            notes.append(f"copies #{k} ({action}): {', '.join(map(printable, group.clients))} ({pairs})")
         return text_table(f"KFCA rewards (seed {self.seed}, penalty {self.penalty}, backend {self.backend})",
-                          ["rank", "client", "reward", "peers", "bonus agree", "penalty agree"], rows, notes)
+                          ["rank", "client", "reward", "peers", "bonus agree", "penalty agree", "copies"], rows, notes)
 
     def __str__(self) -> str:
         return self.table()
@@ -122,27 +144,36 @@ def text_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]
     """A plain-text rich table (numbers right-aligned: every column but a name column) and notes."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
+    # Cells and notes are plain Text (client names come from users: no markup, no control characters).
+    table = Table(title=Text(printable(title)))
     for k, column in enumerate(columns):
         table.add_column(column, justify="left" if k == 1 else "right")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(Text(printable(cell)) for cell in row))
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, force_terminal=False, color_system=None)
     console.print(table)
     for note in notes:
-        console.print(note)
+        console.print(Text(printable(note, keep_newlines=True)))
     return buffer.getvalue().rstrip()
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with control characters (newlines, ANSI escapes) shown as Python escapes."""
+    return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else ch.encode("unicode_escape").decode()
+                   for ch in text)
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
     """Write a file so that readers see either the old or the new content, never a torn one."""
-    path = Path(path)
+    path = check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode() if isinstance(text, str) else text
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a written file follows the umask like any tool's
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -152,6 +183,22 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """An output file path that may be (re)written: absent or a regular file, never a directory or device."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        raise InputError(f"output {path} exists and is not a regular file; refusing to replace it")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise InputError(f"output {path}: {path.parent} is not a directory")
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_json(path: str | os.PathLike, payload: dict) -> Path:

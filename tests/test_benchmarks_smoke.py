@@ -53,3 +53,8 @@ def test_overhead_benchmark_small(tmp_path):
     printed = _run(["benchmarks/bench_overhead.py", "--calls", "10"], tmp_path)
     cases = re.findall(r"^(2 clients x 5,280 \(flat\)|tiny recipe: .*?)\s+(expected|sampled)\s+\d+us", printed, re.M)
     assert len(cases) == 4 and {c[1] for c in cases} == {"expected", "sampled"}
+
+
+def test_robustness_benchmark_synthetic_part(tmp_path):
+    printed = _run(["benchmarks/bench_robustness.py", "--seeds", "2", "--rounds", "0"], tmp_path)
+    assert "| 4 | 0/2 | 2/2 | 2/2 | 2/2 | 2/2 | 2/2 |" in printed

@@ -70,11 +70,6 @@ def test_dry_run_rejects_targets_the_architecture_lacks(tmp_path):
         build_plan(recipe, model_dir=tmp_path)
 
 
-def test_dry_run_without_a_config_offline_says_how_to_fix_it(tmp_path):
-    with pytest.raises(RecipeError, match="model_dir"):
-        build_plan(load_recipe(RECIPES / "medical.toml"), model_dir=tmp_path / "missing")
-
-
 def test_tiny_dry_run_formats_rows_with_token_counts():
     recipe = load_recipe(TINY)
     plan = build_plan(recipe, n_rows=3)
@@ -92,3 +87,26 @@ def test_module_entry_point_prints_the_plan(capsys):
     assert main([str(TINY), "--set", "num-server-rounds=4", "--rows", "1"]) == 0
     out = capsys.readouterr().out
     assert "4 rounds" in out and "--- row 0" in out and "--- row 1" not in out
+
+
+def test_offline_dry_run_fails_at_once_with_a_hint(tmp_path, monkeypatch):
+    import kfca_llm.plan as plan
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache" / "hub"))
+    monkeypatch.setattr(plan, "hub_reachable", lambda timeout=5.0: pytest.fail("offline: no request expected"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RecipeError, match="HF_HUB_OFFLINE is set: pass --model-dir"):
+        build_plan(load_recipe(RECIPES / "medical.toml"))
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(plan, "hub_reachable", lambda timeout=5.0: False)
+    with pytest.raises(RecipeError, match="the hub cannot be reached: pass --model-dir"):
+        build_plan(load_recipe(RECIPES / "medical.toml"))
+
+
+def test_missing_or_empty_model_dir_is_named(tmp_path):
+    recipe = load_recipe(RECIPES / "medical.toml")
+    with pytest.raises(RecipeError, match="is not a directory"):
+        build_plan(recipe, model_dir=tmp_path / "missing")
+    with pytest.raises(RecipeError, match="holds no config.json"):
+        build_plan(recipe, model_dir=tmp_path)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kfca_llm.plots import plot_delta, plot_rewards, strategy_colour
+from kfca_llm.plots import plot_delta, plot_rewards, strategy_colour, strategy_style
 
 
 def _report(domain: str, seed: int, rounds: int = 4):
@@ -38,12 +38,34 @@ def test_figures_are_written_with_one_panel_per_domain(tmp_path, n_domains):
     assert not list(tmp_path.glob(".*"))  # no temporary files left behind
 
 
-def test_delta_uses_distinct_diagonal_and_off_diagonal_colours(tmp_path):
-    plot_delta([_report("finance", 3, rounds=1)], tmp_path / "delta.png")
-    img = _image(tmp_path / "delta.png").reshape(-1, 3).astype(int)
-    greenish = ((img[:, 1] > img[:, 0] + 40) & (img[:, 1] > img[:, 2])).sum()  # finance: green diagonal
-    reddish = ((img[:, 0] > img[:, 1] + 40) & (img[:, 0] > img[:, 2] + 40)).sum()
-    assert greenish > 1000 and reddish > 1000
+def _colour_counts(path):
+    img = _image(path).reshape(-1, 3).astype(int)
+    r, g, b = img[:, 0], img[:, 1], img[:, 2]
+    return {"green": ((g > r + 40) & (g > b + 40)).sum(), "red": ((r > g + 40) & (r > b + 40)).sum(),
+            "blue": ((b > r + 40) & (b > g + 20)).sum()}
+
+
+def test_delta_colours_follow_the_sign_and_the_condition(tmp_path):
+    report = _report("finance", 3, rounds=3)
+    report["categorical_world"] = [True, True, True]
+    plot_delta([report], tmp_path / "holds.png")
+    holds = _colour_counts(tmp_path / "holds.png")
+    # positive diagonal blue, negative off-diagonal red (diverging map), bars green where d > 0
+    assert holds["blue"] > 1000 and holds["red"] > 1000 and holds["green"] > 1000
+    for d in report["delta"]:
+        d[0][0] = d[1][1] = -0.01
+        d[0][1] = d[1][0] = 0.01
+    report["categorical_world"] = [False] * 3
+    plot_delta([report], tmp_path / "broken.png")
+    broken = _colour_counts(tmp_path / "broken.png")
+    assert broken["green"] < holds["green"] / 10 and broken["red"] > holds["red"]
+
+
+def test_families_have_distinct_line_styles_and_markers():
+    families = ["honest", "stale", "lagged:2", "sparse:0.5", "flip", "zero", "random", "my-attack"]
+    styles = {spec: strategy_style(spec) for spec in families}
+    assert len({str(v) for v in styles.values()}) == len(families)
+    assert strategy_style("lagged:2") == strategy_style("lagged:5")
 
 
 def test_strategy_colours_group_families():

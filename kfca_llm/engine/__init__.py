@@ -2,6 +2,8 @@
 
 from .backends import Backend, BackendUnavailable, PackedBuffers, available_backends, get_backend, register_backend
 from .cpu import CpuBackend
+from .duplicates import (DUPLICATE_POLICIES, DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy,
+                         disagreement_counts, find_duplicates)
 from .layout import Layout, TensorSlot
 
 
@@ -15,5 +17,6 @@ def _triton_backend() -> Backend:
 register_backend("numpy", CpuBackend)
 register_backend("triton", _triton_backend)
 
-__all__ = ["Backend", "BackendUnavailable", "CpuBackend", "Layout", "PackedBuffers", "TensorSlot",
-           "available_backends", "get_backend", "register_backend"]
+__all__ = ["DUPLICATE_POLICIES", "Backend", "BackendUnavailable", "CpuBackend", "DuplicateGroup", "DuplicatePair",
+           "DuplicateRule", "Layout", "PackedBuffers", "TensorSlot", "apply_duplicate_policy",
+           "available_backends", "disagreement_counts", "find_duplicates", "get_backend", "register_backend"]

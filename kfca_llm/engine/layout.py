@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import InputError
 
 WORD_BITS = 32
@@ -39,6 +41,12 @@ class Layout:
     def from_shapes(cls, shapes: Mapping[str, Sequence[int]]) -> "Layout":
         if not shapes:
             raise InputError("an update must hold at least one tensor")
+        for name, shape in shapes.items():
+            if not isinstance(name, str):
+                raise InputError(f"tensor names must be strings, got {name!r}")
+            if (isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence)
+                    or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s > 0 for s in shape)):
+                raise InputError(f"shape must be a sequence of positive integers, got {shape!r}", tensor=name)
         slots, offset = [], 0
         for name in sorted(shapes):
             shape = tuple(int(s) for s in shapes[name])

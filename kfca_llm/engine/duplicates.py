@@ -1,0 +1,204 @@
+"""Copy detection: clients whose reports are identical, or far closer to each other than honest clients are.
+
+KFCA pays agreement, so a client that resubmits another's update (exactly, or with a little noise) or a
+group that submits one shared update is paid for agreeing with itself. Everything here works on the
+pairwise disagreement counts (tasks where two clients' reports differ), which the scorer already has:
+for sign reports they come from the Gram matrices (``disagreement_counts``), so detection costs no
+second pass over the packed bits.
+
+Rules (``DuplicateRule``), for a pair with disagreement rate ``d`` over the round's T tasks:
+
+* **identical**: ``d == 0`` (exact integer counts: the packed sign words of the two clients are equal);
+* **near (absolute)**: ``d <= max_disagreement`` (default 2%: a copy with noise of 5% of the tensor's
+  std flips about 1.6% of the signs; independent honest clients are nowhere near);
+* **near (excess correlation)**, with at least ``min_clients`` clients in the round: the pair is far
+  more correlated than what each client shares with the round. Sign agreement gives the correlation
+  ``rho = cos(pi d)`` (Sheppard's formula, exact for Gaussian coordinates); honest clients follow a
+  one-factor model ``rho_ij = lambda_i lambda_j`` (a shared signal plus private noise), with each
+  ``lambda`` fitted by a median over the client's other peers (robust to its copy partner). The
+  pair's *excess* is the correlation of the two private parts,
+  ``(rho_ij - lambda_i lambda_j) / sqrt((1 - lambda_i^2)(1 - lambda_j^2))``: about 0 for honest
+  pairs, whatever their quality, and close to 1 for a copy (0.84 for noise of 20% of the std on a
+  client that agrees with the shared signal at 0.95). Flagged when it exceeds
+  ``min_excess_correlation`` by more than ``min_sigma`` standard errors of ``rho``.
+
+A scale-dependent statistic (a robust z-score of ``d`` against the round's pairs) was not used: with
+millions of coordinates the sampling noise of ``d`` vanishes, so such z-scores flag any structured
+difference between honest clients (two strong clients agree more than two weak ones).
+
+Small rounds: with two or three clients the one-factor model has no peer left to fit from (a copy
+pair and a third client fit "two perfect clients and one noisy one" just as well), so only the
+identical and absolute rules apply there. Flagged pairs are joined into groups (connected
+components).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from .stats import RoundCounts
+
+DUPLICATE_POLICIES = ("flag", "split", "zero")
+IDENTICAL, NEAR = "identical", "near"
+
+
+@dataclass(frozen=True)
+class DuplicateRule:
+    """Thresholds of copy detection (defaults calibrated in ``benchmarks/ROBUSTNESS.md``)."""
+
+    max_disagreement: float = 0.02
+    """A pair whose reports differ on at most this fraction of the tasks is a near duplicate."""
+    min_excess_correlation: float = 0.5
+    """Correlation of the two clients' private parts (after the shared signal) that makes a copy."""
+    min_sigma: float = 3.0
+    """The excess must clear ``min_excess_correlation`` by this many standard errors of ``rho``."""
+    min_clients: int = 4
+    """Rounds with fewer clients use only the identical and absolute rules."""
+    excess_correlation: bool = True
+    """False for reports whose agreement is not a sign agreement (e.g. categorical labels)."""
+
+    def __post_init__(self):
+        for name in ("max_disagreement", "min_excess_correlation"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise InputError(f"DuplicateRule.{name} must be a number in [0, 1), got {value!r}")
+        if isinstance(self.min_sigma, bool) or not isinstance(self.min_sigma, (int, float)) or self.min_sigma < 0:
+            raise InputError(f"DuplicateRule.min_sigma must be a number >= 0, got {self.min_sigma!r}")
+        if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int) or self.min_clients < 4:
+            raise InputError(f"DuplicateRule.min_clients must be an integer >= 4, got {self.min_clients!r}")
+
+
+@dataclass(frozen=True)
+class DuplicatePair:
+    client: str
+    peer: str
+    agreement: float
+    """Fraction of the round's tasks on which the two reports agree."""
+    reason: str
+    """``identical`` or ``near``."""
+    excess_correlation: float | None = None
+    """Correlation of the two private parts (None where the round is too small to fit it)."""
+
+
+@dataclass(frozen=True)
+class DuplicateGroup:
+    clients: tuple[str, ...]
+    pairs: tuple[DuplicatePair, ...]
+
+    def to_dict(self) -> dict:
+        return {"clients": list(self.clients),
+                "pairs": [{"client": p.client, "peer": p.peer, "agreement": p.agreement, "reason": p.reason,
+                           "excess_correlation": p.excess_correlation} for p in self.pairs]}
+
+
+def check_duplicate_policy(policy: str) -> str:
+    if not isinstance(policy, str) or policy not in DUPLICATE_POLICIES:
+        raise InputError(f"duplicates must be one of {DUPLICATE_POLICIES}, got {policy!r}")
+    return policy
+
+
+def disagreement_counts(counts: RoundCounts) -> np.ndarray:
+    """int64 [n, n]: tasks (all three sets) where clients i and j report differently."""
+    both = counts.gram.sum(axis=0)
+    negative = np.diag(both)
+    return negative[:, None] + negative[None, :] - 2 * both
+
+
+def find_duplicates(clients: Sequence[str], disagreements: np.ndarray, tasks: int,
+                    rule: DuplicateRule = DuplicateRule()) -> tuple[DuplicateGroup, ...]:
+    """Groups of clients whose reports are copies of each other (see the module docstring)."""
+    n = len(clients)
+    d = np.asarray(disagreements, dtype=np.int64)
+    if d.shape != (n, n) or tasks <= 0:
+        raise InputError(f"need an [{n}, {n}] disagreement matrix over a positive number of tasks")
+    rate = d / tasks
+    excess = _excess_correlation(rate, tasks) if rule.excess_correlation and n >= rule.min_clients else None
+    identical = d == 0
+    near = rate <= rule.max_disagreement
+    if excess is not None:
+        near |= excess[0] - rule.min_sigma * excess[1] >= rule.min_excess_correlation
+    flagged = []
+    for i, j in zip(*np.nonzero(np.triu(identical | near, k=1))):
+        flagged.append(DuplicatePair(clients[i], clients[j], 1.0 - float(rate[i, j]),
+                                     IDENTICAL if identical[i, j] else NEAR,
+                                     None if excess is None else float(excess[0][i, j])))
+    return _groups(flagged)
+
+
+def apply_duplicate_policy(rewards: dict[str, float], groups: Sequence[DuplicateGroup],
+                           policy: str) -> dict[str, float]:
+    """Rewards after the policy: ``flag`` leaves them, ``split`` pays each group as one client (its
+    mean reward shared by its members), ``zero`` pays a group nothing.
+
+    A policy never raises a reward: a group of sign flippers keeps its negative rewards (``min`` with
+    the policy's value), so copying cannot be used to soften a penalty.
+    """
+    check_duplicate_policy(policy)
+    out = dict(rewards)
+    if policy == "flag":
+        return out
+    for group in groups:
+        members = [c for c in group.clients if c in out]
+        if not members:
+            continue
+        share = 0.0 if policy == "zero" else float(np.mean([out[c] for c in members])) / len(members)
+        for c in members:
+            out[c] = min(out[c], share)
+    return out
+
+
+def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(excess correlation, its standard error) of every pair under the one-factor model."""
+    n = rate.shape[0]
+    rho = np.cos(np.pi * rate)
+    off = ~np.eye(n, dtype=bool)
+    # Start from each client's median correlation scaled by the round's typical one, then refine
+    # lambda_i = median_k rho_ik / lambda_k over informative peers (a peer with |lambda| near 0, a free
+    # rider, says nothing about lambda_i; one copy partner is outvoted by the median).
+    typical = np.sqrt(max(float(np.median(np.abs(rho[off]))), 1e-6))
+    lam = np.median(rho[off].reshape(n, n - 1), axis=1) / typical
+    for _ in range(50):
+        informative = np.abs(lam) >= 0.1
+        peers = off & informative[None, :]
+        enough = peers.sum(axis=1) >= 2
+        fit = np.zeros(n)
+        if enough.any():
+            ratios = np.where(peers, rho / np.where(informative, lam, 1.0)[None, :], np.nan)
+            fit[enough] = np.nanmedian(ratios[enough], axis=1)
+        # Geometric damping: the plain update maps a common scale c to 1/c and oscillates.
+        new = np.clip(np.sign(fit) * np.sqrt(np.abs(fit * lam)), -0.999, 0.999)
+        if np.allclose(new, lam, atol=1e-6):
+            break
+        lam = new
+    lam = np.clip(lam, -0.999, 0.999)
+    private = np.sqrt(1.0 - lam ** 2)
+    excess = (rho - np.outer(lam, lam)) / np.outer(private, private)
+    # Binomial noise of the agreement rate, carried through rho = cos(pi d) (|d rho / d d| <= pi).
+    stderr = np.pi * np.sqrt(rate * (1.0 - rate) / tasks + 1.0 / tasks ** 2) / np.outer(private, private)
+    return excess, stderr
+
+
+def _groups(pairs: Sequence[DuplicatePair]) -> tuple[DuplicateGroup, ...]:
+    parent: dict[str, str] = {}
+
+    def root(c: str) -> str:
+        while parent.setdefault(c, c) != c:
+            c = parent[c]
+        return c
+
+    for p in pairs:
+        a, b = root(p.client), root(p.peer)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    members: dict[str, list[str]] = {}
+    for c in parent:
+        members.setdefault(root(c), []).append(c)
+    groups = []
+    for root_id in sorted(members):
+        group = tuple(sorted(members[root_id]))
+        groups.append(DuplicateGroup(group, tuple(p for p in pairs if root(p.client) == root_id)))
+    return tuple(groups)

@@ -1,0 +1,202 @@
+"""Copy detection: identical and near-identical reports, payment policies, reports, CLI."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import kfca_llm
+from kfca_llm import InputError
+from kfca_llm.cli import main
+from kfca_llm import SignPacker
+from kfca_llm.engine import DuplicateRule, disagreement_counts, find_duplicates
+from kfca_llm.engine.naive import pack_signs, round_counts
+
+COORDS = 20_000
+
+
+def honest_round(n: int, seed: int, coords: int = COORDS) -> np.ndarray:
+    """Shared signal plus private noise, each client with its own signal weight in [0.2, 0.95]."""
+    rng = np.random.default_rng(seed)
+    signal = rng.standard_normal(coords)
+    weight = rng.uniform(0.2, 0.95, size=(n, 1))
+    return weight * signal + np.sqrt(1 - weight ** 2) * rng.standard_normal((n, coords))
+
+
+def noisy_copy(update: np.ndarray, noise: float, seed: int) -> np.ndarray:
+    return update + noise * update.std() * np.random.default_rng(seed).standard_normal(update.shape)
+
+
+def groups_of(updates: np.ndarray, rule: DuplicateRule = DuplicateRule()) -> list[tuple[str, ...]]:
+    negative = updates < 0
+    disagreements = (negative[:, None, :] != negative[None, :, :]).sum(axis=2)
+    names = [f"c{i:02d}" for i in range(len(updates))]
+    return [g.clients for g in find_duplicates(names, disagreements, updates.shape[1], rule)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 10])
+def test_no_false_positives_on_honest_rounds(n):
+    for seed in range(8):
+        assert groups_of(honest_round(n, seed)) == [], seed
+
+
+def test_no_false_positives_on_few_coordinates():
+    """Where sampling noise is large, the standard-error margin keeps honest pairs out."""
+    for coords in (300, 1000):
+        for n in (4, 6, 10):
+            for seed in range(20):
+                assert groups_of(honest_round(n, seed, coords)) == [], (coords, n, seed)
+
+
+@pytest.mark.parametrize("n", [6, 10])
+@pytest.mark.parametrize("noise", [0.01, 0.05, 0.2])
+def test_noisy_copy_is_caught(noise, n):
+    for seed in range(6):
+        updates = honest_round(n, seed)
+        copied = np.vstack([updates, noisy_copy(updates[seed % n], noise, seed)])
+        assert groups_of(copied) == [(f"c{seed % n:02d}", f"c{n:02d}")], seed
+
+
+def test_copy_of_the_strongest_client_is_caught():
+    """The hardest copy: its victim agrees most with everyone, so the pair looks like two strong clients."""
+    for n in (6, 10):
+        for seed in range(30):
+            updates = honest_round(n, seed)
+            strongest = int(np.argmax(np.abs(updates @ updates.sum(axis=0))))
+            copied = np.vstack([updates, noisy_copy(updates[strongest], 0.2, seed)])
+            assert groups_of(copied) == [(f"c{strongest:02d}", f"c{n:02d}")], (n, seed)
+
+
+@pytest.mark.parametrize("noise", [0.01, 0.05])
+def test_small_rounds_catch_close_copies_by_the_absolute_rule(noise):
+    updates = honest_round(2, 0)
+    copied = np.vstack([updates, noisy_copy(updates[1], noise, 1)])
+    assert groups_of(copied) == [("c01", "c02")]
+
+
+def test_colluding_pair_with_one_shared_random_update_is_caught():
+    for seed in range(4):
+        updates = honest_round(5, seed)
+        shared = np.random.default_rng(100 + seed).standard_normal(COORDS)
+        assert groups_of(np.vstack([updates, shared, shared])) == [("c05", "c06")]
+        # each colluder adds its own 5% noise: still one group
+        pair = np.vstack([noisy_copy(shared, 0.05, 1), noisy_copy(shared, 0.05, 2)])
+        assert groups_of(np.vstack([updates, pair])) == [("c05", "c06")]
+
+
+def test_disagreements_come_from_the_gram_counts():
+    updates = honest_round(4, 3, coords=999)
+    signs, tasks = zip(*(pack_signs(u) for u in updates))
+    counts = round_counts(np.stack(signs), np.bitwise_or.reduce(np.stack(tasks)), seed=5, bonus_fraction=0.3)
+    negative = updates < 0
+    expected = (negative[:, None, :] != negative[None, :, :]).sum(axis=2)
+    np.testing.assert_array_equal(disagreement_counts(counts), expected)
+
+
+@pytest.fixture(scope="module")
+def clones():
+    honest = honest_round(4, 11)
+    updates = {f"h{i}": torch.from_numpy(u.astype(np.float32)) for i, u in enumerate(honest)}
+    updates |= {"copy1": updates["h0"].clone(), "copy2": updates["h0"].clone()}
+    return updates
+
+
+def test_identical_updates_form_one_group_under_every_policy(clones):
+    reports = {policy: kfca_llm.score_updates(clones, duplicates=policy) for policy in ("flag", "split", "zero")}
+    flag = reports["flag"]
+    assert [g.clients for g in flag.duplicates] == [("copy1", "copy2", "h0")]
+    assert {p.reason for p in flag.duplicates[0].pairs} == {"identical"}
+    assert flag.rewards == flag.unadjusted_rewards
+    group = ("copy1", "copy2", "h0")
+    share = np.mean([flag.rewards[c] for c in group]) / 3
+    for c in group:
+        assert reports["split"].rewards[c] == pytest.approx(share)
+        assert reports["zero"].rewards[c] == 0.0
+    for c in ("h1", "h2", "h3"):
+        assert reports["split"].rewards[c] == reports["zero"].rewards[c] == flag.rewards[c]
+    assert flag.rewards["copy1"] > flag.rewards["h1"]  # why detection is needed: copies are paid most
+
+
+def test_policies_never_raise_a_negative_reward(clones):
+    flipped = dict(clones)
+    flipped["copy1"] = -clones["h1"]
+    flipped["copy2"] = -clones["h1"]
+    flag = kfca_llm.score_updates(flipped)
+    assert ("copy1", "copy2") in [g.clients for g in flag.duplicates]
+    for policy in ("split", "zero"):
+        report = kfca_llm.score_updates(flipped, duplicates=policy)
+        for c in ("copy1", "copy2"):
+            assert flag.rewards[c] < 0
+            assert report.rewards[c] == flag.rewards[c]
+
+
+def test_duplicates_in_table_and_json(clones):
+    report = kfca_llm.score_updates(clones, duplicates="split")
+    table = report.table()
+    assert "copies #1 (each group paid as one client): copy1, copy2, h0" in table
+    assert "copy1 ~ copy2: identical, agreement 1.0000" in table
+    payload = json.loads(json.dumps(report.to_dict()))
+    assert payload["duplicate_policy"] == "split"
+    assert payload["duplicates"][0]["clients"] == ["copy1", "copy2", "h0"]
+    assert payload["duplicates"][0]["pairs"][0]["reason"] == "identical"
+
+
+def test_packer_find_duplicates_matches_score(clones):
+    packer = SignPacker({"update": (COORDS,)}, list(clones))
+    for client, update in clones.items():
+        packer.add(client, "update", update)
+    assert packer.find_duplicates() == packer.score(seed=3, peers=2).duplicates
+
+
+def test_bad_policy_and_rule_are_input_errors(clones):
+    with pytest.raises(InputError, match="duplicates must be one of"):
+        kfca_llm.score_updates(clones, duplicates="ban")
+    with pytest.raises(InputError, match="max_disagreement"):
+        DuplicateRule(max_disagreement=1.5)
+
+
+def test_labels_duplicates():
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 4, 500)
+    labels = {c: np.where(rng.random(500) < 0.7, truth, rng.integers(0, 4, 500)) for c in "abc"}
+    labels["d"] = labels["a"].copy()
+    report = kfca_llm.score_labels(labels, num_labels=4, duplicates="zero")
+    assert [g.clients for g in report.duplicates] == [("a", "d")]
+    assert report.rewards["a"] == report.rewards["d"] == 0.0
+    assert report.rewards["b"] > 0
+
+
+def _write(path, tensors):
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    return path
+
+
+def test_symlink_to_another_clients_file_is_an_identical_copy(tmp_path, capsys):
+    honest = honest_round(3, 4, coords=4096)
+    paths = [_write(tmp_path / f"c{i}.safetensors", {"w": torch.from_numpy(u.astype(np.float32))})
+             for i, u in enumerate(honest)]
+    os.symlink(paths[0], tmp_path / "thief.safetensors")
+    report = kfca_llm.score_checkpoints(paths + [tmp_path / "thief.safetensors"])
+    assert [g.clients for g in report.duplicates] == [("c0", "thief")]
+    out = tmp_path / "r.json"
+    assert main(["score", *map(str, paths), str(tmp_path / "thief.safetensors"), "--duplicates", "zero",
+                 "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["rewards"]["thief"] == payload["rewards"]["c0"] == 0.0
+    assert "copies #1 (groups paid nothing): c0, thief" in capsys.readouterr().out
+
+
+def test_reference_difference_in_the_wider_dtype(tmp_path):
+    """1 + 1e-12 in float64 minus a float64 (or float32) 1 is positive, not 0 as in float32."""
+    n = 64
+    up = torch.ones(n, dtype=torch.float64) + 1e-12 * torch.from_numpy(honest_round(3, 0, coords=n)[0])
+    paths = [_write(tmp_path / f"c{i}.safetensors", {"w": up if i else -up + 2}) for i in range(3)]
+    for ref_dtype in (torch.float64, torch.float32):
+        ref = _write(tmp_path / "ref.safetensors", {"w": torch.ones(n, dtype=ref_dtype)})
+        report = kfca_llm.score_checkpoints(paths, reference=ref, seed=1)
+        direct = kfca_llm.score_updates({f"c{i}": (-up + 2 if i == 0 else up) - 1 for i in range(3)}, seed=1)
+        assert report.rewards == direct.rewards
+        assert report.tasks["tasks"] == n
