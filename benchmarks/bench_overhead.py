@@ -64,9 +64,10 @@ def main(argv=None) -> None:
         for penalty in ("expected", "sampled"):
             kfca_llm.score_updates(updates, penalty=penalty)  # warm-up
             engine, floor = [], []
-            for _ in range(args.calls // 10):  # interleaved blocks: both see the same machine state
-                engine += _calls(lambda: kfca_llm.score_updates(updates, penalty=penalty), 10)
-                floor += _calls(lambda: [t.sum() for t in tensors], 10)
+            block = min(10, args.calls)
+            for _ in range(max(1, args.calls // block)):  # interleaved blocks: both see the same machine state
+                engine += _calls(lambda: kfca_llm.score_updates(updates, penalty=penalty), block)
+                floor += _calls(lambda: [t.sum() for t in tensors], block)
             print(f"{name:<50} {penalty:<9} {min(engine) * 1e6:7.0f}us {statistics.median(engine) * 1e6:7.0f}us "
                   f"{min(floor) * 1e6:9.0f}us")
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
