@@ -140,6 +140,18 @@ def load_model_and_tokenizer(recipe: Recipe, *, device: str | torch.device = "cp
     return _load_pretrained(recipe, source, device), tokenizer
 
 
+def _keep_4bit_training_layout(model) -> None:
+    """bitsandbytes repacks a 4-bit weight for its CPU inference kernel the first time the layer runs in
+    eval mode without gradients (our probe loss does), and keeps that layout: later training forwards then
+    take the inference-only kernel, which fails on layers with a bias (Qwen2's q/k/v). Keep the layout
+    training uses."""
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
 def _load_pretrained(recipe: Recipe, source: str, device: str | torch.device) -> Any:
     """``from_pretrained`` (quantized when the recipe says so), k-bit preparation, checkpointing, adapter."""
     from peft import get_peft_model
@@ -163,6 +175,7 @@ def _load_pretrained(recipe: Recipe, source: str, device: str | torch.device) ->
     if q is not None:
         from peft import prepare_model_for_kbit_training
 
+        _keep_4bit_training_layout(model)
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=recipe.model.gradient_checkpointing,
             gradient_checkpointing_kwargs=ckpt_kwargs)
