@@ -1,5 +1,6 @@
 import json
 import math
+from pathlib import Path
 
 import pytest
 from helpers import RECIPES, TINY
@@ -182,3 +183,16 @@ def test_fixed_attackers_parse_to_indices_and_specs():
     recipe = load_recipe(base, ['kfca.attackers=["3=flip", "5 = lagged:2"]'])
     assert fixed_attackers(recipe) == {3: "flip", 5: "lagged:2"}
     assert fixed_attackers(load_recipe(base, ["kfca.attacks=[]", 'kfca.attackers=["0=zero"]'])) == {0: "zero"}
+
+
+def test_validating_a_recipe_does_not_import_torch():
+    # The package's __init__ (scoring API) imports torch; load recipe.py under a bare package instead.
+    import subprocess
+    import sys
+
+    code = ("import sys, types; pkg = types.ModuleType('kfca_llm'); pkg.__path__ = [sys.argv[1]]; "
+            "sys.modules['kfca_llm'] = pkg; import kfca_llm.recipe as r; r.load_recipe(sys.argv[2]); "
+            "print('torch' in sys.modules)")
+    package = str(Path(__file__).resolve().parents[1] / "kfca_llm")
+    out = subprocess.run([sys.executable, "-c", code, package, str(TINY)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
