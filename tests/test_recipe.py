@@ -39,10 +39,14 @@ def test_overrides_parse_toml_scalars_into_typed_fields():
     assert r.model.quantization == 4
 
 
-@pytest.mark.parametrize("value", ["0", "none", "None"])
+@pytest.mark.parametrize("value", ["none", "None"])
 def test_quantization_override_to_none(value):
-    r = load_recipe(RECIPES / "finance.toml", [f"model.quantization={value}"])
-    assert r.model.quantization is None
+    r = load_recipe(RECIPES / "finance.toml", [f"model.quantization={value}", f"kfca.peers={value}"])
+    assert r.model.quantization is None and r.kfca.peers is None
+
+
+def test_quantization_zero_means_none():
+    assert load_recipe(RECIPES / "finance.toml", ["model.quantization=0"]).model.quantization is None
 
 
 def test_unknown_override_key_names_the_key_and_close_matches():
@@ -77,6 +81,7 @@ def test_unknown_key_in_file_fails(tmp_path):
     ("train.training-arguments.warmup-steps=2", "train.training-arguments.lr-scheduler-type"),
     ("train.training-arguments.max-grad-norm=-1", "train.training-arguments.max-grad-norm"),
     ("kfca.seed=-1", "kfca.seed"),
+    ("kfca.peers=0", "kfca.peers"),
 ])
 def test_bad_values_fail_naming_the_key(override, key):
     with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
@@ -84,9 +89,9 @@ def test_bad_values_fail_naming_the_key(override, key):
 
 
 def test_unknown_scheduler_or_optimizer_lists_the_choices():
-    with pytest.raises(RecipeError, match="'constant', 'constant_with_warmup', 'linear', 'cosine'"):
+    with pytest.raises(RecipeError, match="lr-scheduler-type.*'constant', 'constant_with_warmup', 'linear' or 'cosine', got 'polynomial'"):
         load_recipe(TINY, ["train.training-arguments.lr-scheduler-type=polynomial"])
-    with pytest.raises(RecipeError, match="'adamw_torch', 'sgd'.*'paged_adamw_8bit'"):
+    with pytest.raises(RecipeError, match="optim.*'adamw_torch', 'sgd'.*'paged_adamw_8bit'.*got 'adafactor'"):
         load_recipe(TINY, ["train.training-arguments.optim=adafactor"])
 
 
