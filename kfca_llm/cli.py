@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(handler=_score)
     from .simulate import add_simulate_parser
     add_simulate_parser(sub)
+    from .valuation.fidelity import add_fidelity_parser
+    add_fidelity_parser(sub)
     return parser
 
 
