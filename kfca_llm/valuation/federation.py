@@ -88,13 +88,18 @@ class StackedCNN:
             start += self.sizes[name]
         return out
 
+    def patches(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, 1, H, W) images -> their (B * H/2 * W/2, 9) convolution patches (reusable across calls)."""
+        return F.unfold(x, 3, padding=1, stride=2).transpose(1, 2).reshape(-1, 9)
+
     def logits(self, flat: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """(K, P) parameters, (B, 1, H, W) images -> (K, B, num_classes) logits of the K models."""
+        """(K, P) parameters, (B, 1, H, W) images or their ``patches`` -> (K, B, num_classes) logits."""
         p = self.unflatten(flat)
-        k, b = flat.shape[0], x.shape[0]
-        # (B * H/2 * W/2, 9) patches shared by the K models; one matmul convolves all of them and
-        # leaves the output as (K, B, positions * channels), ready for the head without a copy
-        patches = F.unfold(x, 3, padding=1, stride=2).transpose(1, 2).reshape(-1, 9)
+        patches = self.patches(x) if x.ndim == 4 else x
+        positions = (self.image_shape[0] // 2) * (self.image_shape[1] // 2)
+        k, b = flat.shape[0], patches.shape[0] // positions
+        # the patches are shared by the K models; one matmul convolves all of them and leaves the
+        # output as (K, B, positions * channels), ready for the head without a copy
         conv = torch.relu(torch.matmul(patches, p["conv_weight"]) + p["conv_bias"][:, None, :])
         return torch.baddbmm(p["head_bias"][:, None, :], conv.reshape(k, b, -1), p["head_weight"])
 
@@ -172,8 +177,13 @@ def run_federation(model: StackedCNN, clients: list[ClientData], init: torch.Ten
 
 
 @torch.no_grad()
-def accuracy(model: StackedCNN, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 64) -> np.ndarray:
-    """float64 (K,) test accuracy of each of the K stacked models (evaluated ``chunk`` models at a time)."""
+def accuracy(model: StackedCNN, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, chunk: int = 16) -> np.ndarray:
+    """float64 (K,) test accuracy of each of the K stacked models on images or patches ``x``.
+
+    ``chunk`` models at a time: 16 was ~3x faster than 64 or 256 here (the activations stay in cache).
+    """
+    if x.ndim == 4:
+        x = model.patches(x)
     out = []
     for part in flat.split(chunk):
         out.append((model.logits(part, x).argmax(-1) == y[None]).float().mean(-1))

@@ -78,8 +78,8 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
     start = time.perf_counter()
     record = run_federation(model, clients, init, fed_cfg)
     federation_s = time.perf_counter() - start
-    problem = ValuationProblem(model, clients, init, fed_cfg, record, torch.from_numpy(images.test_x[:, None]),
-                               torch.from_numpy(images.test_y))
+    problem = ValuationProblem(model, clients, init, fed_cfg, record,
+                               model.patches(torch.from_numpy(images.test_x[:, None])), torch.from_numpy(images.test_y))
     results = {}
     for key in (REFERENCE, *[m for m in cfg.methods if m != REFERENCE]):
         name, method = METHODS[key]

@@ -42,6 +42,7 @@ class ValuationProblem:
     cfg: FederationConfig
     record: FederationRecord
     test_x: torch.Tensor
+    """the test images' convolution patches (``model.patches``), computed once"""
     test_y: torch.Tensor
 
     @property
