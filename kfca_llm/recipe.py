@@ -38,6 +38,9 @@ PENALTIES = ("expected", "sampled")
 # trajectory (the paper's setting: rewards are measured against the same honest run);
 # "all": FedAvg over every submitted update, attacks included (what an unguarded server would do).
 AGGREGATES = ("honest", "all")
+# Hugging Face names (TrainingArguments.lr_scheduler_type / optim) that the local training loop implements.
+LR_SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+OPTIMIZERS = ("adamw_torch", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit")
 SYNTHETIC_DATASET = "synthetic"
 
 
@@ -71,7 +74,11 @@ class TrainingArguments:
     gradient_accumulation_steps: int = 1
     num_train_epochs: int = 3
     max_steps: int = 10  # optimizer steps per round; > 0 caps the epochs (Hugging Face semantics)
-    lr_scheduler_type: str = "constant"  # FlowerTune: constant inside a round, cosine across rounds
+    # Inside a round, from the round's cosine learning rate (FlowerTune: constant inside a round).
+    lr_scheduler_type: str = "constant"
+    warmup_steps: int = 0  # > 0 wins over warmup-ratio (Hugging Face)
+    warmup_ratio: float = 0.0
+    max_grad_norm: float = 1.0  # Hugging Face's default; 0 turns clipping off
     optim: str = "adamw_torch"  # Hugging Face optimizer name; the winners used "paged_adamw_8bit"
 
 
@@ -81,6 +88,8 @@ class TrainConfig:
     learning_rate_min: float = 1e-6
     seq_length: int = 512
     save_every_round: int = 5
+    # Also save each client's submitted adapter per round beside the round's starting global adapter.
+    save_client_updates: bool = False
     prompt_format: str = "alpaca"  # "alpaca" or "chat-template" (the tokenizer's chat template)
     training_arguments: TrainingArguments = field(default_factory=TrainingArguments)
 
@@ -295,6 +304,15 @@ def _validate(r: Recipe) -> None:
     need(ta.gradient_accumulation_steps >= 1, "train.training-arguments.gradient-accumulation-steps", "must be >= 1")
     need(ta.max_steps > 0 or ta.num_train_epochs >= 1, "train.training-arguments.max-steps",
          "or num-train-epochs must be positive")
+    need(ta.lr_scheduler_type in LR_SCHEDULERS, "train.training-arguments.lr-scheduler-type",
+         f"must be one of {LR_SCHEDULERS}, got {ta.lr_scheduler_type!r}")
+    need(ta.optim in OPTIMIZERS, "train.training-arguments.optim", f"must be one of {OPTIMIZERS}, got {ta.optim!r}")
+    need(ta.warmup_steps >= 0, "train.training-arguments.warmup-steps", "must be >= 0")
+    need(0.0 <= ta.warmup_ratio < 1.0, "train.training-arguments.warmup-ratio", "must be in [0, 1)")
+    need(ta.lr_scheduler_type != "constant" or (ta.warmup_steps == 0 and ta.warmup_ratio == 0.0),
+         "train.training-arguments.lr-scheduler-type",
+         "'constant' has no warmup; use 'constant_with_warmup' with warmup-steps or warmup-ratio")
+    need(ta.max_grad_norm >= 0.0, "train.training-arguments.max-grad-norm", "must be >= 0 (0: no clipping)")
     need(0.0 < r.strategy.fraction_train <= 1.0, "strategy.fraction-train", "must be in (0, 1]")
     need(r.num_server_rounds >= 1, "num-server-rounds", "must be >= 1")
     need(r.num_clients >= 2, "num-clients", "must be >= 2 (rewards compare clients with peers)")
@@ -307,6 +325,7 @@ def _validate(r: Recipe) -> None:
     need(0.0 < k.bonus_fraction < 1.0, "kfca.bonus-fraction", "must be in (0, 1)")
     need(k.penalty in PENALTIES, "kfca.penalty", f"must be one of {PENALTIES}")
     need(k.aggregate in AGGREGATES, "kfca.aggregate", f"must be one of {AGGREGATES}")
+    need(0 <= k.seed < 2**32, "kfca.seed", f"must be an integer in [0, 2**32), got {k.seed}")
     try:  # the attack registry is the one authority, so user-registered attacks are valid here too
         resolve_attacks(k.attacks)
     except InputError as exc:

@@ -10,7 +10,7 @@ from kfca_llm.modeling import build_byte_tokenizer, load_model_and_tokenizer
 from kfca_llm.recipe import load_recipe
 from kfca_llm.synthetic import make_rows
 
-from test_recipe import RECIPES
+from helpers import RECIPES
 
 CONFIGS = {"general-nlp": LlamaConfig, "finance": Qwen2Config, "medical": LlamaConfig, "code": Qwen3Config}
 

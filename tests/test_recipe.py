@@ -1,15 +1,13 @@
 import json
 import math
-from pathlib import Path
 
 import pytest
+from helpers import RECIPES, TINY
 
 from kfca_llm.recipe import (
     Recipe, RecipeError, all_keys, clients_per_round, load_recipe, lr_for_round, recipe_from_dict, recipe_to_dict,
 )
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-TINY = RECIPES / "tiny.toml"
 
 
 def test_tiny_recipe_parses_with_the_documented_shape():
@@ -73,10 +71,22 @@ def test_unknown_key_in_file_fails(tmp_path):
     ("num-clients=1", "num-clients"),
     ("model.quantization=3", "model.quantization"),
     ("train.learning-rate-min=1.0", "train.learning-rate-min"),
+    ("train.training-arguments.lr-scheduler-type=\"polynomial\"", "train.training-arguments.lr-scheduler-type"),
+    ("train.training-arguments.optim=\"adafactor\"", "train.training-arguments.optim"),
+    ("train.training-arguments.warmup-steps=2", "train.training-arguments.lr-scheduler-type"),
+    ("train.training-arguments.max-grad-norm=-1", "train.training-arguments.max-grad-norm"),
+    ("kfca.seed=-1", "kfca.seed"),
 ])
 def test_bad_values_fail_naming_the_key(override, key):
     with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
         load_recipe(TINY, [override])
+
+
+def test_unknown_scheduler_or_optimizer_lists_the_choices():
+    with pytest.raises(RecipeError, match="'constant', 'constant_with_warmup', 'linear', 'cosine'"):
+        load_recipe(TINY, ["train.training-arguments.lr-scheduler-type=polynomial"])
+    with pytest.raises(RecipeError, match="'adamw_torch', 'sgd'.*'paged_adamw_8bit'"):
+        load_recipe(TINY, ["train.training-arguments.optim=adafactor"])
 
 
 def test_recipe_errors_are_input_errors_for_the_cli():
@@ -138,7 +148,7 @@ def test_attack_specs_are_validated_by_the_attack_registry(monkeypatch):
 
     monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))  # keep the registration local
 
-    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    base = TINY
     with pytest.raises(RecipeError, match="kfca.attacks.*sparse:1.0"):
         load_recipe(base, ["kfca.attacks=['honest', 'sparse:1.0']"])
     with pytest.raises(RecipeError, match="kfca.attacks.*duplicate|kfca.attacks"):
@@ -160,7 +170,7 @@ def test_attack_specs_are_validated_by_the_attack_registry(monkeypatch):
     ('["2=zero", "2=flip"]', "repeats client 2"),
 ])
 def test_fixed_attackers_are_validated(entries, message):
-    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    base = TINY
     with pytest.raises(RecipeError, match=message):
         load_recipe(base, [f"kfca.attackers={entries}"])
 
@@ -168,7 +178,7 @@ def test_fixed_attackers_are_validated(entries, message):
 def test_fixed_attackers_parse_to_indices_and_specs():
     from kfca_llm.recipe import fixed_attackers
 
-    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    base = TINY
     recipe = load_recipe(base, ['kfca.attackers=["3=flip", "5 = lagged:2"]'])
     assert fixed_attackers(recipe) == {3: "flip", 5: "lagged:2"}
     assert fixed_attackers(load_recipe(base, ["kfca.attacks=[]", 'kfca.attackers=["0=zero"]'])) == {0: "zero"}
