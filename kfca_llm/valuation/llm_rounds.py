@@ -24,12 +24,13 @@ LOSS_BATCH = 8
 class RoundValuer:
     """Collects a ``RoundValuation`` per round; pass the instance as ``FederationOptions.on_round``."""
 
-    def __init__(self, recipe: Recipe, data_dir=None):
+    def __init__(self, recipe: Recipe, data_dir=None, held_out_rows: int = HELD_OUT_ROWS):
         from ..data import SYNTHETIC_DATASET
 
         if data_dir is not None or recipe.dataset.name != SYNTHETIC_DATASET:
             raise InputError("--valuation needs held-out rows; it runs on the synthetic data set only (for now)")
         self.recipe = recipe
+        self.held_out_rows = held_out_rows
         self.rounds: list[RoundValuation] = []
         self.fixed_attacks: dict[str, str] = {}
         self._held_out = None
@@ -40,7 +41,7 @@ class RoundValuer:
             from ..data import IGNORE_INDEX, encode_example, format_example
 
             r = self.recipe
-            rows = synthetic.make_rows(r.domain, HELD_OUT_ROWS, r.kfca.seed + HELD_OUT_SEED_OFFSET)
+            rows = synthetic.make_rows(r.domain, self.held_out_rows, r.kfca.seed + HELD_OUT_SEED_OFFSET)
             encoded = [encode_example(tokenizer, *format_example(row, r.domain, prompt_format=r.train.prompt_format,
                                                                   tokenizer=tokenizer), r.train.seq_length)
                        for row in rows]
