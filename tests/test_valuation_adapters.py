@@ -67,11 +67,11 @@ def test_tiny_llm_run_with_fixed_attackers():
     from kfca_llm.valuation.llm_rounds import RoundValuer
 
     # 5 clients (3 honest: an honest client's peers must be mostly honest for KFCA), one round,
-    # 8 held-out rows: 32 coalitions for MR-SV and up to 32 more for GTG-Shapley
+    # 4 held-out rows: 32 coalitions for MR-SV and up to 32 more for GTG-Shapley
     recipe = short_recipe("num-clients=5", "strategy.fraction-train=1.0", "kfca.attacks=[]",
                           'kfca.attackers=["1=flip", "2=zero"]', "num-server-rounds=1",
-                          "train.training-arguments.max-steps=4")
-    valuer = RoundValuer(recipe, held_out_rows=8)
+                          "train.training-arguments.max-steps=2")
+    valuer = RoundValuer(recipe, held_out_rows=4)
     run_federation(recipe, FederationOptions(progress=False, on_round=valuer))
     assert len(valuer.rounds) == 1 and valuer.rounds[0].clients == [f"client-{i:03d}" for i in range(5)]
     assert sorted(valuer.fixed_attacks.values()) == ["flip", "zero"]
