@@ -6,6 +6,7 @@ import argparse
 import logging
 import sys
 import warnings
+from importlib import import_module
 
 DESCRIPTION = """\
 Knowledge-Free Correlated Agreement (KFCA) rewards for federated adapter tuning.
@@ -43,11 +44,20 @@ def _score(args: argparse.Namespace) -> int:
     return 0
 
 
-SIMULATE_HELP = "run a KFCA-FedAvg federation with the attack analysis (the main job)"
+# Subcommands whose modules import torch, numba or Flower: each is imported only when it is the command,
+# so `kfca-llm --help` stays fast. name -> (module, function adding its parser, one-line help).
+SUBCOMMANDS = {
+    "simulate": (".simulate", "add_simulate_parser",
+                 "run a KFCA-FedAvg federation with the attack analysis (the main job)"),
+    "fidelity": (".valuation.fidelity", "add_fidelity_parser",
+                 "reward fidelity: KFCA, CA and Shapley estimators against exact Shapley"),
+    "ledger": (".flower.ledger", "add_ledger_parser",
+               "print the totals per node of a KFCA reward ledger (SQLite)"),
+}
 
 
-def build_parser(*, full: bool = True) -> argparse.ArgumentParser:
-    """The command line; ``full=False`` lists ``simulate`` without importing it (fast ``--help``)."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line, with the parser of ``command`` (one of ``SUBCOMMANDS``) in full."""
     parser = argparse.ArgumentParser(prog="kfca-llm", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,11 +70,11 @@ def build_parser(*, full: bool = True) -> argparse.ArgumentParser:
     score.add_argument("--device", default=None, help="stream tensors to this device (e.g. cuda)")
     _add_scoring_options(score)
     score.set_defaults(handler=_score)
-    if full:
-        from .simulate import add_simulate_parser
-        add_simulate_parser(sub)
-    else:
-        sub.add_parser("simulate", help=SIMULATE_HELP, add_help=False)
+    for name, (module, adder, help_text) in SUBCOMMANDS.items():
+        if name == command:
+            getattr(import_module(module, __package__), adder)(sub)
+        else:  # listed for --help without importing it
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
@@ -93,7 +103,8 @@ def _expected(exc: BaseException) -> bool:
 def main(argv: list[str] | None = None) -> int:
     _hide_known_third_party_noise()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(full="simulate" in argv).parse_args(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return args.handler(args)
     except Exception as exc:

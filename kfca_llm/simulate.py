@@ -128,8 +128,13 @@ def _run_one(recipe: Recipe, out: Path, args: argparse.Namespace) -> dict[str, A
     from .fl.rounds import FederationOptions, run_federation
 
     started = time.perf_counter()
+    valuer = None
+    if getattr(args, "valuation", False):
+        from .valuation.llm_rounds import RoundValuer
+
+        valuer = RoundValuer(recipe, args.data_dir)
     options = FederationOptions(out_dir=out, resume=args.resume, cpu=args.cpu, progress=not args.no_progress,
-                                model_dir=args.model_dir, data_dir=args.data_dir)
+                                model_dir=args.model_dir, data_dir=args.data_dir, on_round=valuer)
     result = run_federation(recipe, options)
     from accelerate import PartialState
 
@@ -138,8 +143,12 @@ def _run_one(recipe: Recipe, out: Path, args: argparse.Namespace) -> dict[str, A
     report = result.to_report()
     wall = time.perf_counter() - started
     report["wall_s"] = wall
+    if valuer is not None:
+        report["valuation"] = valuer.to_dict()
     write_outputs(report, out)
     print(reward_table(report, wall))
+    if valuer is not None:
+        print(valuer.table())
     saved = "adapters/, updates/" if recipe.train.save_client_updates else "adapters/"
     print(f"wrote {out}/report.json, rewards.csv, rewards.png, delta.png, {saved}")
     return report
@@ -188,6 +197,9 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true", help="train on the CPU even where CUDA is present")
     p.add_argument("--dry-run", action="store_true", help="print the run plan (memory, time, tasks) and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--valuation", action="store_true",
+                   help="also value each round's clients by MR-SV and GTG-Shapley (v = -held-out loss) beside "
+                        "KFCA-QP (report.json 'valuation'; synthetic data only)")
     p.add_argument("--model-dir", type=Path, default=None, help="local base model directory (no download)")
     p.add_argument("--data-dir", type=Path, default=None, help="local data set (datasets.save_to_disk)")
     p.set_defaults(handler=run_simulate)

@@ -18,6 +18,7 @@ Round t = 1..T:
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,22 @@ class FederationOptions:
     progress: bool = True
     model_dir: Path | None = None
     data_dir: Path | None = None
+    on_round: Callable[[RoundContext], None] | None = None
+    """Called on the main process after each round is scored, before FedAvg (e.g. the Shapley valuation)."""
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What a round observer sees: the model (its adapter may be overwritten), the round's starting
+    global adapter and every submission."""
+
+    round: int
+    model: object
+    tokenizer: object
+    pad_token_id: int
+    device: torch.device
+    global_state: StateDict
+    submissions: list[Submission]
 
 
 def sample_round_clients(recipe: Recipe, t: int, seed: int) -> list[int]:
@@ -152,6 +169,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         kfca_seed = derive_seed(seed, KFCA, t)
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed)
         start_state = global_state
+        if options.on_round is not None and procs.is_main:
+            options.on_round(RoundContext(t, model, tokenizer, pad_id, procs.device, start_state, submissions))
         global_state = aggregate_round(recipe, global_state, trained, submissions)
         for cid, history in histories.items():
             if cid in trained:

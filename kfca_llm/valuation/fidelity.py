@@ -1,0 +1,261 @@
+"""The reward-fidelity experiment (``kfca-llm fidelity``): every method against the exact Shapley value.
+
+For each case the clients run FedAvg once (the recorded federation); every method then values the
+clients from that record (exact SV and TMC-Shapley retrain coalitions from the same initialisation
+and seeds). Rewards are normalised to ``q_i / sum q`` and compared with the normalised exact SV by the
+paper's three distances, plus Spearman rank correlation; ``uniform`` (q_i = 1/n) is the floor a
+method must beat to be informative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..report import text_table, write_atomic, write_json
+
+DEFAULT_METHODS = ("mr", "gtg-shapley", "tmc-shapley", "ca-qp", "ca-d", "kfca-qp", "kfca-d", "mc-kfca-qp", "uniform")
+REFERENCE = "exact-sv"
+
+
+@dataclass(frozen=True)
+class FidelityConfig:
+    cases: tuple[str, ...] = ("iid", "label_skew", "size_skew", "label_noise", "feature_noise")
+    clients: int = 10
+    rounds: int = 10
+    seed: int = 0
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    data: str | None = None
+    max_examples: int | None = None
+    threads: int = 1
+
+
+def normalise(q: np.ndarray) -> tuple[np.ndarray, str]:
+    """``q / sum q`` (the paper's normalisation); by the sum of |q| when the sum is not positive."""
+    total = float(q.sum())
+    if total > 0:
+        return q / total, "sum"
+    scale = float(np.abs(q).sum())
+    return (q / scale if scale > 0 else np.full_like(q, 1.0 / q.size)), "abs-sum"
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman rank correlation (average ranks for ties); None when either side is constant."""
+    from scipy.stats import rankdata
+
+    ra, rb = rankdata(a), rankdata(b)
+    if np.ptp(ra) == 0 or np.ptp(rb) == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def distances(reference: np.ndarray, q: np.ndarray) -> dict[str, float]:
+    """The paper's distances between normalised exact SV and normalised rewards."""
+    cos = float(reference @ q / (np.linalg.norm(reference) * np.linalg.norm(q)))
+    return {"cosine": 1.0 - cos, "euclidean": float(np.linalg.norm(reference - q)),
+            "max_diff": float(np.max(np.abs(reference - q)))}
+
+
+def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
+    """Federate once for ``case``, value the clients by every method, compare with exact SV."""
+    import torch
+
+    from .cases import make_clients
+    from .federation import FederationConfig, StackedCNN, run_federation
+    from .methods import METHODS, ValuationProblem
+
+    fed_cfg = FederationConfig(rounds=cfg.rounds, seed=cfg.seed)
+    clients = make_clients(images, case, cfg.clients, cfg.seed)
+    model = StackedCNN(images.train_x.shape[1:], images.num_classes, fed_cfg.channels)
+    init = model.init(cfg.seed)
+    start = time.perf_counter()
+    record = run_federation(model, clients, init, fed_cfg)
+    federation_s = time.perf_counter() - start
+    problem = ValuationProblem(model, clients, init, fed_cfg, record,
+                               model.patches(torch.from_numpy(images.test_x[:, None])), torch.from_numpy(images.test_y))
+    results = {}
+    for key in (REFERENCE, *[m for m in cfg.methods if m != REFERENCE]):
+        name, method = METHODS[key]
+        start = time.perf_counter()
+        result = method(problem)
+        seconds = time.perf_counter() - start
+        results[key] = (name, result, seconds)
+        log(f"  {case:<13} {name:<12} {seconds:8.2f} s")
+    exact = results[REFERENCE][1]
+    exact_q, _ = normalise(exact.rewards)
+    methods = {}
+    for key, (name, result, seconds) in results.items():
+        q, how = normalise(result.rewards)
+        methods[key] = {
+            "name": name, "raw": result.rewards.tolist(), "normalised": q.tolist(), "normalisation": how,
+            "distance": distances(exact_q, q), "spearman": spearman(exact_q, q), "variance": float(np.var(q)),
+            "seconds": seconds, "coalitions": result.coalitions, **({"extra": result.extra} if result.extra else {}),
+        }
+    return {
+        "clients": [int(c.y.numel()) for c in clients], "federation_seconds": federation_s,
+        "exact_sv": {"values": exact.rewards.tolist(), **exact.extra}, "methods": methods,
+    }
+
+
+def summary_rows(result: dict) -> list[dict]:
+    """One row per method: mean distances, Spearman and time over the cases (ranked by mean cosine)."""
+    cases = result["cases"]
+    keys = list(next(iter(cases.values()))["methods"])
+    exact_time = np.mean([c["methods"][REFERENCE]["seconds"] for c in cases.values()])
+    rows = []
+    for key in keys:
+        per = [c["methods"][key] for c in cases.values()]
+        rho = [m["spearman"] for m in per if m["spearman"] is not None]
+        seconds = float(np.mean([m["seconds"] for m in per]))
+        rows.append({
+            "method": key, "name": per[0]["name"],
+            **{d: float(np.mean([m["distance"][d] for m in per])) for d in ("cosine", "euclidean", "max_diff")},
+            "spearman": float(np.mean(rho)) if rho else None, "seconds": seconds,
+            "time_vs_exact": seconds / exact_time if exact_time > 0 else None,
+        })
+    return sorted(rows, key=lambda r: r["cosine"])
+
+
+def _csv(result: dict) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["case", "method", "cosine", "euclidean", "max_diff", "spearman", "variance", "seconds",
+                     "coalitions", "normalised_rewards"])
+    for case, data in result["cases"].items():
+        for key, m in data["methods"].items():
+            writer.writerow([case, key, f"{m['distance']['cosine']:.6g}", f"{m['distance']['euclidean']:.6g}",
+                             f"{m['distance']['max_diff']:.6g}", "" if m["spearman"] is None else f"{m['spearman']:.4f}",
+                             f"{m['variance']:.6g}", f"{m['seconds']:.4f}",
+                             "" if m["coalitions"] is None else m["coalitions"],
+                             " ".join(f"{v:.5f}" for v in m["normalised"])])
+    return buffer.getvalue()
+
+
+def tables(result: dict) -> str:
+    """The printed summary: methods ranked by mean cosine distance, then KFCA-QP vs uniform per case."""
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    rows = [[str(rank), r["name"], fmt(r["cosine"], ".4f"), fmt(r["euclidean"], ".4f"), fmt(r["max_diff"], ".4f"),
+             fmt(r["spearman"], "+.2f"), fmt(r["seconds"], ".3f"), fmt(r["time_vs_exact"], ".2g")]
+            for rank, r in enumerate(summary_rows(result), 1)]
+    out = text_table("distance to exact SV, mean over cases (ranked by cosine distance)",
+                     ["#", "method", "1 - cos", "euclid", "max diff", "spearman", "seconds", "x exact"], rows,
+                     notes=["seconds: mean per case on the same clock, the federation itself excluded; "
+                            "x exact: time / exact SV's time"])
+    per_case = []
+    for case, data in result["cases"].items():
+        m = data["methods"]
+        cells = [case]
+        for key in ("kfca-qp", "kfca-d", "ca-qp", "ca-d", "uniform"):
+            cells.append(fmt(m[key]["distance"]["cosine"], ".4f") if key in m else "-")
+        cells.append(fmt(m["kfca-qp"]["spearman"], "+.2f") if "kfca-qp" in m else "-")
+        per_case.append(cells)
+    out += "\n" + text_table("1 - cos to exact SV per case",
+                             ["case", "KFCA-QP", "KFCA-D", "CA-QP", "CA-D", "uniform", "KFCA-QP spearman"], per_case)
+    return out
+
+
+def _warm_up() -> None:
+    """Compile / load the engine's numba kernels once, so no method's time includes JIT compilation."""
+    from ..api import score_labels, score_updates
+
+    rng = np.random.default_rng(0)
+    score_updates({"a": rng.normal(size=64).astype(np.float32), "b": rng.normal(size=64).astype(np.float32)})
+    score_labels({"a": rng.integers(0, 3, 64), "b": rng.integers(0, 3, 64)}, num_labels=3)
+
+
+def run_fidelity(cfg: FidelityConfig, out: str | Path, log=print) -> dict:
+    """Run every case, write ``fidelity.json``, ``fidelity.csv`` and the figures to ``out``."""
+    import torch
+
+    from .methods import METHODS
+
+    unknown = [m for m in cfg.methods if m not in METHODS]
+    if unknown:
+        raise InputError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
+    import numba
+
+    # numba's default (OpenMP) threading layer leaves threads spinning after KFCA scores a round,
+    # which made torch's next training steps ~25x slower here; the workqueue layer does not.
+    # (Effective only before numba's first parallel call, which is the case in the CLI.)
+    numba.config.THREADING_LAYER = "workqueue"
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)
+    try:
+        return _run(cfg, out, log)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(cfg: FidelityConfig, out: str | Path, log) -> dict:
+    from .cases import load_images
+    from .figures import plot_distance_vs_time, plot_rewards, plot_variance
+
+    wall = time.perf_counter()
+    _warm_up()
+    images = load_images(cfg.data, seed=cfg.seed, max_examples=cfg.max_examples)
+    log(f"{images.name}: {len(images.train_y)} training / {len(images.test_y)} test images, "
+        f"{cfg.clients} clients, {cfg.rounds} rounds, {cfg.threads} torch thread(s)")
+    result = {"data": images.name, "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed,
+              "threads": cfg.threads, "cases": {}}
+    for case in cfg.cases:
+        result["cases"][case] = run_case(case, cfg, images, log)
+    result["wall_seconds"] = time.perf_counter() - wall
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result["summary"] = summary_rows(result)
+    write_json(out / "fidelity.json", result)
+    write_atomic(out / "fidelity.csv", _csv(result))
+    plot_distance_vs_time(result, out / "fidelity_distance_vs_time.png")
+    plot_variance(result, out / "fidelity_variance.png")
+    plot_rewards(result, out / "fidelity_rewards.png")
+    return result
+
+
+def add_fidelity_parser(sub) -> None:
+    """Register ``kfca-llm fidelity`` (imports torch only when run)."""
+    from .cases import CASES
+
+    p = sub.add_parser("fidelity", help="reward fidelity: KFCA, CA and Shapley estimators against exact Shapley",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", default="all", help=f"one of {', '.join(CASES)}, or all (default)")
+    p.add_argument("--clients", type=int, default=10, help="number of clients (default 10; exact SV is 2^n)")
+    p.add_argument("--rounds", type=int, default=10, help="FedAvg rounds (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                   help="comma-separated methods besides exact SV (default: all)")
+    p.add_argument("--data", default=None,
+                   help="local image set: raw MNIST IDX files or a datasets.save_to_disk folder "
+                        "(default: scikit-learn's bundled 8x8 digits)")
+    p.add_argument("--max-examples", type=int, default=None, help="use only the first N images of --data")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: the many small stacked matmuls gain little from more)")
+    p.add_argument("--out", default="runs/fidelity", help="output folder (default runs/fidelity)")
+    p.set_defaults(handler=_fidelity)
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from .cases import CASES
+
+    cases = CASES if args.case == "all" else tuple(c.strip() for c in args.case.split(","))
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        raise InputError(f"unknown case(s) {bad}; choose from {', '.join(CASES)} or all")
+    if not 2 <= args.clients <= 16:
+        raise InputError(f"--clients must be in [2, 16] (exact SV retrains 2^n - 1 coalitions), got {args.clients}")
+    if args.rounds < 1 or args.threads < 1:
+        raise InputError("--rounds and --threads must be positive")
+    cfg = FidelityConfig(cases=cases, clients=args.clients, rounds=args.rounds, seed=args.seed,
+                         methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), data=args.data,
+                         max_examples=args.max_examples, threads=args.threads)
+    result = run_fidelity(cfg, args.out)
+    print(tables(result))
+    print(f"total wall time {result['wall_seconds']:.1f} s; wrote {args.out}/fidelity.json, fidelity.csv, "
+          "fidelity_distance_vs_time.png, fidelity_variance.png, fidelity_rewards.png")
+    return 0

@@ -1,0 +1,90 @@
+"""``kfca-llm simulate --valuation``: per-round MR-SV, GTG-Shapley and KFCA-QP of the LLM federation.
+
+A round observer (``FederationOptions.on_round``): after each round is scored it values the clients'
+submissions (fixed attackers' attacks included, the attack-analysis side submissions excluded) by
+``adapters.value_round``, with v(S) = minus the held-out loss of the global adapter plus S's
+reconstructed update. The held-out rows are synthetic rows from a seed no client trains on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..recipe import Recipe
+from ..report import text_table
+from .adapters import RoundValuation, mean_values, value_round
+
+HELD_OUT_ROWS = 32
+HELD_OUT_SEED_OFFSET = 1_000_003  # synthetic rows of seed + offset: never in any client's shard
+LOSS_BATCH = 8
+
+
+class RoundValuer:
+    """Collects a ``RoundValuation`` per round; pass the instance as ``FederationOptions.on_round``."""
+
+    def __init__(self, recipe: Recipe, data_dir=None, held_out_rows: int = HELD_OUT_ROWS):
+        from ..data import SYNTHETIC_DATASET
+
+        if data_dir is not None or recipe.dataset.name != SYNTHETIC_DATASET:
+            raise InputError("--valuation needs held-out rows; it runs on the synthetic data set only (for now)")
+        self.recipe = recipe
+        self.held_out_rows = held_out_rows
+        self.rounds: list[RoundValuation] = []
+        self.fixed_attacks: dict[str, str] = {}
+        self._held_out = None
+
+    def _examples(self, tokenizer) -> list:
+        if self._held_out is None:
+            from .. import synthetic
+            from ..data import IGNORE_INDEX, encode_example, format_example
+
+            r = self.recipe
+            rows = synthetic.make_rows(r.domain, self.held_out_rows, r.kfca.seed + HELD_OUT_SEED_OFFSET)
+            encoded = [encode_example(tokenizer, *format_example(row, r.domain, prompt_format=r.train.prompt_format,
+                                                                  tokenizer=tokenizer), r.train.seq_length)
+                       for row in rows]
+            self._held_out = [e for e in encoded if any(label != IGNORE_INDEX for label in e["labels"])]
+        return self._held_out
+
+    def __call__(self, ctx) -> None:
+        from ..fl.client import batch_loss, load_adapter_state
+
+        examples = self._examples(ctx.tokenizer)
+        model = ctx.model
+
+        @torch.no_grad()
+        def held_out_loss(state) -> float:
+            load_adapter_state(model, state)
+            was_training = model.training
+            model.eval()
+            losses = [float(batch_loss(model, examples[i:i + LOSS_BATCH], ctx.pad_token_id, ctx.device)) *
+                      len(examples[i:i + LOSS_BATCH]) for i in range(0, len(examples), LOSS_BATCH)]
+            model.train(was_training)
+            return sum(losses) / len(examples)
+
+        own = [s for s in ctx.submissions if not s.analysis]
+        self.fixed_attacks.update({s.client: s.strategy for s in own if not s.honest})
+        self.rounds.append(value_round(ctx.global_state, {s.client: s.update for s in own},
+                                       {s.client: s.num_examples for s in own}, held_out_loss,
+                                       round_index=ctx.round, seed=self.recipe.kfca.seed + ctx.round))
+
+    def to_dict(self) -> dict:
+        return {"v": "minus held-out loss of global + reconstructed coalition update",
+                "held_out_rows": len(self._held_out or []), "fixed_attacks": self.fixed_attacks,
+                "mean": mean_values(self.rounds), "rounds": [r.to_dict() for r in self.rounds]}
+
+    def table(self) -> str:
+        means = mean_values(self.rounds)
+        clients = sorted(means["mr_sv"], key=lambda c: -means["mr_sv"][c])
+        rows = [[c, self.fixed_attacks.get(c, "honest"), f"{means['mr_sv'][c]:+.5f}",
+                 f"{means['gtg_shapley'][c]:+.5f}", f"{means['kfca_qp'][c]:+.4f}"] for c in clients]
+        dist = {m: np.mean([r.distance_to_mr[m]["cosine"] for r in self.rounds]) for m in ("gtg_shapley", "kfca_qp")}
+        secs = {m: sum(r.seconds[m] for r in self.rounds) for m in ("mr_sv", "gtg_shapley", "kfca_qp")}
+        notes = [f"mean 1 - cos to MR-SV per round: GTG-Shapley {dist['gtg_shapley']:.4f}, "
+                 f"KFCA-QP {dist['kfca_qp']:.4f}",
+                 f"time over all rounds: MR-SV {secs['mr_sv']:.2f} s, GTG-Shapley {secs['gtg_shapley']:.2f} s, "
+                 f"KFCA-QP {secs['kfca_qp']:.3f} s"]
+        return text_table("per-client mean value per round (v = -held-out loss)",
+                          ["client", "submits", "MR-SV", "GTG-Shapley", "KFCA-QP"], rows, notes)

@@ -1,0 +1,237 @@
+"""Per-client rewards of a recorded federation, by every method of the paper's comparison.
+
+Each method takes a ``ValuationProblem`` (the clients' data, the model, the recorded real run and
+the public test set) and returns raw per-client rewards plus how many coalitions it evaluated.
+Reconstruction-based methods value coalition S in round t by the test accuracy of
+``theta_t + sum_{i in S} |D_i| / |D_S| update_i`` (v(empty) = accuracy of theta_t); exact SV and
+TMC-Shapley retrain: v(S) is the test accuracy of FedAvg run on S alone from the same
+initialisation and seeds. CA and KFCA never look at the test labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..api import score_labels, score_updates
+from ..engine.stats import delta_from_joint
+from ..mechanism import ca_score_matrix, joint_counts, mtpp_payment
+from .exact import shapley_from_table
+from .federation import (ClientData, FederationConfig, FederationRecord, StackedCNN, accuracy, coalition_matrix,
+                         fedavg_weights, predictions, train_coalitions)
+from .sampling import shapley_gtg, shapley_tmc
+from .utility import CachedUtility
+
+BETWEEN_ROUND_TRUNCATION = 0.005  # GTG: skip a round whose total gain v_t(N) - v_t(empty) is below this (accuracy)
+IN_ROUND_TRUNCATION = 0.01  # GTG / TMC: stop a permutation within 1% of v(N)
+# GTG: at most 10n permutations per round. The relative-change stopping rule rarely fires on
+# per-round values near 0 (measured: ~400 permutations per round at n = 10, most rounds uncapped).
+GTG_MAX_PERMUTATIONS_PER_CLIENT = 10
+TMC_PREFETCH = 5  # TMC: permutations whose prefixes are retrained together (stacked) in one batch
+MC_FRACTION, MC_REPEATS = 0.1, 5  # MC KFCA-QP: X = 10% of the coordinates, Y = 5 draws
+
+
+@dataclass(frozen=True)
+class ValuationProblem:
+    model: StackedCNN
+    clients: list[ClientData]
+    init: torch.Tensor
+    cfg: FederationConfig
+    record: FederationRecord
+    test_x: torch.Tensor
+    """the test images' convolution patches (``model.patches``), computed once"""
+    test_y: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return len(self.clients)
+
+    def client_names(self) -> list[str]:
+        return [f"client-{i:02d}" for i in range(self.n)]
+
+
+@dataclass(frozen=True)
+class MethodResult:
+    rewards: np.ndarray
+    """float64 (n,) raw rewards (Shapley values, summed per-round values or payments)."""
+    coalitions: int | None = None
+    """distinct coalitions whose utility was evaluated (None: the method uses no utility)."""
+    extra: dict = field(default_factory=dict)
+
+
+def _round_models(problem: ValuationProblem, t: int, masks: np.ndarray) -> torch.Tensor:
+    member = coalition_matrix(masks, problem.n)
+    weights = fedavg_weights(member, problem.record.num_examples)
+    return problem.record.globals[t][None] + weights @ problem.record.updates[t]
+
+
+def _round_utility(problem: ValuationProblem, t: int) -> CachedUtility:
+    """v_t(S) = test accuracy of the round-t reconstruction of S (one coalition per call)."""
+
+    def value(s: frozenset) -> float:
+        if not s:
+            return float(accuracy(problem.model, problem.record.globals[t][None], problem.test_x, problem.test_y)[0])
+        mask = np.array([sum(1 << i for i in s)])
+        return float(accuracy(problem.model, _round_models(problem, t, mask), problem.test_x, problem.test_y)[0])
+
+    return CachedUtility(value, problem.n)
+
+
+def _all_masks(n: int) -> np.ndarray:
+    return np.arange(1, 1 << n, dtype=np.int64)
+
+
+def exact_sv(problem: ValuationProblem) -> MethodResult:
+    """The definition with v(S) = accuracy after retraining FedAvg on S alone (all 2^n - 1 at once)."""
+    models = train_coalitions(problem.model, problem.clients, problem.init, _all_masks(problem.n), problem.cfg)
+    table = np.concatenate([accuracy(problem.model, problem.init[None], problem.test_x, problem.test_y),
+                            accuracy(problem.model, models, problem.test_x, problem.test_y)])
+    return MethodResult(shapley_from_table(table), 1 << problem.n,
+                        {"v_grand": float(table[-1]), "v_empty": float(table[0])})
+
+
+def mr(problem: ValuationProblem) -> MethodResult:
+    """MR (Song et al., 2019): exact per-round Shapley values of reconstructed models, summed."""
+    total = np.zeros(problem.n)
+    masks = _all_masks(problem.n)
+    for t in range(problem.cfg.rounds):
+        empty = accuracy(problem.model, problem.record.globals[t][None], problem.test_x, problem.test_y)
+        table = np.concatenate([empty, accuracy(problem.model, _round_models(problem, t, masks),
+                                                problem.test_x, problem.test_y)])
+        total += shapley_from_table(table)
+    return MethodResult(total, problem.cfg.rounds * (1 << problem.n))
+
+
+def gtg_shapley(problem: ValuationProblem) -> MethodResult:
+    """GTG-Shapley (Liu et al., 2022): MR with the guided, truncated in-round estimator and rounds
+    skipped when their total gain is below ``BETWEEN_ROUND_TRUNCATION``."""
+    total, evaluated, skipped, permutations, converged = np.zeros(problem.n), 0, 0, 0, 0
+    for t in range(problem.cfg.rounds):
+        utility = _round_utility(problem, t)
+        gain = utility(frozenset(range(problem.n))) - utility(frozenset())
+        if abs(gain) >= BETWEEN_ROUND_TRUNCATION:
+            est = shapley_gtg(utility, problem.n, seed=problem.cfg.seed + t, truncation=IN_ROUND_TRUNCATION,
+                              max_permutations=GTG_MAX_PERMUTATIONS_PER_CLIENT * problem.n)
+            total += est.values
+            permutations += est.permutations
+            converged += est.converged
+        else:
+            skipped += 1
+        evaluated += utility.num_evaluated
+    return MethodResult(total, evaluated, {"rounds_skipped": skipped, "rounds_converged": converged,
+                                                  "permutations": permutations})
+
+
+def tmc_shapley(problem: ValuationProblem) -> MethodResult:
+    """TMC-Shapley (Ghorbani and Zou, 2019) with the retraining utility of exact SV; the prefixes of
+    ``TMC_PREFETCH`` permutations are retrained together, so truncation saves evaluations only."""
+    masks_of = lambda coalitions: np.array([sum(1 << i for i in s) for s in coalitions])  # noqa: E731
+
+    def batch(coalitions: list[frozenset]) -> np.ndarray:
+        nonempty = [s for s in coalitions if s]
+        values = dict.fromkeys(coalitions, float(accuracy(problem.model, problem.init[None], problem.test_x,
+                                                          problem.test_y)[0]))
+        if nonempty:
+            models = train_coalitions(problem.model, problem.clients, problem.init, masks_of(nonempty), problem.cfg)
+            values.update(zip(nonempty, accuracy(problem.model, models, problem.test_x, problem.test_y)))
+        return np.array([values[s] for s in coalitions])
+
+    utility = CachedUtility(lambda s: float(batch([s])[0]), problem.n, batch=batch)
+    utility.prefetch([frozenset(), frozenset(range(problem.n))])
+    est = shapley_tmc(utility, problem.n, seed=problem.cfg.seed, truncation=IN_ROUND_TRUNCATION,
+                      prefetch=TMC_PREFETCH)
+    return MethodResult(est.values, est.coalitions_evaluated, {"permutations": est.permutations,
+                                                               "converged": est.converged})
+
+
+def _sign_reports(update: torch.Tensor) -> np.ndarray:
+    """Binary reports of an update (label 1 = negative coordinate), as in ``mechanism``."""
+    return (update < 0).numpy().astype(np.int64)
+
+
+def ca_rewards(reports: list[np.ndarray], num_labels: int, seed: int) -> np.ndarray:
+    """CA (Shnayder et al.): score 1{delta > 0} with delta estimated from all ordered pairs' reports."""
+    n = len(reports)
+    joint = sum(joint_counts(reports[i], reports[j], num_labels) for i in range(n) for j in range(n) if i != j)
+    score = ca_score_matrix(delta_from_joint(joint))
+    return np.array([np.mean([mtpp_payment(reports[i], reports[j], score, seed=seed, pair=(i, j))
+                              for j in range(n) if j != i]) for i in range(n)])
+
+
+def ca_qp(problem: ValuationProblem) -> MethodResult:
+    """CA-QP: CA on the signs of the updates (every coordinate a task), summed over rounds."""
+    return MethodResult(sum(ca_rewards([_sign_reports(u) for u in problem.record.updates[t]], 2,
+                                       problem.cfg.seed + t) for t in range(problem.cfg.rounds)))
+
+
+def _local_predictions(problem: ValuationProblem, t: int) -> np.ndarray:
+    local = problem.record.globals[t][None] + problem.record.updates[t]
+    return predictions(problem.model, local, problem.test_x)
+
+
+def ca_d(problem: ValuationProblem) -> MethodResult:
+    """CA-D: CA on the local models' predicted labels on the public test set, summed over rounds."""
+    num_labels = int(problem.model.num_classes)
+    return MethodResult(sum(ca_rewards(list(_local_predictions(problem, t)), num_labels, problem.cfg.seed + t)
+                            for t in range(problem.cfg.rounds)))
+
+
+def _kfca_qp_round(problem: ValuationProblem, updates: torch.Tensor, seed: int) -> np.ndarray:
+    names = problem.client_names()
+    report = score_updates(dict(zip(names, updates)), seed=seed)
+    return np.array([report.rewards[c] for c in names])
+
+
+def kfca_qp(problem: ValuationProblem) -> MethodResult:
+    """KFCA-QP (our engine, ``score_updates``) on each round's updates, summed over rounds."""
+    return MethodResult(sum(_kfca_qp_round(problem, problem.record.updates[t], problem.cfg.seed + t)
+                            for t in range(problem.cfg.rounds)))
+
+
+def kfca_d(problem: ValuationProblem) -> MethodResult:
+    """KFCA-D (``score_labels``) on the local models' predicted test labels, summed over rounds."""
+    names = problem.client_names()
+    total = np.zeros(problem.n)
+    for t in range(problem.cfg.rounds):
+        report = score_labels(dict(zip(names, _local_predictions(problem, t))),
+                              num_labels=int(problem.model.num_classes), seed=problem.cfg.seed + t)
+        total += np.array([report.rewards[c] for c in names])
+    return MethodResult(total)
+
+
+def mc_kfca_qp(problem: ValuationProblem) -> MethodResult:
+    """MC KFCA-QP: KFCA-QP on X random coordinates, Y times, averaged; summed over rounds."""
+    rng = np.random.default_rng(problem.cfg.seed)
+    size = problem.model.num_parameters
+    x = max(int(MC_FRACTION * size), 16)
+    total = np.zeros(problem.n)
+    for t in range(problem.cfg.rounds):
+        draws = [_kfca_qp_round(problem, problem.record.updates[t][:, torch.from_numpy(rng.choice(size, x, replace=False))],
+                                problem.cfg.seed + t) for _ in range(MC_REPEATS)]
+        total += np.mean(draws, axis=0)
+    return MethodResult(total, extra={"coordinates": x, "repeats": MC_REPEATS})
+
+
+def uniform(problem: ValuationProblem) -> MethodResult:
+    """Reference: equal split (no information at all)."""
+    return MethodResult(np.full(problem.n, 1.0 / problem.n))
+
+
+METHODS: dict[str, tuple[str, Callable[[ValuationProblem], MethodResult]]] = {
+    "exact-sv": ("Exact SV", exact_sv),
+    "mr": ("MR", mr),
+    "gtg-shapley": ("GTG-Shapley", gtg_shapley),
+    "tmc-shapley": ("TMC-Shapley", tmc_shapley),
+    "ca-qp": ("CA-QP", ca_qp),
+    "ca-d": ("CA-D", ca_d),
+    "kfca-qp": ("KFCA-QP", kfca_qp),
+    "kfca-d": ("KFCA-D", kfca_d),
+    "mc-kfca-qp": ("MC KFCA-QP", mc_kfca_qp),
+    "uniform": ("uniform", uniform),
+}
+"""method key -> (display name, function); exact SV always runs (it is the reference)."""
+
+__all__ = ["METHODS", "MethodResult", "ValuationProblem", "ca_rewards"]
