@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.set_defaults(handler=_score)
     from .simulate import add_simulate_parser
     add_simulate_parser(sub)
+    from .flower.ledger import add_ledger_parser
+    add_ledger_parser(sub)
     return parser
 
 
