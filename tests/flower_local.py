@@ -20,10 +20,14 @@ def num_examples(node: int) -> int:
     return 10 * node
 
 
+def set_task_identity() -> None:
+    """Messages read their run and sender from the process's task identity (a SuperLink sets it)."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+
 class LocalGrid(Grid):
     def __init__(self, nodes: Mapping[int, Callable[[Message], Message]]):
-        # Messages read their run and sender from the process's task identity (a SuperLink sets it).
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+        set_task_identity()
         self.nodes = dict(nodes)
         self.sent: list[Message] = []
 

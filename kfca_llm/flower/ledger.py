@@ -202,6 +202,15 @@ def ledger_summary(contents: LedgerContents) -> list[dict]:
             for node, total in contents.totals().items()]
 
 
+MAX_FAILURES_SHOWN = 20
+
+
+def _one_line(reason: str, width: int = 160) -> str:
+    """A failure reason as one printable line (a node's error text may hold tracebacks and ANSI codes)."""
+    line = "".join(c if c.isprintable() else " " for c in (reason.strip().splitlines() or [""])[0])
+    return line if len(line) <= width else line[:width - 3] + "..."
+
+
 def _ledger_command(args) -> int:
     import csv
     import io
@@ -226,8 +235,10 @@ def _ledger_command(args) -> int:
         scored = sum(r.status == SCORED for r in contents.rounds)
         notes = [f"{len({r.run_id for r in contents.rounds})} run(s), {len(contents.rounds)} round(s) recorded "
                  f"({scored} scored), {len(contents.failures)} failure(s)"]
-        notes += [f"round {f.round} of run {f.run_id[:8]}: node {f.node_id}: {escape(f.reason)}"
-                  for f in contents.failures]
+        notes += [f"round {f.round} of run {f.run_id[:8]}: node {f.node_id}: {escape(_one_line(f.reason))}"
+                  for f in contents.failures[:MAX_FAILURES_SHOWN]]
+        if len(contents.failures) > MAX_FAILURES_SHOWN:
+            notes.append(f"... {len(contents.failures) - MAX_FAILURES_SHOWN} more failure(s) (--json lists all)")
         print(text_table(f"KFCA reward ledger {args.path}", ["#", "node", "total reward", "rounds", "mean"],
                          [(str(k), s["node_id"], f"{s['total']:+.6f}", str(s["rounds"]), f"{s['mean']:+.6f}")
                           for k, s in enumerate(summary, start=1)], notes))
