@@ -86,6 +86,8 @@ def numpy_node(kind: str) -> Callable[[Message], Message]:
         sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
         update = honest_update(node, server_round)
         factor = {"honest": 1.0, "flip": -1.0, "zero": 0.0}[kind]
-        return reply_with(message, ArrayRecord({k: Array(sent[k] + factor * update[k]) for k in sent}))
+        # Arrays it does not train (e.g. an integer counter) go back as they came.
+        return reply_with(message, ArrayRecord({k: Array(sent[k] + factor * update[k] if k in update else sent[k])
+                                                for k in sent}))
 
     return answer

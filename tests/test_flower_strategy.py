@@ -272,3 +272,24 @@ def test_a_ledger_path_that_is_a_directory_or_not_sqlite_is_refused(tmp_path):
     junk.write_bytes(b"not a database at all" * 100)
     with pytest.raises(InputError, match="cannot use .* as a reward ledger"):
         KFCAStrategy(ledger=junk)
+
+
+def test_non_float_arrays_must_come_back_unchanged_in_type_and_are_not_scored():
+    """A numpy model with an integer counter (like BatchNorm's num_batches_tracked) beside its weights."""
+    arrays = initial_arrays()
+    arrays["bn.num_batches"] = Array(np.array([7], dtype=np.int64))
+
+    def float_counter(message):
+        reply = numpy_node("honest")(message)
+        counter = reply.content["arrays"]["bn.num_batches"].numpy()
+        reply.content["arrays"]["bn.num_batches"] = Array(counter.astype(np.float64))
+        return reply
+
+    nodes = {1: numpy_node("honest"), 2: numpy_node("honest"), 3: numpy_node("flip"), 4: float_counter}
+    strategy = KFCAStrategy(RecordingFedAvg(), ledger=None)
+    result = strategy.start(grid=LocalGrid(nodes), initial_arrays=arrays, num_rounds=1)
+    assert dict(strategy.failures[1]) == {"4": "array 'bn.num_batches': dtype float64 differs from the sent dtype int64"}
+    updates = {n: {k: v for k, v in u.items() if k in SHAPES} for n, u in updates_of(strategy.strategy, 1).items()}
+    assert sorted(updates) == ["1", "2", "3"]
+    assert strategy.rewards[1] == score_updates(updates, seed=strategy.round_seed(1)).rewards
+    assert result.arrays["bn.num_batches"].numpy().tolist() == [7]
