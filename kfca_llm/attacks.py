@@ -23,26 +23,54 @@ LLM Fine-Tuning"):
 ``flip``       the negated update
 ``zero``       all zeros
 ``random``     Gaussian noise with the honest tensor's standard deviation (per tensor)
+``copy:NOISE`` another honest client's update of the same round (chosen by the generator), plus
+               Gaussian noise of NOISE times each tensor's standard deviation (NOISE >= 0)
+``collude:G``  every attacker of group G submits one shared random update of the round (Gaussian,
+               each tensor's standard deviation over the round's honest updates)
 =============  ==================================================================================
 
 Register your own with ``@register_attack("name")`` (no parameter) or
 ``@register_attack("name", parse=parser, usage="name:X (meaning)")``, where ``parser(text)`` turns the
 text after the colon into the parameter (raise ``ValueError`` to reject it) and the decorated
-function takes it as a fourth argument.
+function takes it as a fourth argument. An attack that needs the round itself (the other clients'
+honest updates, the round number) registers with ``context=True`` and takes one ``AttackContext``
+(plus the parameter) instead of ``(honest, history, generator)``.
+
+torch is imported inside the functions that use it, so validating attack specs (a recipe does) stays
+light.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
-
-import torch
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 
-StateDict = dict[str, torch.Tensor]
+if TYPE_CHECKING:
+    import torch
+
+StateDict = dict[str, "torch.Tensor"]
 AttackFn = Callable[..., StateDict]
+
+
+@dataclass(frozen=True)
+class AttackContext:
+    """Everything an attacking client knows in a round."""
+
+    client: str
+    round: int
+    honest: Mapping[str, torch.Tensor]
+    """The client's own honest update of this round."""
+    history: Sequence[Mapping[str, torch.Tensor]]
+    """The client's past honest updates, oldest first, this round excluded."""
+    generator: torch.Generator
+    """Seeded for this client, round and spec."""
+    others: Mapping[str, Mapping[str, torch.Tensor]] = field(default_factory=dict)
+    """The other clients' honest updates of this round, by client id."""
+    round_seed: int = 0
+    """A seed every attacker of this round shares (for colluding groups)."""
 
 
 @dataclass(frozen=True)
@@ -50,19 +78,21 @@ class _Registration:
     fn: AttackFn
     parse: Callable[[str], Any] | None
     usage: str
+    context: bool
 
 
 _REGISTRY: dict[str, _Registration] = {}
 
 
-def register_attack(name: str, *, parse: Callable[[str], Any] | None = None,
-                    usage: str | None = None) -> Callable[[AttackFn], AttackFn]:
-    """Decorator registering an attack under ``name`` (``parse`` given: the spec is ``name:PARAM``)."""
+def register_attack(name: str, *, parse: Callable[[str], Any] | None = None, usage: str | None = None,
+                    context: bool = False) -> Callable[[AttackFn], AttackFn]:
+    """Decorator registering an attack under ``name`` (``parse`` given: the spec is ``name:PARAM``;
+    ``context``: the function takes an ``AttackContext`` instead of ``(honest, history, generator)``)."""
     if not name or ":" in name or name != name.strip():
         raise InputError(f"attack name must be non-empty, without ':' or surrounding spaces: {name!r}")
 
     def decorate(fn: AttackFn) -> AttackFn:
-        _REGISTRY[name] = _Registration(fn, parse, usage or (f"{name}:PARAM" if parse else name))
+        _REGISTRY[name] = _Registration(fn, parse, usage or (f"{name}:PARAM" if parse else name), context)
         return fn
 
     return decorate
@@ -81,11 +111,19 @@ class Attack:
     fn: AttackFn
     param: Any = None
     has_param: bool = False
+    needs_context: bool = False
+
+    def submit(self, context: AttackContext) -> StateDict:
+        """The submission of ``context.client`` in ``context.round``."""
+        args = (self.param,) if self.has_param else ()
+        if self.needs_context:
+            return self.fn(context, *args)
+        return self.fn(context.honest, context.history, context.generator, *args)
 
     def __call__(self, honest: Mapping[str, torch.Tensor], history: Sequence[Mapping[str, torch.Tensor]],
                  generator: torch.Generator) -> StateDict:
-        args = (self.param,) if self.has_param else ()
-        return self.fn(honest, history, generator, *args)
+        """The attack without a round context (attacks registered with ``context=True`` need ``submit``)."""
+        return self.submit(AttackContext(client="", round=0, honest=honest, history=history, generator=generator))
 
 
 def resolve_attack(spec: str) -> Attack:
@@ -99,14 +137,14 @@ def resolve_attack(spec: str) -> Attack:
     if reg.parse is None:
         if colon:
             raise InputError(f"attack {name!r} takes no parameter, got {spec!r}; {_valid_text()}")
-        return Attack(spec.strip(), reg.fn)
+        return Attack(spec.strip(), reg.fn, needs_context=reg.context)
     if not colon or not text:
         raise InputError(f"attack {name!r} needs a parameter ({reg.usage}), got {spec!r}; {_valid_text()}")
     try:
         param = reg.parse(text)
     except ValueError as exc:
         raise InputError(f"bad parameter in attack spec {spec!r}: {exc}; {_valid_text()}") from None
-    return Attack(spec.strip(), reg.fn, param, True)
+    return Attack(spec.strip(), reg.fn, param, True, reg.context)
 
 
 def resolve_attacks(specs: Sequence[str]) -> list[Attack]:
@@ -151,6 +189,8 @@ def _open_unit_fraction(text: str) -> float:
 def _generator_for(device: torch.device, generator: torch.Generator,
                    cache: dict[torch.device, torch.Generator]) -> torch.Generator:
     """The given generator where it lives, else one for ``device`` seeded from it (once per call)."""
+    import torch
+
     if torch.device(generator.device).type == device.type:
         return generator
     if device not in cache:
@@ -161,6 +201,8 @@ def _generator_for(device: torch.device, generator: torch.Generator,
 
 
 def _float_std(name: str, t: torch.Tensor) -> torch.Tensor:
+    import torch
+
     if not t.is_floating_point():
         raise InputError(f"noise attacks need a floating-point update, got {t.dtype}", tensor=name)
     # Population std in float32 (bf16 std is coarse; a one-element tensor has no sample std).
@@ -168,6 +210,8 @@ def _float_std(name: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def _gaussian_like(t: torch.Tensor, std: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    import torch
+
     return torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32) * std
 
 
@@ -196,6 +240,8 @@ def lagged_update(honest, history, generator, lag: int):
 
 @register_attack("sparse", parse=_open_unit_fraction, usage="sparse:P (0 < P < 1)")
 def sparse_update(honest, history, generator, keep: float):
+    import torch
+
     cache: dict[torch.device, torch.Generator] = {}
     out = {}
     for name in sorted(honest):  # draw in name order: the same noise whatever the dict's order
@@ -214,16 +260,74 @@ def flipped_update(honest, history, generator):
 
 @register_attack("zero")
 def zero_update(honest, history, generator):
+    import torch
+
     return {k: torch.zeros_like(v) for k, v in honest.items()}
 
 
 @register_attack("random")
 def random_update(honest, history, generator):
+    import torch
+
     cache: dict[torch.device, torch.Generator] = {}
     out = {name: _gaussian_like(honest[name], _float_std(name, honest[name]),
                                 _generator_for(honest[name].device, generator, cache)).to(honest[name].dtype)
            for name in sorted(honest)}  # name order: the same noise whatever the dict's order
     return {name: out[name] for name in honest}
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not value >= 0.0 or value == float("inf"):
+        raise ValueError(f"noise scale must be a finite number >= 0, got {value}")
+    return value
+
+
+def _group_name(text: str) -> str:
+    if not text.strip() or not text.isidentifier():
+        raise ValueError(f"group must be a name of letters, digits and underscores, got {text!r}")
+    return text
+
+
+@register_attack("copy", parse=_non_negative_float, usage="copy:NOISE (NOISE >= 0)", context=True)
+def copy_update(context: AttackContext, noise: float):
+    """Another honest client's update of this round plus ``noise`` x its tensors' std of Gaussian noise."""
+    import torch
+
+    if not context.others:
+        raise InputError("copy needs another client's update in the round", client=context.client)
+    ids = sorted(context.others)
+    source = context.others[ids[int(torch.randint(len(ids), (1,), generator=context.generator))]]
+    if noise == 0.0:
+        return {k: source[k].clone() for k in context.honest}
+    cache: dict[torch.device, torch.Generator] = {}
+    out = {}
+    for name in sorted(context.honest):  # name order: the same noise whatever the dict's order
+        t = source[name]
+        g = _generator_for(t.device, context.generator, cache)
+        out[name] = (t.float() + noise * _gaussian_like(t, _float_std(name, t), g)).to(t.dtype)
+    return {name: out[name] for name in context.honest}
+
+
+@register_attack("collude", parse=_group_name, usage="collude:GROUP", context=True)
+def colluding_update(context: AttackContext, group: str):
+    """One random update shared by every member of ``group`` in this round: Gaussian noise with each
+    tensor's standard deviation over the round's honest updates (the same inputs for every member)."""
+    import zlib
+
+    import torch
+
+    shared = torch.Generator().manual_seed((context.round_seed << 32) ^ zlib.crc32(group.encode()))
+    updates = [context.honest, *context.others.values()]
+    out = {}
+    for name in sorted(context.honest):
+        t = context.honest[name]
+        std = _float_std(name, torch.stack([u[name].float() for u in updates]))
+        out[name] = _gaussian_like(t.cpu(), std.cpu(), shared).to(t.device, t.dtype)
+    return {name: out[name] for name in context.honest}
 
 
 PAPER_ATTACKS: tuple[str, ...] = (

@@ -2,11 +2,15 @@
 
 Tiny recipes (``model.name`` one of ``TINY_MODELS``) build everything in code: a byte-level tokenizer and a
 small Llama- or Qwen2-style causal LM with seeded weights, so tests and CPU simulations need no download.
-Real recipes load a Hugging Face model (by id or from a local ``model_dir``), 4/8-bit through bitsandbytes.
+Real recipes load a Hugging Face model (by id or from a local ``model_dir``). ``model.quantization`` (4: nf4
+with bf16 compute, 8: LLM.int8) loads the base through bitsandbytes, on a CUDA device or, slowly, on the
+CPU; a tiny base is quantized the same way (saved to a temporary folder and loaded back).
 """
 
 from __future__ import annotations
 
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +26,6 @@ _TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-class QuantizationUnavailableError(RuntimeError):
-    """A 4/8-bit recipe was asked to run where bitsandbytes quantization cannot (no CUDA device)."""
 
 
 def is_tiny(recipe: Recipe) -> bool:
@@ -97,60 +97,75 @@ def lora_config(recipe: Recipe) -> Any:
                       bias="none", task_type="CAUSAL_LM")
 
 
-def check_quantization_supported(recipe: Recipe, device: str | torch.device) -> None:
-    """Fail early when a 4/8-bit recipe would otherwise crawl (or crash) without a CUDA device."""
+def warn_if_quantized_on_cpu(recipe: Recipe, device: str | torch.device) -> None:
+    """bitsandbytes quantizes on the CPU too, but an 8B model then trains very slowly: say so, once."""
     q = recipe.model.quantization
-    if q is None:
-        return
-    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
-        raise QuantizationUnavailableError(
-            f"recipe {recipe.name!r} loads {recipe.model.name} in {q}-bit (bitsandbytes), which needs a CUDA "
-            f"GPU, but the device is {str(device)!r} (CUDA available: {torch.cuda.is_available()}). Run it on "
-            "a GPU machine, or override model.quantization=none to load in full precision (an 8B model then "
-            "needs about 32 GB of memory and trains very slowly on a CPU).")
+    if q is not None and torch.device(device).type == "cpu" and not is_tiny(recipe):
+        warnings.warn(f"recipe {recipe.name!r} loads {recipe.model.name} in {q}-bit on the CPU: bitsandbytes "
+                      "supports it, but training is very slow without a CUDA GPU", stacklevel=2)
 
 
-def _cuda_index(device: str | torch.device) -> int:
+def _device_map(device: str | torch.device) -> dict[str, int | str]:
+    """Quantized weights live where they are loaded: the whole model on this process's device."""
     dev = torch.device(device)
-    return dev.index if dev.index is not None else torch.cuda.current_device()
+    if dev.type == "cuda":
+        return {"": dev.index if dev.index is not None else torch.cuda.current_device()}
+    return {"": dev.type}
 
 
 def load_model_and_tokenizer(recipe: Recipe, *, device: str | torch.device = "cpu",
                              model_dir: str | Path | None = None) -> tuple[Any, Any]:
     """Base model with the recipe's LoRA/DoRA adapter (a ``peft.PeftModel``) and its tokenizer.
 
-    The adapter is the only trainable part. Tiny recipes build the model from a config with weights seeded
-    by ``recipe.kfca.seed`` (every client and the server get the same initial weights from the same seed)."""
-    from peft import get_peft_model
-
+    The adapter is the only trainable part. Tiny recipes build the model from a config with weights (and
+    adapter) seeded by ``recipe.kfca.seed``, without disturbing the caller's RNG."""
     if model_dir is None and is_tiny(recipe):
         tokenizer = build_byte_tokenizer()
         from transformers import AutoModelForCausalLM
 
         config = tiny_config(recipe.model.name, len(tokenizer))
-        with torch.random.fork_rng(devices=[]):  # seeded init without disturbing the caller's RNG
+        with torch.random.fork_rng(devices=[]):
             torch.manual_seed(recipe.kfca.seed)
-            model = AutoModelForCausalLM.from_config(config)
-            model = get_peft_model(model, lora_config(recipe))
-        return model.to(device), tokenizer
+            base = AutoModelForCausalLM.from_config(config)
+            if recipe.model.quantization is None:
+                from peft import get_peft_model
 
-    check_quantization_supported(recipe, device)
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
+                return get_peft_model(base, lora_config(recipe)).to(device), tokenizer
+            with tempfile.TemporaryDirectory() as tmp:
+                base.save_pretrained(tmp)
+                return _load_pretrained(recipe, tmp, device), tokenizer
+    warn_if_quantized_on_cpu(recipe, device)
     source = str(model_dir) if model_dir is not None else recipe.model.name
     tokenizer = build_tokenizer(source, trust_remote_code=recipe.model.trust_remote_code)
+    return _load_pretrained(recipe, source, device), tokenizer
+
+
+def _keep_4bit_training_layout(model) -> None:
+    """bitsandbytes repacks a 4-bit weight for its CPU inference kernel the first time the layer runs in
+    eval mode without gradients (our probe loss does), and keeps that layout: later training forwards then
+    take the inference-only kernel, which fails on layers with a bias (Qwen2's q/k/v). Keep the layout
+    training uses."""
+    import bitsandbytes as bnb
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+
+
+def _load_pretrained(recipe: Recipe, source: str, device: str | torch.device) -> Any:
+    """``from_pretrained`` (quantized when the recipe says so), k-bit preparation, checkpointing, adapter."""
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
     kwargs: dict[str, Any] = {"trust_remote_code": recipe.model.trust_remote_code}
     q = recipe.model.quantization
     if q is not None:
-        from peft import prepare_model_for_kbit_training
-
         if q == 4:
             kwargs["quantization_config"] = BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
         else:
             kwargs["quantization_config"] = BitsAndBytesConfig(load_in_8bit=True)
-        # Quantized weights live where they are loaded: place the whole model on this process's GPU.
-        kwargs["device_map"] = {"": _cuda_index(device)}
+        kwargs["device_map"] = _device_map(device)
         kwargs["dtype"] = torch.bfloat16
     else:
         kwargs["dtype"] = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
@@ -158,6 +173,9 @@ def load_model_and_tokenizer(recipe: Recipe, *, device: str | torch.device = "cp
     model.config.use_cache = False  # the cache is useless in training and breaks gradient checkpointing
     ckpt_kwargs = {"use_reentrant": False}
     if q is not None:
+        from peft import prepare_model_for_kbit_training
+
+        _keep_4bit_training_layout(model)
         model = prepare_model_for_kbit_training(
             model, use_gradient_checkpointing=recipe.model.gradient_checkpointing,
             gradient_checkpointing_kwargs=ckpt_kwargs)
@@ -170,5 +188,4 @@ def load_model_and_tokenizer(recipe: Recipe, *, device: str | torch.device = "cp
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
             model.enable_input_require_grads()  # frozen embeddings: checkpointed blocks need inputs with grad
-    model = get_peft_model(model, lora_config(recipe))
-    return model, tokenizer
+    return get_peft_model(model, lora_config(recipe))

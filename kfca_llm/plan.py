@@ -221,7 +221,8 @@ def build_plan(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir:
     if tokenizer is None:
         notes.append("no tokenizer available offline: token counts not shown")
     if recipe.model.quantization is not None and not torch.cuda.is_available():
-        notes.append(f"this machine has no CUDA: the {recipe.model.quantization}-bit run itself needs a GPU")
+        notes.append(f"this machine has no CUDA: the {recipe.model.quantization}-bit base runs on the CPU "
+                     "(bitsandbytes), very slowly for a full-size model")
     return Plan(
         recipe=recipe, architecture=config.model_type, base_params=base_params, adapter_params=adapter_params,
         adapter_shapes=shapes, adapted_modules=adapted, clients_per_round=clients_per_round(recipe),

@@ -4,7 +4,9 @@ A recipe file uses FlowerTune's dotted keys as TOML tables (``[model]``, ``[mode
 ``[train.training-arguments]``, ``[strategy]``, ``[dataset]``) plus ``[kfca]`` for the reward mechanism and
 two top-level keys: ``num-server-rounds`` and ``num-clients`` (the number of IID partitions / simulated
 clients; FlowerTune keeps it outside the app config as the federation option ``options.num-supernodes``,
-a recipe keeps everything in one file). Dashes in keys become underscores in the dataclass fields.
+a recipe keeps everything in one file). The sections are frozen pydantic models: FlowerTune's kebab-case
+names are the aliases of the snake_case fields, unknown keys, wrong types (no silent coercion of strings
+or of 1 to true), out-of-range values and choices outside a list are refused with the key named.
 
 Optional fields (``model.quantization``, ``kfca.peers``, ``dataset.num-rows``) are left out of a file to
 mean "none"; an override may say ``none`` explicitly, and ``model.quantization=0`` also means none.
@@ -12,16 +14,15 @@ mean "none"; an override may say ``none`` explicitly, and ``model.quantization=0
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import math
 import sys
-import types
-import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError, field_validator)
 
 from .attacks import resolve_attack, resolve_attacks
 from .errors import InputError
@@ -31,13 +32,22 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised only on Python 3.10
     import tomli as tomllib
 
-DOMAINS = ("general-nlp", "finance", "medical", "code")
-PROMPT_FORMATS = ("alpaca", "chat-template")
-PENALTIES = ("expected", "sampled")
+Domain = Literal["general-nlp", "finance", "medical", "code"]
+PromptFormat = Literal["alpaca", "chat-template"]
+Penalty = Literal["expected", "sampled"]
+DOMAINS: tuple[str, ...] = Domain.__args__
+PROMPT_FORMATS: tuple[str, ...] = PromptFormat.__args__
+PENALTIES: tuple[str, ...] = Penalty.__args__
 # "honest": FedAvg over the honest clients' updates only, so attacks change rewards but not the model
 # trajectory (the paper's setting: rewards are measured against the same honest run);
 # "all": FedAvg over every submitted update, attacks included (what an unguarded server would do).
-AGGREGATES = ("honest", "all")
+Aggregate = Literal["honest", "all"]
+AGGREGATES: tuple[str, ...] = Aggregate.__args__
+# Hugging Face names (TrainingArguments.lr_scheduler_type / optim) that the local training loop implements.
+LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
+Optimizer = Literal["adamw_torch", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
+LR_SCHEDULERS: tuple[str, ...] = LrScheduler.__args__
+OPTIMIZERS: tuple[str, ...] = Optimizer.__args__
 SYNTHETIC_DATASET = "synthetic"
 
 
@@ -45,112 +55,118 @@ class RecipeError(InputError):
     """A recipe file or override is invalid; the message names the key."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class LoraConfigSpec:
-    peft_lora_r: int = 8
-    peft_lora_alpha: int = 16
-    peft_lora_dropout: float = 0.075
-    peft_use_dora: bool = False
-    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+def _none_word(value: Any) -> Any:
+    return None if isinstance(value, str) and value.strip().lower() == "none" else value
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    name: str
-    quantization: int | None = None  # 4 or 8 (bitsandbytes); None = full precision
-    gradient_checkpointing: bool = False
+def _one_or_many(value: Any) -> Any:
+    return (value,) if isinstance(value, str) else value
+
+
+PositiveOrNone = Annotated[Annotated[StrictInt, Field(ge=1)] | None, BeforeValidator(_none_word)]
+Names = Annotated[tuple[StrictStr, ...], BeforeValidator(_one_or_many)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              alias_generator=lambda name: name.replace("_", "-"))
+
+
+class LoraConfigSpec(_Section):
+    peft_lora_r: StrictInt = Field(8, ge=1)
+    peft_lora_alpha: StrictInt = Field(16, ge=1)
+    peft_lora_dropout: StrictFloat = Field(0.075, ge=0.0, lt=1.0)
+    peft_use_dora: StrictBool = False
+    target_modules: Names = Field(("q_proj", "v_proj"), min_length=1)
+
+
+class ModelConfig(_Section):
+    name: StrictStr
+    # 4 or 8 (bitsandbytes); None = full precision (0 and "none" also mean none)
+    quantization: Annotated[Literal[4, 8] | None, BeforeValidator(lambda v: None if v == 0 else _none_word(v))] = None
+    gradient_checkpointing: StrictBool = False
     # Run the model repository's own Python code (tokenizer/model classes transformers lacks). Off by
     # default: it executes code from the hub; all four winners' architectures are native in transformers 5.
-    trust_remote_code: bool = False
-    lora: LoraConfigSpec = field(default_factory=LoraConfigSpec)
+    trust_remote_code: StrictBool = False
+    lora: LoraConfigSpec = LoraConfigSpec()
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrainingArguments:
-    per_device_train_batch_size: int = 4
-    gradient_accumulation_steps: int = 1
-    num_train_epochs: int = 3
-    max_steps: int = 10  # optimizer steps per round; > 0 caps the epochs (Hugging Face semantics)
-    lr_scheduler_type: str = "constant"  # FlowerTune: constant inside a round, cosine across rounds
-    optim: str = "adamw_torch"  # Hugging Face optimizer name; the winners used "paged_adamw_8bit"
+class TrainingArguments(_Section):
+    per_device_train_batch_size: StrictInt = Field(4, ge=1)
+    gradient_accumulation_steps: StrictInt = Field(1, ge=1)
+    num_train_epochs: StrictInt = Field(3, ge=0)
+    max_steps: StrictInt = 10  # optimizer steps per round; > 0 caps the epochs (Hugging Face semantics)
+    # Inside a round, from the round's cosine learning rate (FlowerTune: constant inside a round).
+    lr_scheduler_type: LrScheduler = "constant"
+    warmup_steps: StrictInt = Field(0, ge=0)  # > 0 wins over warmup-ratio (Hugging Face)
+    warmup_ratio: StrictFloat = Field(0.0, ge=0.0, lt=1.0)
+    max_grad_norm: StrictFloat = Field(1.0, ge=0.0)  # Hugging Face's default; 0 turns clipping off
+    optim: Optimizer = "adamw_torch"  # the winners used "paged_adamw_8bit"
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    learning_rate_max: float = 5e-5
-    learning_rate_min: float = 1e-6
-    seq_length: int = 512
-    save_every_round: int = 5
-    prompt_format: str = "alpaca"  # "alpaca" or "chat-template" (the tokenizer's chat template)
-    training_arguments: TrainingArguments = field(default_factory=TrainingArguments)
+class TrainConfig(_Section):
+    learning_rate_max: StrictFloat = Field(5e-5, ge=0.0)
+    learning_rate_min: StrictFloat = Field(1e-6, ge=0.0)
+    seq_length: StrictInt = Field(512, ge=8)
+    save_every_round: StrictInt = 5
+    # Also save each client's submitted adapter per round beside the round's starting global adapter.
+    save_client_updates: StrictBool = False
+    prompt_format: PromptFormat = "alpaca"  # "chat-template": the tokenizer's chat template
+    training_arguments: TrainingArguments = TrainingArguments()
 
 
-@dataclass(frozen=True, kw_only=True)
-class StrategyConfig:
-    fraction_train: float = 0.1
+class StrategyConfig(_Section):
+    fraction_train: StrictFloat = Field(0.1, gt=0.0, le=1.0)
 
 
-@dataclass(frozen=True, kw_only=True)
-class DatasetConfig:
-    name: str  # a Hugging Face id, or "synthetic"
-    num_rows: int | None = None  # synthetic: rows to generate; real: None = all rows, else a seeded subsample
+class DatasetConfig(_Section):
+    name: StrictStr  # a Hugging Face id, or "synthetic"
+    num_rows: PositiveOrNone = None  # synthetic: rows to generate; real: None = all rows, else a seeded subsample
 
 
-@dataclass(frozen=True, kw_only=True)
-class KfcaConfig:
-    peers: int | None = None  # peers scored per client; None = every other client of the round
-    bonus_fraction: float = 0.5
-    penalty: str = "expected"
-    seed: int = 0
-    attacks: tuple[str, ...] = ("honest",)
+class KfcaConfig(_Section):
+    peers: PositiveOrNone = None  # peers scored per client; None = every other client
+    bonus_fraction: StrictFloat = Field(0.5, gt=0.0, lt=1.0)
+    penalty: Penalty = "expected"
+    seed: StrictInt = Field(0, ge=0, lt=2**32)
+    attacks: Names = ("honest",)
     # Clients that attack whenever they are sampled, as "INDEX=SPEC" (e.g. "3=flip"): what they submit
     # replaces their honest update for scoring (and for FedAvg with aggregate = "all").
-    attackers: tuple[str, ...] = ()
-    aggregate: str = "honest"
+    attackers: Names = ()
+    # "honest": FedAvg over the honest clients' updates only, so attacks change rewards but not the model
+    # trajectory (the paper's setting); "all": over every submitted update (an unguarded server).
+    aggregate: Aggregate = "honest"
+
+    @field_validator("attacks")
+    @classmethod
+    def _registered(cls, specs: tuple[str, ...]) -> tuple[str, ...]:
+        resolve_attacks(specs)  # the registry is the one authority: user-registered attacks are valid too
+        return specs
 
 
-@dataclass(frozen=True, kw_only=True)
-class Recipe:
-    name: str
-    domain: str
+class Recipe(_Section):
+    name: StrictStr
+    domain: Domain
     model: ModelConfig
-    train: TrainConfig = field(default_factory=TrainConfig)
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    num_server_rounds: int
-    num_clients: int
+    train: TrainConfig = TrainConfig()
+    strategy: StrategyConfig = StrategyConfig()
+    num_server_rounds: StrictInt = Field(ge=1)
+    num_clients: StrictInt = Field(ge=2)  # rewards compare clients with peers
     dataset: DatasetConfig
-    kfca: KfcaConfig = field(default_factory=KfcaConfig)
+    kfca: KfcaConfig = KfcaConfig()
 
 
 # ----------------------------------------------------------------------------------------------------------
-# TOML <-> dataclasses
+# TOML -> Recipe
 
 
-def _dashed(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _is_dataclass_type(tp: Any) -> bool:
-    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
-
-
-def _optional_inner(tp: Any) -> Any | None:
-    """The T of ``T | None``, or None when the annotation is not optional."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return args[0]
-    return None
-
-
-def all_keys(cls: type = Recipe, prefix: str = "") -> list[str]:
+def all_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     """Every valid dotted key (dashed names) of a recipe, e.g. ``train.training-arguments.max-steps``."""
     keys = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = prefix + _dashed(f.name)
-        if _is_dataclass_type(hints[f.name]):
-            keys.extend(all_keys(hints[f.name], key + "."))
+    for name, info in model.model_fields.items():
+        key = prefix + (info.alias or name)
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            keys.extend(all_keys(info.annotation, key + "."))
         else:
             keys.append(key)
     return keys
@@ -162,57 +178,15 @@ def _unknown_key(key: str) -> RecipeError:
     return RecipeError(f"unknown recipe key {key!r}{hint}")
 
 
-def _coerce(key: str, tp: Any, value: Any) -> Any:
-    inner = _optional_inner(tp)
-    if inner is not None:
-        if value is None or (isinstance(value, str) and value.lower() == "none"):
-            return None
-        if key == "model.quantization" and value == 0:
-            return None
-        return _coerce(key, inner, value)
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    elif typing.get_origin(tp) is tuple:
-        if isinstance(value, str):
-            value = [value]
-        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-    else:  # pragma: no cover - a field type this loader does not know is a programming error
-        raise TypeError(f"unsupported recipe field type {tp!r} for {key}")
-    want = getattr(tp, "__name__", str(tp))
-    raise RecipeError(f"recipe key {key!r} must be {want}, got {value!r}")
-
-
-def _build(cls: type, table: Mapping[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    by_key = {_dashed(f.name): f for f in dataclasses.fields(cls)}
-    for k in table:
-        if k not in by_key:
-            raise _unknown_key(prefix + k)
-    kwargs = {}
-    for k, f in by_key.items():
-        key = prefix + k
-        tp = hints[f.name]
-        if _is_dataclass_type(tp):
-            sub = table.get(k, {})
-            if not isinstance(sub, Mapping):
-                raise RecipeError(f"recipe key {key!r} must be a table")
-            kwargs[f.name] = _build(tp, sub, key + ".")
-        elif k in table:
-            kwargs[f.name] = _coerce(key, tp, table[k])
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise RecipeError(f"recipe key {key!r} is required")
-    return cls(**kwargs)
+def _recipe_error(exc: ValidationError) -> RecipeError:
+    """The first problem, with its dotted FlowerTune key."""
+    err = exc.errors(include_url=False)[0]
+    key = ".".join(str(part) for part in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return _unknown_key(key)
+    if err["type"] == "missing":
+        return RecipeError(f"recipe key {key!r} is required")
+    return RecipeError(f"recipe key {key!r}: {err['msg']}, got {err['input']!r}")
 
 
 def _parse_scalar(text: str) -> Any:
@@ -228,8 +202,7 @@ def _apply_override(table: dict[str, Any], override: str) -> None:
     key = key.strip()
     if not sep or not key:
         raise RecipeError(f"override {override!r} must look like key=value")
-    valid = all_keys()
-    if key not in valid:
+    if key not in all_keys():
         raise _unknown_key(key)
     *parents, leaf = key.split(".")
     node = table
@@ -242,8 +215,11 @@ def recipe_from_dict(table: Mapping[str, Any], *, default_name: str = "recipe") 
     """Build and validate a recipe from a nested table with dashed FlowerTune keys."""
     table = dict(table)
     table.setdefault("name", default_name)
-    recipe = _build(Recipe, table, "")
-    _validate(recipe)
+    try:
+        recipe = Recipe.model_validate(table, by_alias=True)
+    except ValidationError as exc:
+        raise _recipe_error(exc) from None
+    _check_across_keys(recipe)
     return recipe
 
 
@@ -260,57 +236,29 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     return recipe_from_dict(table, default_name=path.stem)
 
 
-def recipe_to_dict(recipe: Any) -> dict[str, Any]:
+def recipe_to_dict(recipe: BaseModel) -> dict[str, Any]:
     """The recipe as a nested dict with FlowerTune's dashed key names (JSON-serialisable)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(recipe):
-        value = getattr(recipe, f.name)
-        if dataclasses.is_dataclass(value):
-            value = recipe_to_dict(value)
-        elif isinstance(value, tuple):
-            value = list(value)
-        out[_dashed(f.name)] = value
-    return out
+    return recipe.model_dump(mode="json", by_alias=True)
 
 
-def _validate(r: Recipe) -> None:
+def _check_across_keys(r: Recipe) -> None:
+    """Rules that tie several keys together (each field's own type and range is the model's)."""
     def need(ok: bool, key: str, what: str) -> None:
         if not ok:
             raise RecipeError(f"recipe key {key!r} {what}")
 
-    need(r.domain in DOMAINS, "domain", f"must be one of {DOMAINS}, got {r.domain!r}")
-    need(r.model.quantization in (None, 4, 8), "model.quantization", "must be 4, 8 or none")
-    lora = r.model.lora
-    need(lora.peft_lora_r >= 1, "model.lora.peft-lora-r", "must be >= 1")
-    need(lora.peft_lora_alpha >= 1, "model.lora.peft-lora-alpha", "must be >= 1")
-    need(0.0 <= lora.peft_lora_dropout < 1.0, "model.lora.peft-lora-dropout", "must be in [0, 1)")
-    need(len(lora.target_modules) > 0, "model.lora.target-modules", "must name at least one module")
-    t = r.train
-    need(0.0 <= t.learning_rate_min <= t.learning_rate_max, "train.learning-rate-min",
+    t, ta = r.train, r.train.training_arguments
+    need(t.learning_rate_min <= t.learning_rate_max, "train.learning-rate-min",
          "must satisfy 0 <= learning-rate-min <= learning-rate-max")
-    need(t.seq_length >= 8, "train.seq-length", "must be >= 8")
-    need(t.prompt_format in PROMPT_FORMATS, "train.prompt-format", f"must be one of {PROMPT_FORMATS}")
-    ta = t.training_arguments
-    need(ta.per_device_train_batch_size >= 1, "train.training-arguments.per-device-train-batch-size", "must be >= 1")
-    need(ta.gradient_accumulation_steps >= 1, "train.training-arguments.gradient-accumulation-steps", "must be >= 1")
     need(ta.max_steps > 0 or ta.num_train_epochs >= 1, "train.training-arguments.max-steps",
          "or num-train-epochs must be positive")
-    need(0.0 < r.strategy.fraction_train <= 1.0, "strategy.fraction-train", "must be in (0, 1]")
-    need(r.num_server_rounds >= 1, "num-server-rounds", "must be >= 1")
-    need(r.num_clients >= 2, "num-clients", "must be >= 2 (rewards compare clients with peers)")
+    need(ta.lr_scheduler_type != "constant" or (ta.warmup_steps == 0 and ta.warmup_ratio == 0.0),
+         "train.training-arguments.lr-scheduler-type",
+         "'constant' has no warmup; use 'constant_with_warmup' with warmup-steps or warmup-ratio")
     d = r.dataset
     need(d.num_rows is None or d.num_rows >= r.num_clients, "dataset.num-rows", "must be >= num-clients")
     need(d.name != SYNTHETIC_DATASET or d.num_rows is not None, "dataset.num-rows",
          "is required for the synthetic data set")
-    k = r.kfca
-    need(k.peers is None or 1 <= k.peers, "kfca.peers", "must be >= 1 or none (all peers)")
-    need(0.0 < k.bonus_fraction < 1.0, "kfca.bonus-fraction", "must be in (0, 1)")
-    need(k.penalty in PENALTIES, "kfca.penalty", f"must be one of {PENALTIES}")
-    need(k.aggregate in AGGREGATES, "kfca.aggregate", f"must be one of {AGGREGATES}")
-    try:  # the attack registry is the one authority, so user-registered attacks are valid here too
-        resolve_attacks(k.attacks)
-    except InputError as exc:
-        need(False, "kfca.attacks", f"is invalid: {exc}")
     fixed_attackers(r)
 
 

@@ -1,9 +1,11 @@
-"""``kfca-llm simulate``: run a KFCA-FedAvg federation with the attack analysis and write its outputs.
+"""kfca-llm simulate: run a KFCA-FedAvg federation with the attack analysis and write its outputs.
 
-Outputs (in ``--out``, default ``runs/<domain>-seed<seed>``): ``report.json``, ``rewards.csv``,
-``rewards.png`` (attack-analysis figure), ``delta.png`` (delta matrices per round) and ``adapters/round-XXX``
-(the global adapter in PEFT's format). ``--domain all`` runs the tiny model on each domain's synthetic data
-into ``<out>/<domain>/`` and draws combined figures in ``<out>``.
+Outputs (in --out, default runs/<recipe>-seed<seed>, or runs/<recipe>-<domain>-seed<seed> when --domain
+changes the recipe's data): report.json, rewards.csv, rewards.png (attack-analysis figure), delta.png
+(delta matrices per round), adapters/round-XXX (the global adapter in PEFT's format) and, with
+train.save-client-updates (on in the tiny recipe), updates/round-XXX/{global,client-YYY} for
+kfca-llm score. --domain all runs the recipe on each domain's synthetic data into <out>/<domain>/ and
+draws combined figures in <out>.
 """
 
 from __future__ import annotations
@@ -60,8 +62,10 @@ def build_recipe(args: argparse.Namespace, domain: str | None) -> Recipe:
     return recipe
 
 
-def default_out(domain: str, seed: int) -> Path:
-    return Path("runs") / f"{domain}-seed{seed}"
+def default_out(recipe: Recipe, domain: str | None = None) -> Path:
+    """``runs/<recipe>-seed<seed>``, or ``runs/<recipe>-<domain>-seed<seed>`` when ``--domain`` chose the data."""
+    name = recipe.name if domain in (None, recipe.name) else f"{recipe.name}-{domain}"
+    return Path("runs") / f"{name}-seed{recipe.kfca.seed}"
 
 
 def rewards_csv(report: dict[str, Any]) -> str:
@@ -102,7 +106,9 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
                      f"over the {rounds} rounds it was sampled")
     if wall_s is not None:
         notes.append(f"wall time {wall_s:.1f} s")
-    return text_table(f"KFCA-QP rewards: {report['domain']}, seed {report['seed']}, {report['rounds']} rounds",
+    recipe, domain = report.get("recipe", report["domain"]), report["domain"]
+    title = recipe if recipe == domain else f"{recipe} ({domain} data)"
+    return text_table(f"KFCA-QP rewards: {title}, seed {report['seed']}, {report['rounds']} rounds",
                       ["rank", "strategy", "mean reward", "% of honest", "min", "max"], rows, notes, width=100)
 
 
@@ -118,7 +124,7 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
 
 def _run_one(recipe: Recipe, out: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """Run one federation; returns its report on the main process (None on the others)."""
-    from .federated import FederationOptions, run_federation
+    from .fl.rounds import FederationOptions, run_federation
 
     started = time.perf_counter()
     options = FederationOptions(out_dir=out, resume=args.resume, cpu=args.cpu, progress=not args.no_progress,
@@ -133,7 +139,8 @@ def _run_one(recipe: Recipe, out: Path, args: argparse.Namespace) -> dict[str, A
     report["wall_s"] = wall
     write_outputs(report, out)
     print(reward_table(report, wall))
-    print(f"wrote {out}/report.json, rewards.csv, rewards.png, delta.png, adapters/")
+    saved = "adapters/, updates/" if recipe.train.save_client_updates else "adapters/"
+    print(f"wrote {out}/report.json, rewards.csv, rewards.png, delta.png, {saved}")
     return report
 
 
@@ -147,7 +154,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
         return 0
     if args.domain == "all":
-        out = Path(args.out) if args.out else Path("runs") / f"all-seed{recipes[0].kfca.seed}"
+        out = Path(args.out) if args.out else Path("runs") / f"{recipes[0].name}-all-seed{recipes[0].kfca.seed}"
         reports = [_run_one(r, out / r.domain, args) for r in recipes]
         if reports[0] is not None:
             from .plots import plot_delta, plot_rewards
@@ -157,7 +164,7 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"wrote combined figures {out}/rewards.png, {out}/delta.png")
         return 0
     recipe = recipes[0]
-    _run_one(recipe, Path(args.out) if args.out else default_out(recipe.domain, recipe.kfca.seed), args)
+    _run_one(recipe, Path(args.out) if args.out else default_out(recipe, args.domain), args)
     return 0
 
 
@@ -175,7 +182,7 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--attacks", default=None,
                    help="comma-separated attack specs, e.g. 'honest,flip,lagged:2,sparse:0.5'")
     p.add_argument("--seed", type=int, default=None, help="seed of everything (kfca.seed)")
-    p.add_argument("--out", default=None, help="output folder (default runs/<domain>-seed<seed>)")
+    p.add_argument("--out", default=None, help="output folder (default runs/<recipe>-seed<seed>)")
     p.add_argument("--resume", action="store_true", help="continue from the last saved round in --out")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even where CUDA is present")
     p.add_argument("--dry-run", action="store_true", help="print the run plan (memory, time, tasks) and exit")

@@ -52,3 +52,33 @@ def random_updates(rng: np.random.Generator, n_clients: int, shapes: dict, *, ze
 def rng(request) -> np.random.Generator:
     """A generator seeded from the test's name, so every test draws its own fixed inputs."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# --- tiny federations, each run once per test session --------------------------------------------------
+
+ORDERING_SEED = 0
+
+
+@pytest.fixture(scope="session")
+def tiny_federation():
+    """The default tiny run (recipes/tiny.toml as shipped, seed 0): the attack-ordering regression."""
+    from helpers import TINY
+
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+    from kfca_llm.recipe import load_recipe
+
+    recipe = load_recipe(TINY, [f"kfca.seed={ORDERING_SEED}"])
+    return run_federation(recipe, FederationOptions(progress=False))
+
+
+@pytest.fixture(scope="session")
+def short_federation(tmp_path_factory):
+    """3 rounds, 2 steps, six analysis strategies, everything saved: (recipe, out_dir, result)."""
+    from helpers import short_recipe
+
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+
+    out = tmp_path_factory.mktemp("fed")
+    recipe = short_recipe('kfca.attacks=["honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"]',
+                          "train.save-client-updates=true")
+    return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))

@@ -154,3 +154,69 @@ def test_noise_does_not_depend_on_key_order(spec):
     b = resolve_attack(spec)(reordered, [], _gen(4))
     assert list(b) == list(reordered)
     assert all(torch.equal(a[k], b[k]) for k in honest)
+
+
+# --- attacks that see the round -------------------------------------------------------------------
+
+def _context(client="a", others=("b", "c", "d"), seed=7, round_seed=11):
+    from kfca_llm.attacks import AttackContext
+
+    updates = {c: _update(i) for i, c in enumerate((client, *others))}
+    return AttackContext(client=client, round=3, honest=updates[client], history=_history(2), generator=_gen(seed),
+                         others={c: updates[c] for c in others}, round_seed=round_seed)
+
+
+def test_copy_without_noise_submits_one_other_clients_update_chosen_by_the_seed():
+    picked = set()
+    for seed in range(12):
+        context = _context(seed=seed)
+        out = resolve_attack("copy:0").submit(context)
+        source = [c for c, u in context.others.items() if _same(out, u)]
+        assert len(source) == 1
+        picked.add(source[0])
+    assert picked == {"b", "c", "d"}  # the generator, not a fixed rule, picks the copied client
+
+
+def test_copy_noise_is_scaled_by_the_copied_tensors_std():
+    context = _context(others=("b",))
+    out = resolve_attack("copy:0.5").submit(context)
+    for name, t in context.others["b"].items():
+        ratio = float((out[name] - t).std() / t.std())
+        assert 0.35 < ratio < 0.65, (name, ratio)
+    assert _same(out, resolve_attack("copy:0.5").submit(_context(others=("b",))))  # seeded
+    with pytest.raises(InputError, match="another client"):
+        resolve_attack("copy:0").submit(_context(others=()))
+    with pytest.raises(InputError, match="copy:-1"):
+        resolve_attack("copy:-1")
+
+
+def test_colluders_of_a_group_submit_one_shared_update():
+    a = _context(client="a", others=("b", "c"), seed=1)
+    b = _context(client="b", others=("a", "c"), seed=2)  # another member: its own generator, same round
+    b = type(b)(**{**b.__dict__, "honest": a.others["b"], "others": {"a": a.honest, "c": a.others["c"]}})
+    shared = resolve_attack("collude:g1").submit(a)
+    assert _same(shared, resolve_attack("collude:g1").submit(b))
+    assert not _same(shared, resolve_attack("collude:g2").submit(a))
+    assert not _same(shared, resolve_attack("collude:g1").submit(_context(round_seed=12)))
+    pooled = torch.stack([u["a.lora_B.weight"] for u in (a.honest, *a.others.values())]).std(correction=0)
+    assert 0.8 < float(shared["a.lora_B.weight"].std() / pooled) < 1.2
+    assert not any(_same(shared, u) for u in (a.honest, *a.others.values()))
+
+
+def test_old_style_user_attacks_and_context_attacks_share_the_registry(monkeypatch):
+    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))
+
+    @register_attack("halve_for_context_test")
+    def halve(honest, history, generator):
+        return {k: v / 2 for k, v in honest.items()}
+
+    @register_attack("first_other_for_test", context=True)
+    def first_other(context):
+        return dict(context.others[min(context.others)])
+
+    context = _context()
+    assert _same(resolve_attack("halve_for_context_test").submit(context),
+                 {k: v / 2 for k, v in context.honest.items()})
+    assert _same(resolve_attack("halve_for_context_test")(context.honest, [], _gen()),
+                 {k: v / 2 for k, v in context.honest.items()})
+    assert _same(resolve_attack("first_other_for_test").submit(context), context.others["b"])

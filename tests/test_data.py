@@ -8,7 +8,7 @@ from kfca_llm.modeling import build_byte_tokenizer
 from kfca_llm.recipe import DOMAINS, load_recipe
 from kfca_llm.synthetic import make_rows
 
-from test_recipe import TINY
+from helpers import TINY
 
 ROW = {"instruction": "Classify the tone.", "input": "Shares rose 5%.", "output": "positive"}
 
@@ -114,10 +114,14 @@ def test_synthetic_rows_follow_the_schema_and_are_deterministic(domain):
 
 
 def test_finance_label_follows_the_news_verb():
-    for row in make_rows("finance", 100, seed=2):
-        assert row["output"] in ("positive", "negative", "neutral")
-    outputs = {r["output"] for r in make_rows("finance", 100, seed=2)}
-    assert outputs == {"positive", "negative", "neutral"}
+    # The verb phrases written out here, not read from the module: the mapping is what is tested.
+    verbs = {"positive": ("soared", "jumped", "beat forecasts", "raised its dividend", "rallied"),
+             "negative": ("plunged", "missed forecasts", "cut its dividend", "slumped", "warned on profit")}
+    rows = make_rows("finance", 200, seed=2)
+    assert {r["output"] for r in rows} == {"positive", "negative", "neutral"}
+    for row in rows:
+        found = [label for label, phrases in verbs.items() if any(f" {v} " in row["input"] for v in phrases)]
+        assert found == ([row["output"]] if row["output"] != "neutral" else []), row
 
 
 @pytest.mark.parametrize("domain", DOMAINS)

@@ -6,28 +6,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import TINY, short_recipe
 
+from kfca_llm import score_checkpoints
 from kfca_llm.errors import InputError
-from kfca_llm.federated import (FederationOptions, choose_peers, derive_seed, fedavg, last_complete_round,
-                                round_dir, run_federation, sample_round_clients)
+from kfca_llm.fl.aggregate import fedavg
+from kfca_llm.fl.rounds import FederationOptions, run_federation, sample_round_clients
+from kfca_llm.fl.scoring import Submission, choose_peers, score_round
+from kfca_llm.fl.state import last_complete_round, round_dir, updates_dir
 from kfca_llm.recipe import clients_per_round, load_recipe
 
-TINY = Path(__file__).resolve().parent.parent / "recipes" / "tiny.toml"
-SHORT = ["num-server-rounds=3", "train.training-arguments.max-steps=2", "train.save-every-round=1"]
 
-
-def short_recipe(*overrides: str):
-    return load_recipe(TINY, [*SHORT, *overrides])
-
-
-def test_derive_seed_is_stable_and_separates_keys():
-    assert derive_seed(0, 1, 2) == derive_seed(0, 1, 2)
-    values = {derive_seed(s, p, t) for s in range(3) for p in range(3) for t in range(3)}
-    assert len(values) == 27
-    assert all(0 <= v < 2**32 for v in values)
-
-
-def test_round_sampling_keeps_the_attacker_and_follows_fraction():
+def test_round_sampling_keeps_the_analysis_client_and_follows_fraction():
     recipe = load_recipe(TINY, ["num-clients=20", "strategy.fraction-train=0.2", "dataset.num-rows=200"])
     k = clients_per_round(recipe)
     seen = set()
@@ -49,6 +39,7 @@ def test_choose_peers():
     assert choose_peers(ids, 9, 0) == ids
     two = choose_peers(ids, 2, 5)
     assert len(two) == 2 and set(two) <= set(ids) and two == choose_peers(ids, 2, 5)
+    assert len({tuple(choose_peers(ids, 2, s)) for s in range(20)}) > 1  # the seed picks the peers
 
 
 def test_fedavg_is_the_example_weighted_mean_in_any_input_order():
@@ -63,54 +54,86 @@ def test_fedavg_is_the_example_weighted_mean_in_any_input_order():
         fedavg(glob, [("c", {"w": glob["w"]}, 0)])
 
 
-@pytest.fixture(scope="module")
-def short_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("fed")
-    recipe = short_recipe('kfca.attacks=["honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"]')
-    return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))
+def _update(g, scale=1.0):
+    return {"w": torch.randn(64, 32, generator=g) * scale}
 
 
-def test_round_records_are_complete_and_consistent(short_run):
-    recipe, _, result = short_run
+def test_score_round_pays_each_submission_against_the_documented_peers():
+    g = torch.Generator().manual_seed(1)
+    base = _update(g)
+    honest = {c: {"w": base["w"] + 0.5 * torch.randn(64, 32, generator=g)} for c in ("a", "b", "c", "d")}
+    from kfca_llm.recipe import KfcaConfig
+
+    subs = [Submission("a", "honest", honest["a"], 10), Submission("b", "honest", honest["b"], 10),
+            Submission("c", "flip", {"w": -honest["c"]["w"]}, 10), Submission("d", "honest", honest["d"], 10),
+            Submission("a", "zero", {"w": torch.zeros(64, 32)}, 10, analysis=True)]
+    scores = score_round(subs, analysis_client="a", kfca=KfcaConfig(), kfca_seed=7)
+    peers = {p.submission: sorted(q.peer for q in scores.pairs if q.submission == p.submission) for p in scores.pairs}
+    assert peers["a"] == peers["a/zero"] == ["b", "d"]  # the analysis client: honest peers only
+    assert peers["b"] == ["a", "c", "d"] and peers["c"] == ["a", "b", "d"]  # others: every other client
+    assert "a/zero" not in {p.peer for p in scores.pairs}  # analysis submissions are nobody's peer
+    assert set(scores.strategy_rewards) == {"honest", "zero"} and scores.strategy_rewards["honest"] > 0.1
+    assert abs(scores.strategy_rewards["zero"]) < 0.05
+    assert set(scores.honest_rewards) == {"a", "b", "d"} and scores.fixed_attacker_rewards["c"] < -0.1
+    assert all(p.honest_pair == (p.strategy == "honest" and p.peer != "c") for p in scores.pairs)
+    with pytest.raises(InputError, match="more than one"):
+        score_round(subs + [Submission("b", "flip", honest["b"], 10)], analysis_client="a", kfca=KfcaConfig(),
+                    kfca_seed=7)
+
+
+def test_round_records_are_complete_and_consistent(short_federation):
+    recipe, _, result = short_federation
     assert [r.round for r in result.rounds] == [1, 2, 3]
     for r in result.rounds:
-        assert r.attacker == "client-000" and r.attacker in r.clients
-        assert set(r.rewards) == {"honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"}
+        assert r.analysis_client == "client-000" and r.analysis_client in r.clients
+        assert set(r.strategy_rewards) == {"honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"}
         # Every strategy is scored against the same honest peers (the other clients of the round).
-        peers = {s: sorted(p.peer for p in r.pairs if p.strategy == s) for s in r.rewards}
-        assert all(v == sorted(c for c in r.clients if c != r.attacker) for v in peers.values())
-        # The "honest" strategy is the attacker's own honest reward.
-        assert r.honest_rewards[r.attacker] == r.rewards["honest"]
-        assert set(r.honest_rewards) == set(r.clients)
+        peers = {s: sorted(p.peer for p in r.pairs if p.client == r.analysis_client and p.strategy == s)
+                 for s in r.strategy_rewards}
+        assert all(v == sorted(c for c in r.clients if c != r.analysis_client) for v in peers.values())
+        # The "honest" strategy is the analysis client's own honest reward.
+        assert r.honest_rewards[r.analysis_client] == r.strategy_rewards["honest"]
+        assert set(r.honest_rewards) == set(r.clients) and not r.fixed_attacker_rewards
         assert all(np.asarray(p.delta).shape == (2, 2) for p in r.pairs)
         assert r.categorical_world
-        assert r.rewards["honest"] > 0 > r.rewards["flip"]
+        assert r.strategy_rewards["honest"] > 0 > r.strategy_rewards["flip"]
         # Local training lowers the loss on the probe batch.
         assert np.mean([r.loss_after[c] - r.loss_before[c] for c in r.clients]) < 0
     # Round 1 has no history: stale and lagged submit the round-1 update, i.e. the honest one.
-    first = result.rounds[0]
-    assert first.rewards["stale"] == first.rewards["lagged:1"] == first.rewards["honest"]
-    assert result.rounds[2].rewards["stale"] != result.rounds[2].rewards["honest"]
+    first = result.rounds[0].strategy_rewards
+    assert first["stale"] == first["lagged:1"] == first["honest"]
+    assert result.rounds[2].strategy_rewards["stale"] != result.rounds[2].strategy_rewards["honest"]
 
 
-def test_adapters_are_saved_in_peft_format_and_load(short_run):
-    from peft import PeftModel
+def test_adapters_are_saved_in_peft_format_and_load(short_federation):
+    from peft import PeftModel, get_peft_model_state_dict
 
     from kfca_llm.modeling import load_model_and_tokenizer
 
-    recipe, out, result = short_run
+    recipe, out, result = short_federation
     assert last_complete_round(out) == 3
     for t in (1, 2, 3):
         assert (round_dir(out, t) / "adapter_config.json").is_file()
         assert (round_dir(out, t) / "adapter_model.safetensors").is_file()
     base, _ = load_model_and_tokenizer(recipe)
-    from peft import get_peft_model_state_dict
-
     initial = {k: v.clone() for k, v in get_peft_model_state_dict(base).items()}
     loaded = PeftModel.from_pretrained(base.get_base_model(), str(round_dir(out, 3)))
     state = get_peft_model_state_dict(loaded)
     lora_b = [k for k in state if "lora_B" in k]
     assert lora_b and any(not torch.equal(state[k], initial[k]) for k in lora_b)
+
+
+def test_saved_client_updates_score_like_the_run(short_federation):
+    # What the README's scoring example does: score a round's saved client adapters against its global.
+    _, out, result = short_federation
+    for r in result.rounds:
+        folder = updates_dir(out, r.round)
+        assert sorted(p.name for p in folder.iterdir()) == sorted(["global", *r.clients])
+        report = score_checkpoints([folder / c for c in r.clients], reference=folder / "global", seed=r.kfca_seed)
+        # Same updates up to float32 rounding of (global + update) - global: the same sign of reward.
+        for c in r.clients:
+            assert report.rewards[c] == pytest.approx(r.honest_rewards[c], abs=0.02)
+        assert min(report.rewards.values()) > 0
 
 
 def _interrupted_after_round_2(out: Path, tmp_path: Path) -> Path:
@@ -123,8 +146,8 @@ def _interrupted_after_round_2(out: Path, tmp_path: Path) -> Path:
     return resumed_dir
 
 
-def test_same_seed_reproduces_and_resume_continues_bit_identically(short_run, tmp_path):
-    recipe, out, result = short_run
+def test_same_seed_reproduces_and_resume_continues_bit_identically(short_federation, tmp_path):
+    recipe, out, result = short_federation
     resumed_dir = _interrupted_after_round_2(out, tmp_path)
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
@@ -132,14 +155,23 @@ def test_same_seed_reproduces_and_resume_continues_bit_identically(short_run, tm
     b = (round_dir(resumed_dir, 3) / "adapter_model.safetensors").read_bytes()
     assert a == b
     with pytest.raises(InputError, match="cannot resume"):
-        other = load_recipe(TINY, [*SHORT, 'kfca.attacks=["honest", "flip"]'])
+        other = short_recipe('kfca.attacks=["honest", "flip"]')
         run_federation(other, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
+
+
+def test_report_dict_is_json_and_has_the_documented_keys(short_federation):
+    _, _, result = short_federation
+    report = json.loads(json.dumps(result.to_report()))
+    assert {"domain", "recipe", "seed", "rounds", "strategies", "categorical_world", "delta"} <= set(report)
+    assert report["rounds"] == 3 and report["categorical_world"] == [True] * 3
+    honest = report["strategies"]["honest"]
+    assert honest["mean_reward"] == pytest.approx(np.mean(honest["per_round"]))
 
 
 def test_attacks_leave_the_honest_trajectory_alone_unless_aggregated():
     # aggregate = "honest": listing a flip attack changes neither the model nor the honest clients' rewards
     # (flip is non-zero exactly where the honest update is, so the task set is the same too).
-    base = ["num-server-rounds=2", "train.training-arguments.max-steps=2"]
+    base = ["num-server-rounds=2", "train.training-arguments.max-steps=1"]
     only = run_federation(load_recipe(TINY, [*base, 'kfca.attacks=["honest"]']), FederationOptions(progress=False))
     both = run_federation(load_recipe(TINY, [*base, 'kfca.attacks=["honest", "flip"]']),
                           FederationOptions(progress=False))
@@ -149,58 +181,54 @@ def test_attacks_leave_the_honest_trajectory_alone_unless_aggregated():
     assert [r.loss_before for r in only.rounds] == [r.loss_before for r in both.rounds]
     # With "all", the flipped submission enters FedAvg and round 2 starts from another global adapter.
     assert poisoned.rounds[1].loss_before != both.rounds[1].loss_before
-    assert poisoned.rounds[0].rewards == both.rounds[0].rewards
+    assert poisoned.rounds[0].strategy_rewards == both.rounds[0].strategy_rewards
 
 
-def test_report_dict_is_json_and_has_the_documented_keys(short_run):
-    _, _, result = short_run
-    report = json.loads(json.dumps(result.to_report()))
-    assert {"domain", "seed", "rounds", "strategies", "categorical_world", "delta"} <= set(report)
-    assert report["rounds"] == 3 and report["categorical_world"] == [True] * 3
-    honest = report["strategies"]["honest"]
-    assert honest["mean_reward"] == pytest.approx(np.mean(honest["per_round"]))
-
-
-FIXED = ['kfca.attackers=["2=flip", "3=zero", "4=lagged:1"]', "strategy.fraction-train=1.0"]
+FIXED = ['kfca.attackers=["2=flip", "3=zero", "4=lagged:1", "5=copy:0"]', "strategy.fraction-train=1.0",
+         'kfca.attacks=["honest"]']
 
 
 @pytest.fixture(scope="module")
 def fixed_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fixed")
-    recipe = short_recipe(*FIXED, 'kfca.attacks=["honest"]')
+    recipe = short_recipe(*FIXED)
     return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))
 
 
 def test_fixed_attackers_submit_their_attack_and_are_paid_for_it(fixed_run):
     _, _, result = fixed_run
     for r in result.rounds:
-        assert r.fixed_attacks == {"client-002": "flip", "client-003": "zero", "client-004": "lagged:1"}
-        assert set(r.attacker_rewards) == set(r.fixed_attacks)
+        assert r.fixed_attacks == {"client-002": "flip", "client-003": "zero", "client-004": "lagged:1",
+                                   "client-005": "copy:0"}
+        assert set(r.fixed_attacker_rewards) == set(r.fixed_attacks)
         assert not set(r.honest_rewards) & set(r.fixed_attacks)
-        assert r.attacker_rewards["client-002"] < 0 < min(r.honest_rewards.values())
-        assert abs(r.attacker_rewards["client-003"]) < 0.05
+        assert r.fixed_attacker_rewards["client-002"] < 0 < min(r.honest_rewards.values())
+        assert abs(r.fixed_attacker_rewards["client-003"]) < 0.05
+        # copy:0 submits another client's honest update: it agrees with that client perfectly, so its pay
+        # beats every honest client's (free riding on a copy is what copy detection must catch).
+        assert r.fixed_attacker_rewards["client-005"] > 0
         # pairs that involve an attacker are recorded but are not honest pairs
         for p in r.pairs:
             assert p.honest_pair == (p.client not in r.fixed_attacks and p.peer not in r.fixed_attacks)
         assert r.categorical_world
     # lagged:1 replays the previous round's honest update; in round 1 there is none, so it submits its
     # honest update and is paid exactly what it is paid as an honest client, and differently afterwards.
-    honest_4 = run_federation(short_recipe('kfca.attackers=["2=flip", "3=zero"]', "strategy.fraction-train=1.0",
-                                           'kfca.attacks=["honest"]'),
+    honest_4 = run_federation(short_recipe('kfca.attackers=["2=flip", "3=zero", "5=copy:0"]',
+                                           "strategy.fraction-train=1.0", 'kfca.attacks=["honest"]'),
                               FederationOptions(progress=False))
-    assert result.rounds[0].attacker_rewards["client-004"] == honest_4.rounds[0].honest_rewards["client-004"]
-    assert result.rounds[1].attacker_rewards["client-004"] != honest_4.rounds[1].honest_rewards["client-004"]
+    assert result.rounds[0].fixed_attacker_rewards["client-004"] == honest_4.rounds[0].honest_rewards["client-004"]
+    assert result.rounds[1].fixed_attacker_rewards["client-004"] != honest_4.rounds[1].honest_rewards["client-004"]
+    # with aggregate = "honest" the attacks do not move the model
+    assert [r.loss_before for r in result.rounds] == [r.loss_before for r in honest_4.rounds]
     report = result.to_report()["fixed_attackers"]
     assert report["client-002"]["spec"] == "flip" and report["client-002"]["mean_reward"] < 0
 
 
-def test_fixed_attackers_leave_the_model_alone_unless_aggregated(fixed_run):
+def test_fixed_attackers_move_the_model_when_aggregated(fixed_run):
     _, _, attacked = fixed_run
-    clean = run_federation(short_recipe("strategy.fraction-train=1.0", 'kfca.attacks=["honest"]'),
-                           FederationOptions(progress=False))
-    poisoned = run_federation(short_recipe(*FIXED, 'kfca.attacks=["honest"]', "kfca.aggregate=all"),
+    poisoned = run_federation(short_recipe(*FIXED, "kfca.aggregate=all", "num-server-rounds=2"),
                               FederationOptions(progress=False))
-    assert [r.loss_before for r in attacked.rounds] == [r.loss_before for r in clean.rounds]
+    assert poisoned.rounds[0].loss_before == attacked.rounds[0].loss_before
     assert poisoned.rounds[1].loss_before != attacked.rounds[1].loss_before
 
 

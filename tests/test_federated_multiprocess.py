@@ -1,4 +1,5 @@
-"""One process and two processes (accelerate launch --cpu, gloo) give the same rewards and adapters."""
+"""One process and two processes (accelerate launch --cpu, gloo) give the same rewards and adapters, with
+LoRA dropout on and gradient accumulation (each client's dropout and data order are seeded per client)."""
 
 import json
 import os
@@ -9,7 +10,9 @@ import sys
 
 ARGS = ["simulate", "--rounds", "2", "--attacks", "honest,flip,lagged:1,random,sparse:0.5", "--seed", "5",
         "--no-progress", "--set", "train.training-arguments.max-steps=2", "--set", "num-clients=8",
-        "--set", "strategy.fraction-train=0.5", "--set", "train.save-every-round=1"]
+        "--set", "strategy.fraction-train=0.5", "--set", "train.save-every-round=1",
+        "--set", "model.lora.peft-lora-dropout=0.2", "--set", "train.training-arguments.gradient-accumulation-steps=2",
+        "--set", "train.training-arguments.per-device-train-batch-size=2", "--set", "train.save-client-updates=false"]
 
 
 def _free_port() -> int:

@@ -4,7 +4,7 @@ from transformers import InternLM3Config, LlamaConfig, Qwen2Config, Qwen3Config
 from kfca_llm.plan import build_plan, dry_run, main
 from kfca_llm.recipe import RecipeError, load_recipe
 
-from test_recipe import RECIPES, TINY
+from helpers import RECIPES, TINY
 
 # Real dimensions of the four winners' base models (hidden, intermediate, layers, heads, kv heads, head dim).
 ARCHS = {

@@ -3,13 +3,12 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import RECIPES, TINY
 
 from kfca_llm.recipe import (
     Recipe, RecipeError, all_keys, clients_per_round, load_recipe, lr_for_round, recipe_from_dict, recipe_to_dict,
 )
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
-TINY = RECIPES / "tiny.toml"
 
 
 def test_tiny_recipe_parses_with_the_documented_shape():
@@ -40,10 +39,14 @@ def test_overrides_parse_toml_scalars_into_typed_fields():
     assert r.model.quantization == 4
 
 
-@pytest.mark.parametrize("value", ["0", "none", "None"])
+@pytest.mark.parametrize("value", ["none", "None"])
 def test_quantization_override_to_none(value):
-    r = load_recipe(RECIPES / "finance.toml", [f"model.quantization={value}"])
-    assert r.model.quantization is None
+    r = load_recipe(RECIPES / "finance.toml", [f"model.quantization={value}", f"kfca.peers={value}"])
+    assert r.model.quantization is None and r.kfca.peers is None
+
+
+def test_quantization_zero_means_none():
+    assert load_recipe(RECIPES / "finance.toml", ["model.quantization=0"]).model.quantization is None
 
 
 def test_unknown_override_key_names_the_key_and_close_matches():
@@ -73,10 +76,23 @@ def test_unknown_key_in_file_fails(tmp_path):
     ("num-clients=1", "num-clients"),
     ("model.quantization=3", "model.quantization"),
     ("train.learning-rate-min=1.0", "train.learning-rate-min"),
+    ("train.training-arguments.lr-scheduler-type=\"polynomial\"", "train.training-arguments.lr-scheduler-type"),
+    ("train.training-arguments.optim=\"adafactor\"", "train.training-arguments.optim"),
+    ("train.training-arguments.warmup-steps=2", "train.training-arguments.lr-scheduler-type"),
+    ("train.training-arguments.max-grad-norm=-1", "train.training-arguments.max-grad-norm"),
+    ("kfca.seed=-1", "kfca.seed"),
+    ("kfca.peers=0", "kfca.peers"),
 ])
 def test_bad_values_fail_naming_the_key(override, key):
     with pytest.raises(RecipeError, match=key.replace(".", r"\.")):
         load_recipe(TINY, [override])
+
+
+def test_unknown_scheduler_or_optimizer_lists_the_choices():
+    with pytest.raises(RecipeError, match="lr-scheduler-type.*'constant', 'constant_with_warmup', 'linear' or 'cosine', got 'polynomial'"):
+        load_recipe(TINY, ["train.training-arguments.lr-scheduler-type=polynomial"])
+    with pytest.raises(RecipeError, match="optim.*'adamw_torch', 'sgd'.*'paged_adamw_8bit'.*got 'adafactor'"):
+        load_recipe(TINY, ["train.training-arguments.optim=adafactor"])
 
 
 def test_recipe_errors_are_input_errors_for_the_cli():
@@ -138,7 +154,7 @@ def test_attack_specs_are_validated_by_the_attack_registry(monkeypatch):
 
     monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))  # keep the registration local
 
-    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    base = TINY
     with pytest.raises(RecipeError, match="kfca.attacks.*sparse:1.0"):
         load_recipe(base, ["kfca.attacks=['honest', 'sparse:1.0']"])
     with pytest.raises(RecipeError, match="kfca.attacks.*duplicate|kfca.attacks"):
@@ -160,7 +176,7 @@ def test_attack_specs_are_validated_by_the_attack_registry(monkeypatch):
     ('["2=zero", "2=flip"]', "repeats client 2"),
 ])
 def test_fixed_attackers_are_validated(entries, message):
-    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    base = TINY
     with pytest.raises(RecipeError, match=message):
         load_recipe(base, [f"kfca.attackers={entries}"])
 
@@ -168,7 +184,20 @@ def test_fixed_attackers_are_validated(entries, message):
 def test_fixed_attackers_parse_to_indices_and_specs():
     from kfca_llm.recipe import fixed_attackers
 
-    base = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+    base = TINY
     recipe = load_recipe(base, ['kfca.attackers=["3=flip", "5 = lagged:2"]'])
     assert fixed_attackers(recipe) == {3: "flip", 5: "lagged:2"}
     assert fixed_attackers(load_recipe(base, ["kfca.attacks=[]", 'kfca.attackers=["0=zero"]'])) == {0: "zero"}
+
+
+def test_validating_a_recipe_does_not_import_torch():
+    # The package's __init__ (scoring API) imports torch; load recipe.py under a bare package instead.
+    import subprocess
+    import sys
+
+    code = ("import sys, types; pkg = types.ModuleType('kfca_llm'); pkg.__path__ = [sys.argv[1]]; "
+            "sys.modules['kfca_llm'] = pkg; import kfca_llm.recipe as r; r.load_recipe(sys.argv[2]); "
+            "print('torch' in sys.modules)")
+    package = str(Path(__file__).resolve().parents[1] / "kfca_llm")
+    out = subprocess.run([sys.executable, "-c", code, package, str(TINY)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

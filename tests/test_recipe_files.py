@@ -4,7 +4,7 @@ import pytest
 
 from kfca_llm.recipe import clients_per_round, load_recipe
 
-from test_recipe import RECIPES
+from helpers import RECIPES
 
 ALL7 = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 # domain: model, dora, r, alpha, targets, batch, accumulation, lr max, lr min, clients, fraction, data set, prompt

@@ -2,6 +2,7 @@ import csv
 import json
 
 import pytest
+from helpers import TINY
 
 from kfca_llm.cli import main
 
@@ -35,6 +36,19 @@ def test_simulate_writes_every_output(simulated):
     assert not list(out.glob(".*"))  # atomic writes leave no temporary files
 
 
+def test_simulate_saves_each_clients_round_update_for_kfca_llm_score(simulated, capsys):
+    out, _ = simulated
+    report = json.loads((out / "report.json").read_text())
+    first = report["round_records"][0]
+    folder = out / "updates" / "round-001"
+    clients = [str(folder / c) for c in first["clients"]]
+    assert main(["score", *clients, "--reference", str(folder / "global"), "--seed", str(first["kfca_seed"]),
+                 "--json", str(out / "scored.json")]) == 0
+    scored = json.loads((out / "scored.json").read_text())
+    for c in first["clients"]:  # the honest clients' rewards of the run, up to float32 rounding
+        assert scored["rewards"][c] == pytest.approx(first["honest_rewards"][c], abs=0.02)
+
+
 def test_simulate_table_is_sorted_by_mean_reward(simulated, capsys):
     out, _ = simulated
     from kfca_llm.simulate import reward_table
@@ -58,6 +72,30 @@ def test_bad_attack_spec_is_a_clean_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "lagged:0" in err and "valid specs" in err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_negative_seed_is_refused_by_run_and_dry_run(tmp_path, capsys, dry_run):
+    assert main(["simulate", "--seed", "-1", "--out", str(tmp_path / "x"), *dry_run, *FAST]) == 2
+    assert "kfca.seed" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_simulate_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = capsys.readouterr().out
+    assert "updates/round-XXX" in text and "`" not in text
+
+
+def test_default_output_folder_is_named_after_the_recipe():
+    from kfca_llm.recipe import load_recipe
+    from kfca_llm.simulate import default_out
+    from helpers import TINY
+
+    recipe = load_recipe(TINY)
+    assert str(default_out(recipe)) == "runs/tiny-seed0"
+    assert str(default_out(recipe, "finance")) == "runs/tiny-finance-seed0"
 
 
 def test_dry_run_prints_the_plan_without_training(tmp_path, capsys):

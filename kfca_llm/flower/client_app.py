@@ -14,8 +14,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ..attacks import resolve_attack
-from .task import attack_generator, node_attack, recipe_from_config, train_partition
+from .task import attacked_update, node_attack, recipe_from_config, train_partition
 
 HISTORY_PREFIX = "kfca.honest-update."
 
@@ -39,7 +38,7 @@ def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}
     if spec is not None:
         history = _history(context.state)
         context.state[f"{HISTORY_PREFIX}{server_round}"] = ArrayRecord(update)
-        update = resolve_attack(spec)(update, history, attack_generator(recipe, server_round, partition, spec))
+        update = attacked_update(recipe, spec, partition, server_round, update, history)
     arrays = ArrayRecord({k: Array((global_state[k] + update[k]).numpy()) for k in global_state})
     metrics = MetricRecord({"num-examples": result.num_examples, "train-loss-before": result.loss_before,
                             "train-loss-after": result.loss_after})

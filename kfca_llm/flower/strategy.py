@@ -29,14 +29,12 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 from ..engine import SignPacker, available_backends, get_backend
 from ..engine.packer import PENALTY_MODES
 from ..errors import InputError
-from ..federated import derive_seed
+from ..fl.seeds import KFCA, derive_seed
 from ..partition import check_seed
 from ..report import RewardReport
 from .ledger import FailureRow, Ledger, RewardRow
 
 AGGREGATION_MODES = ("all", "exclude-negative", "reward-weighted")
-# The per-round KFCA seed is derive_seed(seed, 4, round): the stream `kfca-llm simulate` uses for it.
-_KFCA_SEED_STREAM = 4
 REWARD_METRIC_PREFIX = "kfca.reward."
 
 
@@ -117,8 +115,8 @@ class KFCAStrategy(Strategy):
         self._sent: dict[int, ArrayRecord] = {}
 
     def round_seed(self, server_round: int) -> int:
-        """The KFCA seed of a round (task partition, penalty draws, peer sampling)."""
-        return derive_seed(self.seed, _KFCA_SEED_STREAM, server_round)
+        """The KFCA seed of a round (task partition, penalty draws, peer sampling), as `kfca-llm simulate` derives it."""
+        return derive_seed(self.seed, KFCA, server_round)
 
     def summary(self) -> None:
         log(INFO, "\t├──> KFCA rewards: peers %s, penalty %s, bonus fraction %s, seed %s, aggregation %s",

@@ -9,7 +9,6 @@ values are scalars, so ``kfca.attackers`` is written as one string: ``"3=flip,5=
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -18,15 +17,15 @@ import torch
 
 from ..attacks import resolve_attack
 from ..errors import InputError
-from ..federated import LocalResult, adapter_state, derive_seed, train_client
-from ..recipe import Recipe, fixed_attackers, load_recipe, lr_for_round
+from ..fl.client import ClientUpdate, adapter_state, train_client
+from ..fl.rounds import attack_context
+from ..fl.seeds import TRAIN, client_id, derive_seed
+from ..recipe import Recipe, fixed_attackers, load_recipe
 
 DEFAULT_RECIPE = "tiny"
 APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger")
 """Run-config keys of the app itself; every other key is a recipe key."""
 DEFAULT_LEDGER = "rewards.sqlite"
-# Purposes of derived seeds, as `kfca-llm simulate` numbers them: one stream per use.
-_TRAIN_STREAM, _ATTACK_STREAM = 2, 3
 
 
 def _toml_literal(key: str, value: Any) -> str:
@@ -87,15 +86,16 @@ def initial_adapter(recipe: Recipe) -> dict[str, torch.Tensor]:
 
 
 def train_partition(recipe: Recipe, partition: int, global_state: Mapping[str, torch.Tensor],
-                    server_round: int) -> LocalResult:
-    """One node, one round: the same local training as ``kfca-llm simulate`` (adapter over federated.py)."""
+                    server_round: int) -> ClientUpdate:
+    """One node, one round: ``kfca_llm.fl.client.train_client``, seeded as ``kfca-llm simulate`` seeds client
+    ``partition`` (the same update for the same recipe, round and global adapter)."""
     if not 0 <= partition < recipe.num_clients:
         raise InputError(f"partition-id {partition} is outside 0..{recipe.num_clients - 1}")
     key = recipe_key(recipe)
     model, tokenizer = _model(key)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return train_client(model, global_state, _datasets(key)[partition], recipe, lr=lr_for_round(recipe, server_round),
-                        seed=derive_seed(recipe.kfca.seed, _TRAIN_STREAM, server_round, partition),
+    return train_client(model, global_state, _datasets(key)[partition], recipe, server_round=server_round,
+                        seed=derive_seed(recipe.kfca.seed, TRAIN, server_round, partition),
                         device=torch.device("cpu"), pad_token_id=pad_id)
 
 
@@ -107,7 +107,12 @@ def node_attack(recipe: Recipe, node_config: Mapping[str, Any], partition: int) 
     return str(spec) if spec else None
 
 
-def attack_generator(recipe: Recipe, server_round: int, partition: int, spec: str) -> torch.Generator:
-    key = f"client-{partition:03d}={spec}"
-    return torch.Generator().manual_seed(derive_seed(recipe.kfca.seed, _ATTACK_STREAM, server_round,
-                                                     zlib.crc32(key.encode())))
+def attacked_update(recipe: Recipe, spec: str, partition: int, server_round: int,
+                    honest: dict[str, torch.Tensor], history: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A node's submission under attack ``spec``, with the noise `kfca-llm simulate` gives that client.
+
+    A node sees no other node's update, so attacks that need one (``copy``) raise ``InputError``: the
+    node replies with an error, which the strategy records."""
+    cid = client_id(partition)
+    context = attack_context(recipe.kfca.seed, server_round, cid, f"{cid}={spec}", {cid: honest}, history)
+    return resolve_attack(spec).submit(context)

@@ -1,0 +1,158 @@
+"""Local training of one client in one round: global adapter in, ``local - global`` update out.
+
+Every training key of the recipe acts here, with Hugging Face ``Trainer`` semantics: ``optim`` picks the
+optimizer, ``lr-scheduler-type`` (with ``warmup-steps`` / ``warmup-ratio``) shapes the learning rate over
+the round's optimizer steps starting from the round's FlowerTune cosine value, each micro-batch loss is
+divided by ``gradient-accumulation-steps``, and gradients are clipped to ``max-grad-norm`` (0: off).
+Data order, dropout and LoRA noise are seeded from the client's seed alone, so the update does not
+depend on which process trains the client or what it trained before.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..recipe import Recipe, lr_for_round
+from .seeds import derive_seed
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """What one client returns after a round of local training."""
+
+    update: StateDict
+    """``local adapter - global adapter`` (float32, CPU), sorted tensor names."""
+    num_examples: int
+    loss_before: float
+    """Loss on the probe batch (the first optimizer step's examples), eval mode, before training."""
+    loss_after: float
+
+
+def local_steps(recipe: Recipe, num_examples: int) -> int:
+    """Optimizer steps per round: ``max-steps`` when positive (it caps the epochs, as in Hugging Face)."""
+    ta = recipe.train.training_arguments
+    if ta.max_steps > 0:
+        return ta.max_steps
+    per_step = ta.per_device_train_batch_size * ta.gradient_accumulation_steps
+    return max(1, math.ceil(num_examples / per_step)) * ta.num_train_epochs
+
+
+def warmup_steps(recipe: Recipe, steps: int) -> int:
+    """Hugging Face's rule: ``warmup-steps`` when positive, else ``ceil(warmup-ratio * steps)``."""
+    ta = recipe.train.training_arguments
+    return ta.warmup_steps if ta.warmup_steps > 0 else math.ceil(ta.warmup_ratio * steps)
+
+
+def make_optimizer(params: list[torch.nn.Parameter], lr: float, optim: str) -> torch.optim.Optimizer:
+    """The optimizer a Hugging Face ``optim`` name stands for (weight decay 0, Trainer's default)."""
+    if optim == "adamw_torch":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if optim == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    import bitsandbytes as bnb  # runs on CUDA and (slowly) on the CPU
+
+    if optim == "adamw_bnb_8bit":
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=0.0)
+    if optim == "paged_adamw_8bit":
+        return bnb.optim.PagedAdamW8bit(params, lr=lr, weight_decay=0.0)
+    if optim == "paged_adamw_32bit":
+        return bnb.optim.PagedAdamW(params, lr=lr, weight_decay=0.0)
+    raise InputError(f"unknown optimizer {optim!r}")  # the recipe validates it first
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, steps: int):
+    from transformers import get_scheduler
+
+    return get_scheduler(recipe.train.training_arguments.lr_scheduler_type, optimizer,
+                         num_warmup_steps=warmup_steps(recipe, steps), num_training_steps=steps)
+
+
+def example_order(num_examples: int, count: int, g: torch.Generator) -> list[int]:
+    """``count`` example indices: seeded reshuffled epochs, concatenated (each epoch sees every example)."""
+    order: list[int] = []
+    while len(order) < count:
+        order.extend(torch.randperm(num_examples, generator=g).tolist())
+    return order[:count]
+
+
+def batch_loss(model, batch: Sequence[Mapping[str, Any]], pad_token_id: int, device: torch.device) -> torch.Tensor:
+    from ..data import collate
+
+    tensors = {k: v.to(device) for k, v in collate(batch, pad_token_id).items()}
+    return model(**tensors).loss
+
+
+def _probe_loss(model, batch, pad_token_id: int, device: torch.device) -> float:
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        loss = float(batch_loss(model, batch, pad_token_id, device))
+    model.train(was_training)
+    return loss
+
+
+def adapter_state(model) -> StateDict:
+    """The adapter's trainable state (float32 copies on the CPU, sorted names)."""
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(model)
+    # Sorted names: the same order as a safetensors file read back on resume.
+    return {k: state[k].detach().to("cpu", torch.float32).clone() for k in sorted(state)}
+
+
+def load_adapter_state(model, state: Mapping[str, torch.Tensor]) -> None:
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, dict(state))
+    unexpected = getattr(result, "unexpected_keys", None)
+    if unexpected:
+        raise InputError(f"adapter state has tensors the model lacks: {unexpected[:5]}")
+
+
+def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequence[Mapping[str, Any]],
+                 recipe: Recipe, *, server_round: int, seed: int, device: torch.device, pad_token_id: int,
+                 step_callback: Callable[[], None] | None = None) -> ClientUpdate:
+    """Train one client for round ``server_round`` (1-based) from the global adapter.
+
+    ``seed`` seeds the data order and the dropout of this client in this round."""
+    if not examples:
+        raise InputError("a client has no training examples")
+    ta = recipe.train.training_arguments
+    load_adapter_state(model, global_state)
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(derive_seed(seed, 0))  # dropout: the same for this client on any process
+    steps = local_steps(recipe, len(examples))
+    micro, accumulation = ta.per_device_train_batch_size, ta.gradient_accumulation_steps
+    per_step = micro * accumulation
+    order = example_order(len(examples), steps * per_step, g)
+    probe = [examples[i] for i in order[:per_step]]
+    loss_before = _probe_loss(model, probe, pad_token_id, device)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, lr_for_round(recipe, server_round), ta.optim)
+    scheduler = make_scheduler(optimizer, recipe, steps)
+    model.train()
+    for step in range(steps):
+        chunk = order[step * per_step:(step + 1) * per_step]
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, per_step, micro):
+            batch = [examples[i] for i in chunk[start:start + micro]]
+            (batch_loss(model, batch, pad_token_id, device) / accumulation).backward()
+        if ta.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, ta.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        if step_callback is not None:
+            step_callback()
+    loss_after = _probe_loss(model, probe, pad_token_id, device)
+    local = adapter_state(model)
+    update = {k: local[k] - global_state[k] for k in global_state}
+    return ClientUpdate(update, len(examples), loss_before, loss_after)

@@ -1,0 +1,181 @@
+"""KFCA-FedAvg (the paper's Algorithm 2) with the attack analysis: the round driver.
+
+Round t = 1..T:
+
+1. Sample the round's clients (``clients_per_round``: FlowerTune's ``max(int(n * fraction), 2)``) from a
+   seeded RNG. When the recipe lists attacks, client 0 is the *attack-analysis client*: it takes part in
+   every round (its own history of honest updates is what ``stale``/``lagged:K`` replay) and the others
+   are sampled from clients 1..n-1.
+2. Every client trains from the global adapter (``client.train_client``), on whichever process.
+3. Submissions: each client sends its honest update, except the fixed attackers (``kfca.attackers =
+   ["3=flip", ...]``), which send their attack; the analysis client also sends every listed strategy
+   side by side. Attacks see the round's context (own history, the others' honest updates).
+4. ``scoring.score_round`` pays every submission against its peers on one task partition.
+5. FedAvg (weighted by examples) over the clients' honest updates (``kfca.aggregate = "honest"``: attacks
+   change rewards, not the model), or over every submission (``"all"``).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
+from ..errors import InputError
+from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
+from .aggregate import fedavg
+from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client
+from .distributed import Processes
+from .records import FederationResult, RoundRecord
+from .scoring import Submission, score_round
+from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
+from .state import last_complete_round, load_checkpoint, save_checkpoint, save_client_updates
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class FederationOptions:
+    out_dir: Path | None = None
+    """Where adapters and resume state go; None keeps nothing on disk."""
+    resume: bool = False
+    cpu: bool = False
+    """Force the CPU even where CUDA is present."""
+    progress: bool = True
+    model_dir: Path | None = None
+    data_dir: Path | None = None
+
+
+def sample_round_clients(recipe: Recipe, t: int, seed: int) -> list[int]:
+    """Sorted client indices trained in round t (index 0 always, when the recipe lists attacks)."""
+    k = clients_per_round(recipe)
+    rng = np.random.default_rng(derive_seed(seed, SAMPLE, t))
+    if recipe.kfca.attacks:
+        others = rng.choice(np.arange(1, recipe.num_clients), size=k - 1, replace=False)
+        return sorted([0, *others.tolist()])
+    return sorted(rng.choice(recipe.num_clients, size=k, replace=False).tolist())
+
+
+def attack_context(seed: int, t: int, client: str, key: str, honest: dict[str, StateDict],
+                   history: list[StateDict]) -> AttackContext:
+    """What ``client`` knows in round ``t``; its generator is keyed by ``key`` (the spec text), so a
+    strategy draws the same noise whatever else is listed."""
+    generator = torch.Generator().manual_seed(derive_seed(seed, ATTACK, t, zlib.crc32(key.encode())))
+    return AttackContext(client=client, round=t, honest=honest[client], history=history, generator=generator,
+                         others={c: u for c, u in honest.items() if c != client},
+                         round_seed=derive_seed(seed, ATTACK, t))
+
+
+def make_submissions(recipe: Recipe, t: int, trained: dict[str, ClientUpdate], analysis_client: str | None,
+                     analysis: list[Attack], fixed: dict[str, Attack], histories: dict[str, list[StateDict]]
+                     ) -> list[Submission]:
+    """Every submission the server receives in round ``t`` (see the module docstring)."""
+    seed = recipe.kfca.seed
+    honest = {cid: r.update for cid, r in trained.items()}
+    out = []
+    for cid in sorted(trained):
+        n = trained[cid].num_examples
+        if cid in fixed:
+            attack = fixed[cid]
+            context = attack_context(seed, t, cid, f"{cid}={attack.spec}", honest, histories[cid])
+            out.append(Submission(cid, attack.spec, attack.submit(context), n))
+        else:
+            out.append(Submission(cid, "honest", honest[cid], n))
+    if analysis_client is not None:
+        n = trained[analysis_client].num_examples
+        for attack in analysis:
+            if attack.spec != "honest":
+                context = attack_context(seed, t, analysis_client, attack.spec, honest, histories[analysis_client])
+                out.append(Submission(analysis_client, attack.spec, attack.submit(context), n, analysis=True))
+    return out
+
+
+def aggregate_round(recipe: Recipe, global_state: StateDict, trained: dict[str, ClientUpdate],
+                    submissions: list[Submission]) -> StateDict:
+    if recipe.kfca.aggregate == "all":
+        return fedavg(global_state, [(s.id, s.update, s.num_examples) for s in submissions])
+    return fedavg(global_state, [(cid, r.update, r.num_examples) for cid, r in trained.items()])
+
+
+def run_federation(recipe: Recipe, options: FederationOptions = FederationOptions()) -> FederationResult:
+    """Run KFCA-FedAvg for ``recipe.num_server_rounds`` rounds; see the module docstring."""
+    from tqdm.auto import tqdm
+
+    from ..data import load_client_datasets
+    from ..modeling import load_model_and_tokenizer
+
+    procs = Processes(cpu=options.cpu)
+    seed = recipe.kfca.seed
+    analysis = resolve_attacks(recipe.kfca.attacks)
+    strategies = [a.spec for a in analysis]
+    analysis_client = client_id(0) if analysis else None
+    fixed = {client_id(i): resolve_attack(spec) for i, spec in fixed_attackers(recipe).items()}
+    result = FederationResult(recipe, seed, strategies)
+
+    model, tokenizer = load_model_and_tokenizer(recipe, device=procs.device, model_dir=options.model_dir)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    datasets = load_client_datasets(recipe, tokenizer, data_dir=options.data_dir)
+    # One initial adapter for all processes (a real model's LoRA init draws from each process's RNG).
+    global_state: StateDict = procs.broadcast(adapter_state(model))
+    # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
+    histories: dict[str, list[StateDict]] = {cid: [] for cid in [*([analysis_client] if analysis else []), *fixed]}
+    start = 1
+    out_dir = Path(options.out_dir) if options.out_dir is not None else None
+    if options.resume:
+        if out_dir is None:
+            raise InputError("--resume needs an output folder")
+        done = last_complete_round(out_dir)
+        if done:
+            global_state, saved, result.rounds = load_checkpoint(out_dir, done, seed, strategies)
+            histories.update(saved)
+            start = done + 1
+
+    T = recipe.num_server_rounds
+    show = options.progress and procs.is_main
+    rounds_bar = tqdm(total=T, initial=start - 1, desc="rounds", unit="round", disable=not show)
+    for t in range(start, T + 1):
+        indices = sample_round_clients(recipe, t, seed)
+        mine = procs.my_share(indices)
+        steps_bar = tqdm(total=sum(local_steps(recipe, len(datasets[i])) for i in mine),
+                         desc=f"round {t} local steps", unit="step", leave=False, disable=not show)
+        local = [(client_id(i), train_client(model, global_state, datasets[i], recipe, server_round=t,
+                                             seed=derive_seed(seed, TRAIN, t, i), device=procs.device,
+                                             pad_token_id=pad_id, step_callback=lambda: steps_bar.update(1)))
+                 for i in mine]
+        steps_bar.close()
+        trained = dict(sorted(procs.gather(local)))
+        submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories)
+        kfca_seed = derive_seed(seed, KFCA, t)
+        scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed)
+        start_state = global_state
+        global_state = aggregate_round(recipe, global_state, trained, submissions)
+        for cid, history in histories.items():
+            if cid in trained:
+                history.append(trained[cid].update)
+
+        result.rounds.append(RoundRecord(
+            round=t, learning_rate=lr_for_round(recipe, t), clients=list(trained), analysis_client=analysis_client,
+            kfca_seed=kfca_seed, strategy_rewards=scores.strategy_rewards, honest_rewards=scores.honest_rewards,
+            fixed_attacker_rewards=scores.fixed_attacker_rewards,
+            fixed_attacks={cid: fixed[cid].spec for cid in trained if cid in fixed}, pairs=scores.pairs,
+            categorical_world=scores.categorical_world,
+            loss_before={c: r.loss_before for c, r in trained.items()},
+            loss_after={c: r.loss_after for c, r in trained.items()},
+            num_examples={c: r.num_examples for c, r in trained.items()}))
+        if out_dir is not None and procs.is_main:
+            if recipe.train.save_client_updates:
+                save_client_updates(out_dir, t, model, start_state,
+                                    {s.client: s.update for s in submissions if not s.analysis})
+            if t % max(recipe.train.save_every_round, 1) == 0 or t == T:
+                save_checkpoint(out_dir, t, model, global_state, histories, result)
+        procs.barrier()
+        rounds_bar.update(1)
+        if show:
+            rounds_bar.set_postfix({s: f"{v:+.3f}" for s, v in list(scores.strategy_rewards.items())[:3]})
+    rounds_bar.close()
+    load_adapter_state(model, global_state)
+    return result

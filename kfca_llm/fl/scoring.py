@@ -1,0 +1,106 @@
+"""A round's submissions -> KFCA rewards: one ``score_updates`` call on one seeded task partition.
+
+Every client sends one submission (its honest update, or its attack if it is a fixed attacker) and is
+scored against ``kfca.peers`` peers among the other clients' submissions. The attack-analysis client
+also sends one submission per listed strategy side by side; each is scored against the same honest
+peers and none is ever another client's peer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..api import score_updates
+from ..errors import InputError
+from ..recipe import KfcaConfig
+from .records import PairRecord
+from .seeds import derive_seed
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One update the server receives in a round."""
+
+    client: str
+    strategy: str
+    """``honest``, or the attack spec that made it."""
+    update: StateDict
+    num_examples: int
+    analysis: bool = False
+    """A side-by-side submission of the attack-analysis client (any strategy but its honest update):
+    scored against honest peers, never a peer itself, averaged in only with ``kfca.aggregate = "all"``."""
+
+    @property
+    def id(self) -> str:
+        return f"{self.client}/{self.strategy}" if self.analysis else self.client
+
+    @property
+    def honest(self) -> bool:
+        return self.strategy == "honest"
+
+
+@dataclass(frozen=True)
+class RoundScores:
+    strategy_rewards: dict[str, float]
+    """The analysis client's strategy -> reward (its honest update included, as ``honest``)."""
+    honest_rewards: dict[str, float]
+    fixed_attacker_rewards: dict[str, float]
+    pairs: list[PairRecord]
+    categorical_world: bool
+
+
+def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
+    """``count`` peers (all when None or more than there are) drawn from ``candidates``, sorted."""
+    if count is None or count >= len(candidates):
+        return sorted(candidates)
+    rng = np.random.default_rng(seed)
+    return sorted(rng.choice(sorted(candidates), size=count, replace=False).tolist())
+
+
+def score_round(submissions: Sequence[Submission], *, analysis_client: str | None, kfca: KfcaConfig,
+                kfca_seed: int) -> RoundScores:
+    """Score a round's submissions (see the module docstring)."""
+    participants = {s.client: s for s in submissions if not s.analysis}
+    if len(participants) != sum(not s.analysis for s in submissions):
+        raise InputError("a client sent more than one submission outside the attack analysis")
+    if any(s.analysis and s.client != analysis_client for s in submissions):
+        raise InputError("only the attack-analysis client sends side-by-side submissions")
+    ids = sorted(participants)
+    by_id = {s.id: s for s in submissions}
+    pairs: list[tuple[str, str]] = []
+    for position, cid in enumerate(ids):
+        if cid != analysis_client:
+            others = [c for c in ids if c != cid]
+            pairs += [(cid, peer) for peer in choose_peers(others, kfca.peers, derive_seed(kfca_seed, position))]
+    analysed = [s for s in submissions if s.client == analysis_client]
+    if analysed:
+        others = [c for c in ids if c != analysis_client]
+        honest_others = [c for c in others if participants[c].honest] or others
+        peers = choose_peers(honest_others, kfca.peers, derive_seed(kfca_seed, ids.index(analysis_client)))
+        pairs += [(s.id, peer) for s in analysed for peer in peers]
+
+    updates = {cid: participants[cid].update for cid in ids}
+    updates.update({s.id: s.update for s in submissions if s.analysis})
+    report = score_updates(updates, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
+                           bonus_fraction=kfca.bonus_fraction)
+    records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
+                          payment=float(report.pairwise[(c, p)]),
+                          delta=np.asarray(report.pair_delta[(c, p)], dtype=float).tolist(),
+                          categorical_world=bool(report.pair_categorical_world[(c, p)]),
+                          honest_pair=by_id[c].honest and participants[p].honest) for c, p in pairs]
+
+    def reward(submission: str) -> float:
+        return float(np.mean([r.payment for r in records if r.submission == submission]))
+
+    return RoundScores(
+        strategy_rewards={s.strategy: reward(s.id) for s in analysed},
+        honest_rewards={cid: reward(cid) for cid in ids if participants[cid].honest},
+        fixed_attacker_rewards={cid: reward(cid) for cid in ids if not participants[cid].honest},
+        pairs=records,
+        categorical_world=all(r.categorical_world for r in records if r.honest_pair))

@@ -1,0 +1,104 @@
+"""What a federation keeps on disk: global adapters (PEFT format), clients' round updates, resume state.
+
+``<out>/adapters/round-XXX/``: the global adapter after round XXX, every ``train.save-every-round``
+rounds and at the end. With ``train.save-client-updates``: ``<out>/updates/round-XXX/global/`` (the
+adapter the round started from) and ``<out>/updates/round-XXX/client-YYY/`` (that global plus what
+client YYY submitted), so ``kfca_llm.score_checkpoints(clients, reference=global)`` scores the round.
+``<out>/state/round-XXX/``: the attackers' histories and the records, then ``COMPLETE`` (written last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..errors import InputError
+from ..report import write_atomic
+from .client import load_adapter_state
+from .records import FederationResult, RoundRecord
+
+StateDict = dict[str, torch.Tensor]
+_ROUND_DIR = re.compile(r"^round-(\d{3,})$")
+
+
+def round_dir(out_dir: Path, t: int) -> Path:
+    return out_dir / "adapters" / f"round-{t:03d}"
+
+
+def updates_dir(out_dir: Path, t: int) -> Path:
+    return out_dir / "updates" / f"round-{t:03d}"
+
+
+def save_adapter(model, state: Mapping[str, torch.Tensor], final: Path) -> None:
+    """``state`` as a PEFT adapter directory, replaced atomically."""
+    load_adapter_state(model, state)
+    tmp = final.with_name(f".{final.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(str(tmp))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def save_client_updates(out_dir: Path, t: int, model, start_state: Mapping[str, torch.Tensor],
+                        submitted: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
+    """The round's starting global adapter and, per client, that adapter plus its submission."""
+    folder = updates_dir(out_dir, t)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_adapter(model, start_state, folder / "global")
+    for cid, update in sorted(submitted.items()):
+        save_adapter(model, {k: start_state[k] + update[k] for k in start_state}, folder / cid)
+
+
+def save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict,
+                    histories: Mapping[str, Sequence[StateDict]], result: FederationResult) -> None:
+    """Global adapter in PEFT's format, plus what a resume needs (histories, records), then a marker."""
+    from safetensors.torch import save_file
+
+    state = out_dir / "state" / f"round-{t:03d}"
+    state.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{cid}/{r + 1:03d}/{name}": v.contiguous()
+               for cid, history in histories.items() for r, h in enumerate(history) for name, v in h.items()}
+    save_file(tensors, str(state / "history.safetensors"))
+    write_atomic(state / "records.json", json.dumps(
+        {"seed": result.seed, "strategies": result.strategies, "rounds": [asdict(r) for r in result.rounds]}))
+    round_dir(out_dir, t).parent.mkdir(parents=True, exist_ok=True)
+    save_adapter(model, global_state, round_dir(out_dir, t))
+    write_atomic(state / "COMPLETE", str(t))  # written last: a resume trusts only complete rounds
+
+
+def last_complete_round(out_dir: Path) -> int:
+    """Latest round with a saved adapter and resume state (0 when none)."""
+    state = out_dir / "state"
+    if not state.is_dir():
+        return 0
+    done = [int(m.group(1)) for p in state.glob("round-*") if (m := _ROUND_DIR.match(p.name))
+            and (p / "COMPLETE").exists() and round_dir(out_dir, int(m.group(1))).is_dir()]
+    return max(done, default=0)
+
+
+def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str]
+                    ) -> tuple[StateDict, dict[str, list[StateDict]], list[RoundRecord]]:
+    """Global adapter, attackers' histories and records saved after round ``t``."""
+    from safetensors.torch import load_file
+
+    records = json.loads((out_dir / "state" / f"round-{t:03d}" / "records.json").read_text())
+    if records["seed"] != seed or records["strategies"] != strategies:
+        raise InputError(f"cannot resume from {out_dir}: it was run with seed {records['seed']} and strategies "
+                         f"{records['strategies']}, this run has seed {seed} and {strategies}")
+    flat = load_file(str(out_dir / "state" / f"round-{t:03d}" / "history.safetensors"))
+    by_client: dict[str, dict[int, StateDict]] = {}
+    for key, v in flat.items():
+        cid, r, name = key.split("/", 2)
+        by_client.setdefault(cid, {}).setdefault(int(r), {})[name] = v
+    histories = {cid: [rounds[r] for r in sorted(rounds)] for cid, rounds in by_client.items()}
+    adapter = load_file(str(round_dir(out_dir, t) / "adapter_model.safetensors"))
+    return adapter, histories, [RoundRecord.from_dict(d) for d in records["rounds"]]
