@@ -25,7 +25,8 @@ from kfca_llm.flower.server_app import make_server_app  # noqa: E402
 
 HONEST, FLIP, ZERO, BROKEN = (0, 1, 2), 3, 4, {5: "nan", 6: "shape", 7: "no-arrays"}
 NODES, ROUNDS = 8, 2
-CONFIG = {"num-server-rounds": ROUNDS, "strategy.fraction-train": 1.0, "kfca.attackers": f"{FLIP}=flip,{ZERO}=zero"}
+CONFIG = {"num-server-rounds": ROUNDS, "strategy.fraction-train": 1.0, "train.training-arguments.max-steps": 3,
+          "kfca.attackers": f"{FLIP}=flip,{ZERO}=zero"}
 
 
 class RecordingKFCA(KFCAStrategy):
