@@ -22,7 +22,6 @@ from typing import Any
 from .attacks import resolve_attacks
 from .errors import InputError
 from .recipe import DOMAINS, SYNTHETIC_DATASET, Recipe, load_recipe
-from .report import text_table
 
 # recipes/ is installed as the data package kfca_llm.recipes (pyproject), so this works outside a checkout too.
 RECIPES_DIR = Path(str(files("kfca_llm.recipes")))
@@ -88,6 +87,8 @@ def rewards_csv(report: dict[str, Any]) -> str:
 
 def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
     """The table of mean rewards per strategy, sorted, as text."""
+    from .report import text_table  # here, not at the top: the simulate parser (--help) stays light
+
     strategies = report["strategies"]
     honest = strategies.get("honest", {}).get("mean_reward")
     order = sorted(strategies, key=lambda s: strategies[s]["mean_reward"], reverse=True)

@@ -136,19 +136,19 @@ def test_saved_client_updates_score_like_the_run(short_federation):
         assert min(report.rewards.values()) > 0
 
 
-def _interrupted_after_round_2(out: Path, tmp_path: Path) -> Path:
-    """A copy of a finished 3-round run's folder that keeps only rounds 1-2, as if it had stopped there."""
+def _interrupted(out: Path, tmp_path: Path, last: int) -> Path:
+    """A copy of a finished run's folder without its final round, as if it had stopped after ``last``."""
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(out, resumed_dir)
-    shutil.rmtree(round_dir(resumed_dir, 3))
-    shutil.rmtree(resumed_dir / "state" / "round-003")
-    assert last_complete_round(resumed_dir) == 2
+    shutil.rmtree(round_dir(resumed_dir, last + 1))
+    shutil.rmtree(resumed_dir / "state" / f"round-{last + 1:03d}")
+    assert last_complete_round(resumed_dir) == last
     return resumed_dir
 
 
 def test_same_seed_reproduces_and_resume_continues_bit_identically(short_federation, tmp_path):
     recipe, out, result = short_federation
-    resumed_dir = _interrupted_after_round_2(out, tmp_path)
+    resumed_dir = _interrupted(out, tmp_path, last=2)
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
     a = (round_dir(out, 3) / "adapter_model.safetensors").read_bytes()
@@ -184,8 +184,10 @@ def test_attacks_leave_the_honest_trajectory_alone_unless_aggregated():
     assert poisoned.rounds[0].strategy_rewards == both.rounds[0].strategy_rewards
 
 
-FIXED = ['kfca.attackers=["2=flip", "3=zero", "4=lagged:1", "5=copy:0"]', "strategy.fraction-train=1.0",
-         'kfca.attacks=["honest"]']
+# Two rounds of one step: lagged:1 needs a second round; every client of six trains every round.
+FIXED_SHAPE = ["num-server-rounds=2", "train.training-arguments.max-steps=1", "strategy.fraction-train=1.0",
+               'kfca.attacks=["honest"]']
+FIXED = ['kfca.attackers=["2=flip", "3=zero", "4=lagged:1", "5=copy:0"]', *FIXED_SHAPE]
 
 
 @pytest.fixture(scope="module")
@@ -213,8 +215,7 @@ def test_fixed_attackers_submit_their_attack_and_are_paid_for_it(fixed_run):
         assert r.categorical_world
     # lagged:1 replays the previous round's honest update; in round 1 there is none, so it submits its
     # honest update and is paid exactly what it is paid as an honest client, and differently afterwards.
-    honest_4 = run_federation(short_recipe('kfca.attackers=["2=flip", "3=zero", "5=copy:0"]',
-                                           "strategy.fraction-train=1.0", 'kfca.attacks=["honest"]'),
+    honest_4 = run_federation(short_recipe('kfca.attackers=["2=flip", "3=zero", "5=copy:0"]', *FIXED_SHAPE),
                               FederationOptions(progress=False))
     assert result.rounds[0].fixed_attacker_rewards["client-004"] == honest_4.rounds[0].honest_rewards["client-004"]
     assert result.rounds[1].fixed_attacker_rewards["client-004"] != honest_4.rounds[1].honest_rewards["client-004"]
@@ -226,7 +227,7 @@ def test_fixed_attackers_submit_their_attack_and_are_paid_for_it(fixed_run):
 
 def test_fixed_attackers_move_the_model_when_aggregated(fixed_run):
     _, _, attacked = fixed_run
-    poisoned = run_federation(short_recipe(*FIXED, "kfca.aggregate=all", "num-server-rounds=2"),
+    poisoned = run_federation(short_recipe(*FIXED, "kfca.aggregate=all"),
                               FederationOptions(progress=False))
     assert poisoned.rounds[0].loss_before == attacked.rounds[0].loss_before
     assert poisoned.rounds[1].loss_before != attacked.rounds[1].loss_before
@@ -234,6 +235,6 @@ def test_fixed_attackers_move_the_model_when_aggregated(fixed_run):
 
 def test_resume_keeps_fixed_attackers_histories(fixed_run, tmp_path):
     recipe, out, result = fixed_run
-    resumed_dir = _interrupted_after_round_2(out, tmp_path)
+    resumed_dir = _interrupted(out, tmp_path, last=1)
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
