@@ -1,0 +1,59 @@
+"""The recipes' ClientApp: train the global adapter on this node's partition, reply ``global + update``.
+
+A node attacks when its node config says so (``attack = "flip"``; any spec of ``kfca_llm.attacks``) or
+when ``kfca.attackers`` names its ``partition-id``: it trains honestly, then submits the attack on its own
+history of honest updates (kept in the node's ``context.state``), as ``kfca-llm simulate`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from .task import attacked_update, node_attack, recipe_from_config, train_partition
+
+HISTORY_PREFIX = "kfca.honest-update."
+
+
+def _history(state: RecordDict) -> list[dict[str, torch.Tensor]]:
+    rounds = sorted(int(k[len(HISTORY_PREFIX):]) for k in state.array_records if k.startswith(HISTORY_PREFIX))
+    return [state[f"{HISTORY_PREFIX}{t}"].to_torch_state_dict() for t in rounds]
+
+
+def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}) -> Message:
+    """Handle one training message (the body of the ClientApp's ``@train``)."""
+    config = {**defaults, **context.run_config}
+    node_config = context.node_config
+    recipe = recipe_from_config(config, num_partitions=node_config.get("num-partitions"))
+    partition = int(node_config["partition-id"])
+    server_round = int(msg.content["config"]["server-round"])
+    global_state = msg.content["arrays"].to_torch_state_dict()
+    result = train_partition(recipe, partition, global_state, server_round)
+    update = result.update
+    spec = node_attack(recipe, node_config, partition)
+    if spec is not None:
+        history = _history(context.state)
+        context.state[f"{HISTORY_PREFIX}{server_round}"] = ArrayRecord(update)
+        update = attacked_update(recipe, spec, partition, server_round, update, history)
+    arrays = ArrayRecord({k: Array((global_state[k] + update[k]).numpy()) for k in global_state})
+    metrics = MetricRecord({"num-examples": result.num_examples, "train-loss-before": result.loss_before,
+                            "train-loss-after": result.loss_after})
+    return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+def make_client_app(defaults: Mapping[str, Any] = {}) -> ClientApp:
+    """A ClientApp whose run config falls back to ``defaults`` (``run_simulation`` passes no run config)."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        return train_reply(msg, context, defaults)
+
+    return app
+
+
+app = make_client_app()

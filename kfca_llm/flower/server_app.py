@@ -1,0 +1,52 @@
+"""The recipes' ServerApp: FedAvg over the nodes' LoRA adapters, every reply paid by ``KFCAStrategy``.
+
+Run config (pyproject ``[tool.flwr.app.config]``, ``flwr run . --run-config 'key=value ...'``): the
+recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.aggregation`` (``all``,
+``exclude-negative``, ``reward-weighted``) and ``kfca.ledger`` (the SQLite file, relative to the
+directory the ServerApp runs in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, Result
+
+from ..recipe import Recipe
+from .strategy import KFCAStrategy
+from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config
+
+
+def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: type = KFCAStrategy
+                   ) -> KFCAStrategy:
+    """KFCAStrategy around FedAvg (weighted by examples) with the recipe's sampling and KFCA settings."""
+    fedavg = FedAvg(fraction_train=recipe.strategy.fraction_train, fraction_evaluate=0.0,
+                    min_train_nodes=2, min_available_nodes=2)
+    return strategy_class(fedavg, peers=recipe.kfca.peers, seed=recipe.kfca.seed, penalty=recipe.kfca.penalty,
+                          bonus_fraction=recipe.kfca.bonus_fraction,
+                          ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
+                          aggregation=str(config.get("kfca.aggregation", "all")))
+
+
+def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,
+                    on_result: Callable[[KFCAStrategy, Result], None] | None = None) -> ServerApp:
+    """A ServerApp whose run config falls back to ``defaults``; ``on_result`` sees the strategy at the end."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        config = {**defaults, **context.run_config}
+        recipe = recipe_from_config(config)
+        strategy = build_strategy(recipe, config, strategy_class)
+        initial = ArrayRecord(initial_adapter(recipe))
+        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=recipe.num_server_rounds)
+        if on_result is not None:
+            on_result(strategy, result)
+
+    return app
+
+
+app = make_server_app()

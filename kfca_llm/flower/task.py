@@ -1,0 +1,118 @@
+"""Shared code of the Flower app (FlowerTune's layout): recipe from the run config, model, data, local training.
+
+The run config carries FlowerTune's own key names (``model.name``,
+``train.training-arguments.learning-rate``...: our recipes use the same ones), applied as overrides to
+the recipe named by ``recipe`` (default ``tiny``), plus the app's keys in ``APP_KEYS``. Flower's config
+values are scalars, so ``kfca.attackers`` is written as one string: ``"3=flip,5=lagged:2"``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+from ..attacks import resolve_attack
+from ..errors import InputError
+from ..fl.client import ClientUpdate, adapter_state, train_client
+from ..fl.rounds import attack_context
+from ..fl.seeds import TRAIN, client_id, derive_seed
+from ..recipe import Recipe, fixed_attackers, load_recipe
+
+DEFAULT_RECIPE = "tiny"
+APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger")
+"""Run-config keys of the app itself; every other key is a recipe key."""
+DEFAULT_LEDGER = "rewards.sqlite"
+
+
+def _toml_literal(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        if key == "kfca.attackers":
+            return json.dumps([part.strip() for part in value.split(",") if part.strip()])
+        return json.dumps(value)
+    raise InputError(f"run-config key {key!r}: unsupported value {value!r}")
+
+
+def recipe_from_config(config: Mapping[str, Any], *, num_partitions: int | None = None) -> Recipe:
+    """The recipe a run config describes; ``num_partitions`` (a node's ``num-partitions``) sets num-clients.
+
+    The Flower app has no attack-analysis client (``kfca.attacks`` is emptied): nodes attack through
+    their node config (``attack``) or ``kfca.attackers`` (by partition id).
+    """
+    from ..simulate import resolve_recipe_path
+
+    name = config.get("recipe", DEFAULT_RECIPE)
+    overrides = [f"{key}={_toml_literal(key, value)}" for key, value in config.items() if key not in APP_KEYS]
+    overrides.append("kfca.attacks=[]")
+    if num_partitions is not None:
+        overrides.append(f"num-clients={int(num_partitions)}")
+    return load_recipe(resolve_recipe_path(str(name)), overrides)
+
+
+def recipe_key(recipe: Recipe) -> str:
+    from ..recipe import recipe_to_dict
+
+    return json.dumps(recipe_to_dict(recipe), sort_keys=True)
+
+
+@lru_cache(maxsize=2)
+def _model(key: str) -> tuple[Any, Any]:
+    """Model and tokenizer, built once per process (a Ray worker serves many nodes)."""
+    from ..modeling import load_model_and_tokenizer
+    from ..recipe import recipe_from_dict
+
+    return load_model_and_tokenizer(recipe_from_dict(json.loads(key)), device="cpu")
+
+
+@lru_cache(maxsize=2)
+def _datasets(key: str) -> list:
+    """Every partition's encoded examples (the IID split of `kfca-llm simulate`), once per process."""
+    from ..data import load_client_datasets
+    from ..recipe import recipe_from_dict
+
+    return load_client_datasets(recipe_from_dict(json.loads(key)), _model(key)[1])
+
+
+def initial_adapter(recipe: Recipe) -> dict[str, torch.Tensor]:
+    """The global adapter of round 1 (the same seeded model every node builds)."""
+    return adapter_state(_model(recipe_key(recipe))[0])
+
+
+def train_partition(recipe: Recipe, partition: int, global_state: Mapping[str, torch.Tensor],
+                    server_round: int) -> ClientUpdate:
+    """One node, one round: ``kfca_llm.fl.client.train_client``, seeded as ``kfca-llm simulate`` seeds client
+    ``partition`` (the same update for the same recipe, round and global adapter)."""
+    if not 0 <= partition < recipe.num_clients:
+        raise InputError(f"partition-id {partition} is outside 0..{recipe.num_clients - 1}")
+    key = recipe_key(recipe)
+    model, tokenizer = _model(key)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return train_client(model, global_state, _datasets(key)[partition], recipe, server_round=server_round,
+                        seed=derive_seed(recipe.kfca.seed, TRAIN, server_round, partition),
+                        device=torch.device("cpu"), pad_token_id=pad_id)
+
+
+def node_attack(recipe: Recipe, node_config: Mapping[str, Any], partition: int) -> str | None:
+    """The node's attack spec: its node config's ``attack``, else ``kfca.attackers`` for its partition."""
+    spec = node_config.get("attack") or fixed_attackers(recipe).get(partition)
+    if spec:
+        resolve_attack(str(spec))  # an unknown spec names the valid ones
+    return str(spec) if spec else None
+
+
+def attacked_update(recipe: Recipe, spec: str, partition: int, server_round: int,
+                    honest: dict[str, torch.Tensor], history: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A node's submission under attack ``spec``, with the noise `kfca-llm simulate` gives that client.
+
+    A node sees no other node's update, so attacks that need one (``copy``) raise ``InputError``: the
+    node replies with an error, which the strategy records."""
+    cid = client_id(partition)
+    context = attack_context(recipe.kfca.seed, server_round, cid, f"{cid}={spec}", {cid: honest}, history)
+    return resolve_attack(spec).submit(context)

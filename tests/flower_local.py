@@ -1,0 +1,93 @@
+"""An in-process Flower Grid and numpy nodes, to drive a strategy without a simulation engine (no Ray).
+
+Each node is a function (instruction message -> reply message); the grid delivers a round's messages
+to them in order. Used by the strategy tests and by the ledger crash test's server subprocess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+SHAPES = {"conv.weight": (4, 3, 3), "dense.bias": (16,), "dense.weight": (16, 24)}
+
+
+def num_examples(node: int) -> int:
+    return 10 * node
+
+
+def set_task_identity() -> None:
+    """Messages read their run and sender from the process's task identity (a SuperLink sets it)."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+
+class LocalGrid(Grid):
+    def __init__(self, nodes: Mapping[int, Callable[[Message], Message]]):
+        set_task_identity()
+        self.nodes = dict(nodes)
+        self.sent: list[Message] = []
+
+    def set_run(self, run) -> None:  # pragma: no cover - not used in process
+        self._run = run
+
+    @property
+    def run(self):  # pragma: no cover
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # pragma: no cover
+        return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.nodes)
+
+    def push_messages(self, messages):  # pragma: no cover
+        raise NotImplementedError("LocalGrid answers in send_and_receive")
+
+    def pull_messages(self, message_ids):  # pragma: no cover
+        raise NotImplementedError("LocalGrid answers in send_and_receive")
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        self.sent.extend(messages)
+        return [self.nodes[m.metadata.dst_node_id](m) for m in messages]
+
+
+def initial_arrays(seed: int = 0) -> ArrayRecord:
+    rng = np.random.default_rng(seed)
+    return ArrayRecord({k: Array(rng.standard_normal(s).astype(np.float32)) for k, s in SHAPES.items()})
+
+
+def honest_update(node: int, server_round: int) -> dict[str, np.ndarray]:
+    """A shared direction per round plus node noise: honest nodes' signs agree well above chance."""
+    common = np.random.default_rng(1000 + server_round)
+    own = np.random.default_rng(node * 7919 + server_round)
+    return {k: (common.standard_normal(s) + 0.8 * own.standard_normal(s)).astype(np.float32) * 0.01
+            for k, s in SHAPES.items()}
+
+
+def reply_with(message: Message, arrays: ArrayRecord | None, examples=None, *, key: str = "arrays") -> Message:
+    node = message.metadata.dst_node_id
+    content = RecordDict({"metrics": MetricRecord({"num-examples": 10 * node if examples is None
+                                                   else examples})})
+    if arrays is not None:
+        content[key] = arrays
+    return Message(content=content, reply_to=message)
+
+
+def numpy_node(kind: str) -> Callable[[Message], Message]:
+    """A node that trains 'honestly' (returns global + its update), or flips or zeroes that update."""
+    def answer(message: Message) -> Message:
+        node = message.metadata.dst_node_id
+        server_round = int(message.content["config"]["server-round"])
+        sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
+        update = honest_update(node, server_round)
+        factor = {"honest": 1.0, "flip": -1.0, "zero": 0.0}[kind]
+        # Arrays it does not train (e.g. an integer counter) go back as they came.
+        return reply_with(message, ArrayRecord({k: Array(sent[k] + factor * update[k] if k in update else sent[k])
+                                                for k in sent}))
+
+    return answer

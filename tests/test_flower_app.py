@@ -1,0 +1,76 @@
+"""The Flower app's pieces without a simulation engine: run config -> recipe, node attacks, the ClientApp body."""
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+
+import torch  # noqa: E402
+from flower_local import set_task_identity  # noqa: E402
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
+
+from kfca_llm import InputError  # noqa: E402
+from kfca_llm.flower.client_app import train_reply  # noqa: E402
+from kfca_llm.flower.task import initial_adapter, node_attack, recipe_from_config, train_partition  # noqa: E402
+
+CONFIG = {"train.training-arguments.max-steps": 1, "num-server-rounds": 2}
+
+
+def test_run_config_overrides_the_named_recipe_with_flowertune_keys():
+    recipe = recipe_from_config({**CONFIG, "kfca.attackers": "1=flip, 3=lagged:2", "kfca.ledger": "x.sqlite",
+                                 "kfca.aggregation": "exclude-negative", "model.lora.peft-lora-r": 4},
+                                num_partitions=5)
+    assert recipe.name == "tiny" and recipe.num_clients == 5 and recipe.num_server_rounds == 2
+    assert recipe.train.training_arguments.max_steps == CONFIG["train.training-arguments.max-steps"]
+    assert recipe.model.lora.peft_lora_r == 4
+    assert recipe.kfca.attackers == ("1=flip", "3=lagged:2") and recipe.kfca.attacks == ()
+    with pytest.raises(InputError, match="train.training-arguments.max-stepz"):
+        recipe_from_config({"train.training-arguments.max-stepz": 2})
+    with pytest.raises(InputError, match="no recipe file 'nope'"):
+        recipe_from_config({"recipe": "nope"})
+
+
+def test_a_node_attacks_through_its_node_config_or_kfca_attackers():
+    recipe = recipe_from_config({"kfca.attackers": "1=flip"}, num_partitions=4)
+    assert node_attack(recipe, {"partition-id": 1}, 1) == "flip"
+    assert node_attack(recipe, {"partition-id": 2}, 2) is None
+    assert node_attack(recipe, {"partition-id": 2, "attack": "lagged:3"}, 2) == "lagged:3"
+    with pytest.raises(InputError, match="unknown attack 'flop'"):
+        node_attack(recipe, {"attack": "flop"}, 0)
+    with pytest.raises(InputError, match="outside 0..3"):
+        recipe_from_config({"kfca.attackers": "7=flip"}, num_partitions=4)
+
+
+def _message(arrays, server_round):
+    set_task_identity()
+    content = RecordDict({"arrays": ArrayRecord(arrays), "config": ConfigRecord({"server-round": server_round})})
+    return Message(content, dst_node_id=11, message_type="train")
+
+
+def _context(node_config):
+    return Context(run_id=1, node_id=11, node_config={"num-partitions": 4, **node_config}, state=RecordDict(),
+                   run_config={})
+
+
+def _returned(reply):
+    return {k: torch.from_numpy(a.numpy()) for k, a in reply.content["arrays"].items()}
+
+
+def test_client_app_replies_global_plus_update_and_attacks_on_its_own_history():
+    recipe = recipe_from_config(CONFIG, num_partitions=4)
+    global1 = initial_adapter(recipe)
+    trained = train_partition(recipe, 2, global1, 1)
+    honest1 = trained.update
+
+    reply = train_reply(_message(global1, 1), _context({"partition-id": 2}), CONFIG)
+    assert reply.content["metrics"]["num-examples"] == trained.num_examples
+    assert all(torch.equal(v, global1[k] + honest1[k]) for k, v in _returned(reply).items())
+
+    flip = train_reply(_message(global1, 1), _context({"partition-id": 2, "attack": "flip"}), CONFIG)
+    assert all(torch.equal(v, global1[k] - honest1[k]) for k, v in _returned(flip).items())
+
+    # lagged:1 replays the node's previous honest update (kept in its context state across rounds).
+    lagger = _context({"partition-id": 2, "attack": "lagged:1"})
+    train_reply(_message(global1, 1), lagger, CONFIG)
+    global2 = {k: v + 0.01 for k, v in global1.items()}
+    lagged = train_reply(_message(global2, 2), lagger, CONFIG)
+    assert all(torch.equal(v, global2[k] + honest1[k]) for k, v in _returned(lagged).items())

@@ -1,0 +1,140 @@
+"""The repository's Flower app under Flower's simulation engine (Ray): one shared run of the tiny recipe.
+
+Eight nodes, two rounds: partitions 0-2 train honestly, 3 flips (kfca.attackers), 4 submits zero, and
+5-7 run a broken ClientApp (NaN, wrong shapes, no arrays). The ServerApp runs in this process, so the
+test reads the strategy's rewards and recomputes them with ``score_updates`` from what was sent and
+received.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.simulation import run_simulation  # noqa: E402
+
+from kfca_llm import score_updates  # noqa: E402
+from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
+from kfca_llm.flower.client_app import train_reply  # noqa: E402
+from kfca_llm.flower.server_app import make_server_app  # noqa: E402
+
+HONEST, FLIP, ZERO, BROKEN = (0, 1, 2), 3, 4, {5: "nan", 6: "shape", 7: "no-arrays"}
+NODES, ROUNDS = 8, 2
+CONFIG = {"num-server-rounds": ROUNDS, "strategy.fraction-train": 1.0, "train.training-arguments.max-steps": 3,
+          "kfca.attackers": f"{FLIP}=flip,{ZERO}=zero"}
+
+
+class RecordingKFCA(KFCAStrategy):
+    """Keeps the arrays sent and every reply received, to recompute the rewards independently."""
+
+    sent: dict
+    replies: dict
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.sent = getattr(self, "sent", {})
+        self.replies = getattr(self, "replies", {})
+        self.sent[server_round] = {k: a.numpy() for k, a in arrays.items()}
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        self.replies[server_round] = list(replies)
+        return super().aggregate_train(server_round, self.replies[server_round])
+
+
+def _broken_reply(msg, kind):
+    arrays = {k: a.numpy() for k, a in msg.content["arrays"].items()}
+    name = sorted(arrays)[0]
+    if kind == "nan":
+        arrays[name].flat[0] = np.nan
+    elif kind == "shape":
+        arrays[name] = arrays[name].reshape(-1)
+    content = RecordDict({"metrics": MetricRecord({"num-examples": 1, "partition-id": -1})})
+    if kind != "no-arrays":
+        content["arrays"] = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    return Message(content=content, reply_to=msg)
+
+
+client_app = ClientApp()
+
+
+@client_app.train()
+def _train(msg, context):
+    """The repository's ClientApp, except for the broken partitions; tags replies with the partition."""
+    partition = int(context.node_config["partition-id"])
+    if partition in BROKEN:
+        return _broken_reply(msg, BROKEN[partition])
+    reply = train_reply(msg, context, CONFIG)
+    reply.content["metrics"]["partition-id"] = partition
+    return reply
+
+
+@pytest.fixture(scope="module")
+def simulation(tmp_path_factory):
+    ledger = tmp_path_factory.mktemp("flower") / "rewards.sqlite"
+    done = {}
+    server_app = make_server_app({**CONFIG, "kfca.ledger": str(ledger)}, strategy_class=RecordingKFCA,
+                                 on_result=lambda strategy, result: done.update(strategy=strategy, result=result))
+    # Ray's workers import this module to run the ClientApp above: let them find it.
+    here = str(Path(__file__).resolve().parent)
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = here + (os.pathsep + saved if saved else "")
+    try:
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=NODES,
+                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 1}})
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+    assert "strategy" in done, "the ServerApp did not finish"
+    return done["strategy"], done["result"], ledger
+
+
+def partitions(strategy, server_round):
+    return {str(m.metadata.src_node_id): int(m.content["metrics"]["partition-id"])
+            for m in strategy.replies[server_round] if m.has_content() and "metrics" in m.content}
+
+
+def test_rewards_equal_score_updates_bit_for_bit(simulation):
+    strategy, _, _ = simulation
+    assert sorted(strategy.rewards) == list(range(1, ROUNDS + 1))
+    for server_round, rewards in strategy.rewards.items():
+        sent = strategy.sent[server_round]
+        updates = {str(m.metadata.src_node_id): {k: a.numpy() - sent[k] for k, a in m.content["arrays"].items()}
+                   for m in strategy.replies[server_round] if str(m.metadata.src_node_id) in rewards}
+        assert len(updates) == len(HONEST) + 2
+        assert rewards == score_updates(updates, seed=strategy.round_seed(server_round)).rewards
+
+
+def test_flip_node_negative_zero_node_about_zero_honest_nodes_positive(simulation):
+    strategy, _, _ = simulation
+    for server_round, rewards in strategy.rewards.items():
+        by_partition = {partitions(strategy, server_round)[node]: r for node, r in rewards.items()}
+        assert sorted(by_partition) == [*HONEST, FLIP, ZERO]
+        assert all(by_partition[p] > 0.02 for p in HONEST), by_partition
+        assert by_partition[FLIP] < -0.05, by_partition
+        assert abs(by_partition[ZERO]) < 0.02, by_partition
+
+
+def test_broken_client_replies_are_recorded_and_excluded_and_the_run_completes(simulation):
+    strategy, result, ledger = simulation
+    assert sorted(result.train_metrics_clientapp) == list(range(1, ROUNDS + 1))
+    expected = {"nan": "holds NaN or Inf", "shape": "differs from the sent shape", "no-arrays": "no ArrayRecord"}
+    contents = read_ledger(ledger)
+    for server_round in range(1, ROUNDS + 1):
+        tags = partitions(strategy, server_round)
+        broken_nodes = {node for node, p in tags.items() if p == -1} | {
+            str(m.metadata.src_node_id) for m in strategy.replies[server_round] if "arrays" not in m.content}
+        failures = dict(strategy.failures[server_round])
+        assert set(failures) == broken_nodes and len(broken_nodes) == len(BROKEN)
+        assert sorted(any(text in reason for reason in failures.values()) for text in expected.values()) == [True] * 3
+        assert not broken_nodes & set(strategy.rewards[server_round])
+        rows = [r for r in contents.rewards if r.round == server_round]
+        assert {r.node_id: r.reward for r in rows} == strategy.rewards[server_round]
+        assert {f.node_id for f in contents.failures if f.round == server_round} == broken_nodes
+    assert [r.status for r in contents.rounds] == ["scored"] * ROUNDS

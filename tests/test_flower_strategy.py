@@ -1,0 +1,295 @@
+"""KFCAStrategy driven through Flower's own Strategy.start with an in-process grid (no simulation engine).
+
+The nodes are plain numpy models (the strategy must work for any Flower app, not only LLM adapters).
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
+from flower_local import (SHAPES, LocalGrid, honest_update, initial_arrays,  # noqa: E402
+                          num_examples, numpy_node, reply_with)
+
+from kfca_llm import InputError, score_updates  # noqa: E402
+from kfca_llm.flower import KFCAStrategy, read_ledger, update_sha256  # noqa: E402
+
+KINDS = {1: "honest", 2: "honest", 3: "honest", 4: "flip", 5: "zero"}
+
+
+class RecordingFedAvg(FedAvg):
+    """FedAvg that keeps what it sent and the replies it was handed (to recompute rewards independently)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(fraction_evaluate=0.0, **kwargs)
+        self.sent, self.received = {}, {}
+
+    def configure_train(self, server_round, arrays, config, grid):
+        self.sent[server_round] = {k: a.numpy() for k, a in arrays.items()}
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        self.received[server_round] = replies
+        return super().aggregate_train(server_round, replies)
+
+
+def run(nodes, *, rounds=2, ledger=None, **options):
+    inner = RecordingFedAvg()
+    strategy = KFCAStrategy(inner, ledger=ledger, **options)
+    result = strategy.start(grid=LocalGrid(nodes), initial_arrays=initial_arrays(), num_rounds=rounds)
+    return strategy, inner, result
+
+
+def updates_of(inner, server_round):
+    sent = inner.sent[server_round]
+    return {str(m.metadata.src_node_id): {k: a.numpy() - sent[k] for k, a in m.content["arrays"].items()}
+            for m in inner.received[server_round]}
+
+
+def fedavg_by_hand(replies, weights):
+    total = sum(weights)
+    return {k: sum(m.content["arrays"][k].numpy() * (w / total) for m, w in zip(replies, weights)) for k in SHAPES}
+
+
+@pytest.fixture(scope="module")
+def mixed_run(tmp_path_factory):
+    ledger = tmp_path_factory.mktemp("ledger") / "rewards.sqlite"
+    strategy, inner, result = run({n: numpy_node(k) for n, k in KINDS.items()}, ledger=ledger)
+    return strategy, inner, result, ledger
+
+
+def test_rewards_equal_score_updates_bit_for_bit(mixed_run):
+    strategy, inner, _, _ = mixed_run
+    assert sorted(strategy.rewards) == [1, 2]
+    for server_round in (1, 2):
+        expected = score_updates(updates_of(inner, server_round), seed=strategy.round_seed(server_round))
+        assert strategy.rewards[server_round] == expected.rewards
+        assert strategy.reports[server_round].pairwise == expected.pairwise
+    assert strategy.round_seed(1) != strategy.round_seed(2)
+
+
+def test_flip_negative_zero_about_zero_honest_positive(mixed_run):
+    strategy = mixed_run[0]
+    for rewards in strategy.rewards.values():
+        assert all(rewards[str(n)] > 0.01 for n in (1, 2, 3))
+        assert rewards["4"] < -0.1
+        assert abs(rewards["5"]) < 0.02
+
+
+def test_rewards_in_train_metrics(mixed_run):
+    strategy, _, result, _ = mixed_run
+    for server_round, rewards in strategy.rewards.items():
+        metrics = result.train_metrics_clientapp[server_round]
+        assert {k: v for k, v in metrics.items() if k.startswith("kfca.reward.")} == {
+            f"kfca.reward.{n}": r for n, r in rewards.items()}
+        assert metrics["kfca.scored"] == 1 and metrics["kfca.failed-replies"] == 0
+
+
+def test_ledger_rows_match_rewards_and_sign_digests(mixed_run):
+    strategy, inner, _, ledger = mixed_run
+    contents = read_ledger(ledger)
+    assert [(r.round, r.status) for r in contents.rounds] == [(1, "scored"), (2, "scored")]
+    assert contents.failures == []
+    for server_round in (1, 2):
+        rows = {r.node_id: r for r in contents.rewards if r.round == server_round}
+        assert {n: r.reward for n, r in rows.items()} == strategy.rewards[server_round]
+        updates = updates_of(inner, server_round)
+        for node, row in rows.items():
+            assert row.sign_sha256 == update_sha256(updates[node])
+            assert row.num_examples == num_examples(int(node))
+            assert row.peers == tuple(sorted(set(rows) - {node}))
+            assert row.seed == strategy.round_seed(server_round) and row.penalty == "expected"
+            assert row.run_id == strategy.run_id
+    digests = {r.sign_sha256 for r in contents.rewards if r.round == 1}
+    assert len(digests) == 5  # every node's report differs (the zero node's is all non-negative)
+    assert contents.totals() == pytest.approx(
+        {n: strategy.rewards[1][n] + strategy.rewards[2][n] for n in strategy.rewards[1]}, rel=1e-12)
+
+
+def test_aggregation_all_hands_every_reply_to_the_wrapped_strategy(mixed_run):
+    strategy, inner, result, _ = mixed_run
+    last = inner.received[2]
+    assert sorted(m.metadata.src_node_id for m in last) == sorted(KINDS)
+    expected = fedavg_by_hand(last, [num_examples(m.metadata.src_node_id) for m in last])
+    for k in SHAPES:
+        np.testing.assert_allclose(result.arrays[k].numpy(), expected[k], rtol=1e-6, atol=1e-7)
+
+
+def test_exclude_negative_keeps_the_flip_node_out_of_the_global_arrays():
+    strategy, inner, result = run({n: numpy_node(k) for n, k in KINDS.items()}, rounds=1,
+                                  aggregation="exclude-negative")
+    rewards = strategy.rewards[1]
+    kept = sorted(m.metadata.src_node_id for m in inner.received[1])
+    assert kept == sorted(int(n) for n, r in rewards.items() if r >= 0) and 4 not in kept and {1, 2, 3} <= set(kept)
+    expected = fedavg_by_hand(inner.received[1], [num_examples(n) for n in kept])
+    sent = inner.sent[1]
+    for k in SHAPES:
+        np.testing.assert_allclose(result.arrays[k].numpy(), expected[k], rtol=1e-6, atol=1e-7)
+        # With the flip node (weight 40 of 150) averaged in, the step would shrink visibly.
+        honest_step = np.mean([honest_update(n, 1)[k] for n in (1, 2, 3)], axis=0)
+        assert np.corrcoef((result.arrays[k].numpy() - sent[k]).ravel(), honest_step.ravel())[0, 1] > 0.9
+
+
+def test_reward_weighted_scales_the_weight_key_by_positive_reward():
+    strategy, inner, result = run({n: numpy_node(k) for n, k in KINDS.items()}, rounds=1,
+                                  aggregation="reward-weighted")
+    rewards = strategy.rewards[1]
+    handed = inner.received[1]
+    weights = [m.content["metrics"]["num-examples"] for m in handed]
+    assert weights == [num_examples(m.metadata.src_node_id) * max(rewards[str(m.metadata.src_node_id)], 0.0)
+                       for m in handed]
+    assert weights[[m.metadata.src_node_id for m in handed].index(4)] == 0.0
+    expected = fedavg_by_hand(handed, weights)
+    for k in SHAPES:
+        np.testing.assert_allclose(result.arrays[k].numpy(), expected[k], rtol=1e-6, atol=1e-7)
+
+
+def bad_node(kind):
+    """A node whose reply is broken in one way (the reply of an honest node, then damaged)."""
+    honest = numpy_node("honest")
+
+    def answer(message):
+        arrays = honest(message).content["arrays"]
+        values = {k: a.numpy() for k, a in arrays.items()}
+        if kind == "error":
+            return Message(Error(code=0, reason="out of memory"), reply_to=message)
+        if kind == "no-arrays":
+            return reply_with(message, None)
+        if kind == "other-key":
+            return reply_with(message, arrays, key="weights")
+        if kind == "nan":
+            values["dense.weight"][3, 5] = np.nan
+        elif kind == "inf":
+            values["conv.weight"][0, 0, 0] = -np.inf
+        elif kind == "shape":
+            values["dense.weight"] = values["dense.weight"].T.copy()
+        elif kind == "missing":
+            del values["dense.bias"]
+        elif kind == "extra":
+            values["head.weight"] = np.ones(3, np.float32)
+        elif kind == "int":
+            values["dense.bias"] = values["dense.bias"].astype(np.int32)
+        elif kind == "float64":
+            values["dense.bias"] = values["dense.bias"].astype(np.float64)
+        elif kind == "weight":
+            return reply_with(message, arrays, examples=float("nan"))
+        return reply_with(message, ArrayRecord({k: Array(v) for k, v in values.items()}))
+
+    return answer
+
+
+BAD = {6: ("nan", "NaN or Inf"), 7: ("inf", "NaN or Inf"), 8: ("shape", "differs from the sent shape"),
+       9: ("missing", "missing from the reply: ['dense.bias']"), 10: ("extra", "not sent: ['head.weight']"),
+       11: ("int", "not a floating-point type"), 12: ("float64", "differs from the sent dtype float32"),
+       13: ("no-arrays", "no ArrayRecord under 'arrays' (found [])"),
+       14: ("other-key", "no ArrayRecord under 'arrays' (found ['weights'])"),
+       15: ("error", "out of memory"), 16: ("weight", "'num-examples' must be a finite number")}
+
+
+def test_bad_replies_are_recorded_excluded_and_the_round_goes_on(tmp_path):
+    nodes = {n: numpy_node(k) for n, k in KINDS.items()} | {n: bad_node(kind) for n, (kind, _) in BAD.items()}
+    ledger = tmp_path / "rewards.sqlite"
+    strategy, inner, result = run(nodes, rounds=1, ledger=ledger)
+    failures = dict(strategy.failures[1])
+    assert set(failures) == {str(n) for n in BAD}
+    for node, (_, reason) in BAD.items():
+        assert reason in failures[str(node)], (node, failures[str(node)])
+    handed = inner.received[1]
+    assert sorted(m.metadata.src_node_id for m in handed) == sorted(KINDS)
+    assert strategy.rewards[1] == score_updates(updates_of(inner, 1), seed=strategy.round_seed(1)).rewards
+    assert result.train_metrics_clientapp[1]["kfca.failed-replies"] == len(BAD)
+    contents = read_ledger(ledger)
+    assert {(f.node_id, f.reason) for f in contents.failures} == {(n, r) for n, r in failures.items()}
+    assert {r.node_id for r in contents.rewards} == {str(n) for n in KINDS}
+    assert contents.rounds[0].failed_replies == len(BAD) and contents.rounds[0].valid_replies == len(KINDS)
+
+
+def test_fewer_than_two_valid_replies_leave_the_round_unscored(tmp_path):
+    ledger = tmp_path / "rewards.sqlite"
+    strategy, inner, result = run({1: numpy_node("honest"), 2: bad_node("nan")}, rounds=1, ledger=ledger,
+                                  aggregation="exclude-negative")
+    assert strategy.rewards == {}
+    assert [m.metadata.src_node_id for m in inner.received[1]] == [1]  # aggregated as it is, unscored
+    assert result.train_metrics_clientapp[1]["kfca.scored"] == 0
+    contents = read_ledger(ledger)
+    assert [(r.round, r.status, r.valid_replies) for r in contents.rounds] == [(1, "not-scored", 1)]
+    assert contents.rewards == []
+    assert any(f.node_id is None and "KFCA needs at least two" in f.reason for f in contents.failures)
+    np.testing.assert_array_equal(result.arrays["dense.bias"].numpy(),
+                                  inner.received[1][0].content["arrays"]["dense.bias"].numpy())
+
+
+def test_replies_from_unknown_or_repeated_nodes_are_failures():
+    strategy = KFCAStrategy(FedAvg(), ledger=None)
+    grid = LocalGrid({n: numpy_node("honest") for n in (1, 2, 3)})
+    messages = list(strategy.configure_train(1, initial_arrays(), ConfigRecord(), grid))
+    replies = grid.send_and_receive(messages)
+    stranger = Message(RecordDict(), dst_node_id=99, message_type="train")
+    replies += [replies[0], reply_with(stranger, replies[1].content["arrays"], examples=5)]
+    strategy.aggregate_train(1, replies)
+    reasons = strategy.failures[1]
+    assert (str(replies[0].metadata.src_node_id), "more than one reply from this node") in reasons
+    assert ("99", "reply from a node that was not sent a training message this round") in reasons
+    assert sorted(strategy.rewards[1]) == ["1", "2", "3"]
+
+
+class Unweighted(Strategy):
+    def configure_train(self, *a): return []
+    def aggregate_train(self, *a): return None, None
+    def configure_evaluate(self, *a): return []
+    def aggregate_evaluate(self, *a): return None
+    def summary(self): pass
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"strategy": "FedAvg"}, "must be a Flower message-API Strategy"),
+    ({"peers": 0}, "peers must be None"),
+    ({"peers": True}, "peers must be None"),
+    ({"peers": 1.5}, "peers must be None"),
+    ({"seed": -1}, "seed must be an integer"),
+    ({"penalty": "exact"}, "penalty must be one of"),
+    ({"bonus_fraction": 1.0}, "bonus_fraction must be a number in (0, 1)"),
+    ({"bonus_fraction": "0.5"}, "bonus_fraction must be a number in (0, 1)"),
+    ({"backend": "cuda"}, "unknown backend 'cuda'"),
+    ({"ledger": 3}, "ledger must be a file path or None"),
+    ({"aggregation": "median"}, "aggregation must be one of"),
+    ({"strategy": Unweighted(), "aggregation": "reward-weighted"}, "has no `weighted_by_key`"),
+])
+def test_odd_constructor_arguments_raise_clear_errors(options, message):
+    with pytest.raises(InputError, match=re.escape(message)):
+        KFCAStrategy(**{"ledger": None, **options})
+
+
+def test_a_ledger_path_that_is_a_directory_or_not_sqlite_is_refused(tmp_path):
+    with pytest.raises(InputError, match="not a regular file"):
+        KFCAStrategy(ledger=tmp_path)
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(InputError, match="cannot use .* as a reward ledger"):
+        KFCAStrategy(ledger=junk)
+
+
+def test_non_float_arrays_must_come_back_unchanged_in_type_and_are_not_scored():
+    """A numpy model with an integer counter (like BatchNorm's num_batches_tracked) beside its weights."""
+    arrays = initial_arrays()
+    arrays["bn.num_batches"] = Array(np.array([7], dtype=np.int64))
+
+    def float_counter(message):
+        reply = numpy_node("honest")(message)
+        counter = reply.content["arrays"]["bn.num_batches"].numpy()
+        reply.content["arrays"]["bn.num_batches"] = Array(counter.astype(np.float64))
+        return reply
+
+    nodes = {1: numpy_node("honest"), 2: numpy_node("honest"), 3: numpy_node("flip"), 4: float_counter}
+    strategy = KFCAStrategy(RecordingFedAvg(), ledger=None)
+    result = strategy.start(grid=LocalGrid(nodes), initial_arrays=arrays, num_rounds=1)
+    assert dict(strategy.failures[1]) == {"4": "array 'bn.num_batches': dtype float64 differs from the sent dtype int64"}
+    updates = {n: {k: v for k, v in u.items() if k in SHAPES} for n, u in updates_of(strategy.strategy, 1).items()}
+    assert sorted(updates) == ["1", "2", "3"]
+    assert strategy.rewards[1] == score_updates(updates, seed=strategy.round_seed(1)).rewards
+    assert result.arrays["bn.num_batches"].numpy().tolist() == [7]
