@@ -26,10 +26,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from ..engine import SignPacker, available_backends, get_backend
-from ..engine.packer import PENALTY_MODES
+from ..engine import available_backends, get_backend
 from ..errors import InputError
 from ..fl.seeds import KFCA, derive_seed
+from ..mechanism import PENALTY_MODES
+from ..packer import SignPacker
 from ..partition import check_seed
 from ..report import RewardReport
 from .ledger import FailureRow, Ledger, RewardRow
