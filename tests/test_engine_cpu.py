@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -280,3 +284,15 @@ def test_multi_threaded_fused_pack_matches_reference():
     ref_signs, ref_task = _reference_words(layout, sds)
     np.testing.assert_array_equal(signs, ref_signs)
     np.testing.assert_array_equal(task, ref_task)
+
+
+def test_parallel_kernels_run_on_the_workqueue_layer():
+    """OpenMP workers keep spinning after a parallel kernel and starve torch's training threads
+    (engine/numba_setup.py): the engine picks numba's workqueue layer unless the user chose one."""
+    code = ("import numba, torch, kfca_llm\n"
+            "kfca_llm.score_updates({'a': torch.randn(4_000_000), 'b': torch.randn(4_000_000)}, backend='numpy')\n"
+            "print(numba.threading_layer())")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] == "workqueue"

@@ -268,7 +268,7 @@ def test_mutated_files_give_an_input_error_or_a_result(tmp_path_factory, payload
 
 
 def test_numba_cache_falls_back_to_a_temporary_folder(tmp_path):
-    from kfca_llm.engine.numba_cache import fallback_cache_dir
+    from kfca_llm.engine.numba_setup import fallback_cache_dir
 
     blocker = tmp_path / "file"  # nothing can be created below a regular file, not even by root
     blocker.write_text("")

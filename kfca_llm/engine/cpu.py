@@ -27,10 +27,10 @@ from ..errors import InputError
 from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
 from .backends import Backend, PackedBuffers
 from .layout import Layout
-from .numba_cache import ensure_numba_cache
+from .numba_setup import configure_numba
 from .stats import RoundCounts
 
-ensure_numba_cache()  # before the cache=True kernels below are defined
+configure_numba()  # before the cache=True kernels below are defined
 
 # (same-width integer view, magnitude mask, exponent mask) per float dtype.
 _RAW_FORMATS = {

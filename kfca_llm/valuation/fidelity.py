@@ -179,12 +179,6 @@ def run_fidelity(cfg: FidelityConfig, out: str | Path, log=print) -> dict:
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise InputError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
-    import numba
-
-    # numba's default (OpenMP) threading layer leaves threads spinning after KFCA scores a round,
-    # which made torch's next training steps ~25x slower here; the workqueue layer does not.
-    # (Effective only before numba's first parallel call, which is the case in the CLI.)
-    numba.config.THREADING_LAYER = "workqueue"
     threads_before = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
