@@ -26,8 +26,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from ..engine import SignPacker, available_backends, get_backend
-from ..engine.packer import PENALTY_MODES
+from ..engine import available_backends, get_backend
+from ..mechanism import PENALTY_MODES
+from ..packer import SignPacker
 from ..errors import InputError
 from ..fl.seeds import KFCA, derive_seed
 from ..partition import check_seed
