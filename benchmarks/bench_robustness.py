@@ -3,12 +3,15 @@
 Synthetic rounds: a shared signal plus private noise, each client with its own signal weight drawn from
 U(0.2, 0.95) (so honest pairs range from weakly to strongly correlated), 20,000 coordinates. A copier
 resubmits one client's update plus Gaussian noise of 1%, 5%, 20% of its std; a colluding pair submits one
-shared random update (each with its own 5% noise). Tiny federation: honest round updates of all six
-clients of ``recipes/tiny.toml`` (LoRA, 8 local steps from the round's global adapter, FedAvg between
-rounds), with the same copiers added (noise relative to each tensor's std), scored by ``score_updates``.
+shared random update (each with its own 5% noise).
+
+Tiny federation, through the real pipeline (``kfca_llm.fl.rounds.run_federation`` on
+``recipes/tiny.toml`` with recipe overrides): fixed attackers (``kfca.attackers``) that copy an honest client (``copy:0``,
+``copy:0.01``, ``copy:0.05``, ``copy:0.2``) or collude (``collude:a`` twice), each run under every
+``kfca.duplicates`` policy; honest-only federations over several seeds count false positives.
 
     python benchmarks/bench_robustness.py                  # the figures in benchmarks/ROBUSTNESS.md
-    python benchmarks/bench_robustness.py --seeds 5 --rounds 1   # quick
+    python benchmarks/bench_robustness.py --seeds 5 --rounds 1 --steps 1 --federation-seeds 1   # quick
 """
 
 from __future__ import annotations
@@ -17,12 +20,8 @@ import argparse
 import time
 
 import numpy as np
-import torch
 
-import kfca_llm
-from kfca_llm import SignPacker
-from kfca_llm.engine import DuplicateRule, disagreement_counts, find_duplicates
-from kfca_llm.engine.duplicates import _excess_correlation
+from kfca_llm.engine import DuplicateRule, find_duplicates
 
 COORDS = 20_000
 NOISES = (0.01, 0.05, 0.2)
@@ -67,90 +66,98 @@ def synthetic(seeds: int) -> None:
     print()
 
 
-def tiny_federation_updates(rounds: int) -> list[dict[str, dict[str, torch.Tensor]]]:
-    """Honest updates of every client of the tiny recipe, for ``rounds`` rounds of FedAvg over all of them."""
-    from kfca_llm.data import load_client_datasets
-    from kfca_llm.federated import adapter_state, client_id, derive_seed, fedavg, train_client
-    from kfca_llm.modeling import load_model_and_tokenizer
-    from kfca_llm.recipe import load_recipe, lr_for_round
+POLICIES = ("flag", "split", "zero")
+# Every client trains every round (the tiny recipe samples 3 of 6); no side-by-side attack analysis.
+TINY_BASE = ["strategy.fraction-train=1.0", 'kfca.attacks=["honest"]']
+ATTACKED = {
+    "copy of an honest client, exact (copy:0)": ["5=copy:0"],
+    "copy, 1% noise (copy:0.01)": ["5=copy:0.01"],
+    "copy, 5% noise (copy:0.05)": ["5=copy:0.05"],
+    "copy, 20% noise (copy:0.2)": ["5=copy:0.2"],
+    "colluding pair (collude:a twice)": ["4=collude:a", "5=collude:a"],
+}
+
+
+def federation(overrides: list[str]):
+    """One tiny federation through the real pipeline (``kfca_llm.fl.rounds.run_federation``)."""
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+    from kfca_llm.recipe import load_recipe
     from kfca_llm.simulate import resolve_recipe_path
 
-    recipe = load_recipe(resolve_recipe_path("tiny"))
-    model, tokenizer = load_model_and_tokenizer(recipe, device="cpu")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    datasets = load_client_datasets(recipe, tokenizer)
-    state = adapter_state(model)
-    out = []
-    for t in range(1, rounds + 1):
-        local = {client_id(i): train_client(model, state, datasets[i], recipe, lr=lr_for_round(recipe, t),
-                                            seed=derive_seed(recipe.kfca.seed, 1, t, i), device=torch.device("cpu"),
-                                            pad_token_id=pad)
-                 for i in range(recipe.num_clients)}
-        out.append({c: r.update for c, r in local.items()})
-        state = fedavg(state, [(c, r.update, r.num_examples) for c, r in local.items()])
-    return out
+    return run_federation(load_recipe(resolve_recipe_path("tiny"), overrides), FederationOptions(progress=False))
 
 
-def noisy(update: dict[str, torch.Tensor], noise: float, g: torch.Generator) -> dict[str, torch.Tensor]:
-    return {k: v + noise * v.float().std() * torch.randn(v.shape, generator=g) for k, v in update.items()}
+def _attackers_setting(entries: list[str]) -> str:
+    return "kfca.attackers=[" + ", ".join(f'"{e}"' for e in entries) + "]"
 
 
-def honest_spread(updates: dict[str, dict[str, torch.Tensor]]) -> str:
-    """Agreement range and largest excess correlation among honest pairs (how far they are from the rules)."""
-    first = next(iter(updates.values()))
-    packer = SignPacker({k: tuple(v.shape) for k, v in first.items()}, list(updates))
-    for client, update in updates.items():
-        packer.add_many(client, update)
-    counts = packer.backend.round_counts(packer.buffers, 0, 0.5)
-    rate = disagreement_counts(counts) / counts.sizes.sum()
-    excess, _ = _excess_correlation(rate, int(counts.sizes.sum()))
-    upper = np.triu_indices(len(updates), 1)
-    return (f"agreement {1 - rate[upper].max():.3f}..{1 - rate[upper].min():.3f}, "
-            f"largest excess correlation {excess[upper].max():+.3f}")
+def _mean(values) -> str:
+    values = list(values)
+    return f"{np.mean(values):+.3f}" if values else "-"
 
 
-def tiny_federation(rounds: int) -> None:
+def tiny_federation(rounds: int, steps: int, seeds: int) -> None:
+    shape = [f"num-server-rounds={rounds}", f"train.training-arguments.max-steps={steps}", *TINY_BASE]
     start = time.perf_counter()
-    all_rounds = tiny_federation_updates(rounds)
-    print(f"## Tiny federation ({rounds} rounds x 6 honest clients, trained in {time.perf_counter() - start:.0f} s)\n")
-    print("| round | setting | groups found | copiers' reward flag / split / zero | honest mean reward |")
-    print("|---|---|---|---|---|")
-    for t, honest in enumerate(all_rounds, start=1):
-        g = torch.Generator().manual_seed(t)
-        cases = {"honest only (6)": ({}, [])}
-        for subset in (3, 4):
-            cases[f"honest only ({subset} of 6)"] = ("subset", subset)
-        for noise in (0.0,) + NOISES:
-            cases[f"copy of client-001, noise {noise:.0%}"] = (
-                {"copier": noisy(honest["client-001"], noise, g) if noise else honest["client-001"]}, ["copier"])
-        shared = {k: torch.randn(v.shape, generator=g) * v.float().std() for k, v in honest["client-002"].items()}
-        cases["colluding pair, one random update"] = ({"colluder-a": shared, "colluder-b": noisy(shared, 0.05, g)},
-                                                      ["colluder-a", "colluder-b"])
-        for name, (extra, copiers) in cases.items():
-            if extra == "subset":
-                clients = dict(list(honest.items())[:copiers])
-                copiers = []
-            else:
-                clients = honest | extra
-            reports = {p: kfca_llm.score_updates(clients, seed=t, duplicates=p) for p in ("flag", "split", "zero")}
-            found = "; ".join(",".join(g.clients) for g in reports["flag"].duplicates) or "-"
-            paid = " / ".join(f"{np.mean([reports[p].rewards[c] for c in copiers]):+.3f}" for p in reports) if copiers else "-"
-            honest_mean = np.mean([reports["flag"].rewards[c] for c in honest if c in clients])
-            print(f"| {t} | {name} | {found} | {paid} | {honest_mean:+.3f} |")
-    print()
-    for t, honest in enumerate(all_rounds, start=1):
-        print(f"- round {t}, honest pairs: {honest_spread(honest)} (thresholds: agreement >= 0.98, excess >= 0.5)")
-    print()
+    print(f"## Tiny federation ({rounds} rounds, {steps} local steps, all 6 clients every round, seed 0)\n")
+    print("| setting | copier flagged (rounds) | group | copiers' reward flag / split / zero "
+          "| victim's reward flag / split / zero | other honest clients (zero) |")
+    print("|---|---|---|---|---|---|")
+    for name, entries in ATTACKED.items():
+        runs = {p: federation([*shape, _attackers_setting(entries), f"kfca.duplicates={p}"]) for p in POLICIES}
+        zero = runs["zero"]
+        copiers = [f"client-{int(e.split('=')[0]):03d}" for e in entries]
+        flagged = zero.flagged_clients()
+        groups = sorted({tuple(g["clients"]) for r in zero.rounds for g in r.duplicates})
+        victims = sorted({c for g in groups for c in g} - set(copiers))
+        copier_pay = " / ".join(_mean(v for r in runs[p].rounds for c in copiers for v in [r.fixed_attacker_rewards[c]])
+                                for p in POLICIES)
+        victim_pay = " / ".join(_mean(r.honest_rewards[c] for r in runs[p].rounds for c in victims) for p in POLICIES)
+        others = _mean(v for r in zero.rounds for c, v in r.honest_rewards.items() if c not in victims)
+        caught = min(len(flagged.get(c, [])) for c in copiers)
+        print(f"| {name} | {caught}/{rounds} | {'; '.join(','.join(g) for g in groups) or '-'} | {copier_pay} "
+              f"| {victim_pay if victims else '-'} | {others} |")
+    print(f"\n(trained in {time.perf_counter() - start:.0f} s: {3 * len(ATTACKED)} federations)\n")
+
+    start = time.perf_counter()
+    print(f"## Honest-only tiny federations: false positives over {seeds} seeds\n")
+    print("| sampling | local steps | seed | rounds | honest clients ever flagged | groups found |")
+    print("|---|---|---|---|---|---|")
+    # One local step is the stress case: LoRA's A factors do not move in the first step (B starts at 0)
+    # and AdamW's first step is the sign of the gradient, so honest updates are far more alike.
+    for fraction, local_steps in (("1.0", steps), ("0.5", steps), ("1.0", 1)):
+        for seed in range(seeds):
+            result = federation([f"num-server-rounds={rounds}", f"train.training-arguments.max-steps={local_steps}",
+                                 f"strategy.fraction-train={fraction}", 'kfca.attacks=["honest"]', f"kfca.seed={seed}"])
+            flagged = result.flagged_clients()
+            groups = sum(len(r.duplicates) for r in result.rounds)
+            every = "all 6 clients" if fraction == "1.0" else "3 of 6 (the recipe's)"
+            print(f"| {every} | {local_steps} | {seed} | {rounds} | {len(flagged)}: {', '.join(flagged) or '-'} "
+                  f"| {groups} |")
+    print(f"\n(trained in {time.perf_counter() - start:.0f} s)\n")
+
+    # The recipe's own sampling: the copier is paid (and checked) only in rounds it is sampled; copy:NOISE
+    # copies a client sampled in the same round, so its victim is always there to be compared with.
+    result = federation([f"num-server-rounds={2 * rounds}", f"train.training-arguments.max-steps={steps}",
+                         'kfca.attacks=["honest"]', _attackers_setting(["5=copy:0.05"])])
+    sampled = [r.round for r in result.rounds if "client-005" in r.clients]
+    flagged = result.flagged_clients().get("client-005", [])
+    paid = [r.fixed_attacker_rewards["client-005"] for r in result.rounds if "client-005" in r.clients]
+    print(f"- Recipe sampling (3 of 6 per round, {2 * rounds} rounds, `5=copy:0.05`, policy zero): the copier was "
+          f"sampled in rounds {sampled or '-'}, flagged in rounds {flagged or '-'}, paid {_mean(paid)} on average "
+          f"when sampled.\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=50, help="seeds per synthetic cell")
+    parser.add_argument("--rounds", type=int, default=3, help="tiny-federation rounds (0: skip the federations)")
+    parser.add_argument("--steps", type=int, default=4, help="local steps per round in the tiny federations")
+    parser.add_argument("--federation-seeds", type=int, default=3, help="seeds of the honest-only federations")
     args = parser.parse_args()
     synthetic(args.seeds)
     if args.rounds:
-        tiny_federation(args.rounds)
+        tiny_federation(args.rounds, args.steps, args.federation_seeds)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ def _device_of(state_dicts: Mapping[str, Mapping]):
 
 def score_updates(updates: Mapping[str, object], *, peers: int | None = None, seed: int = 0,
                   penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
-                  pairs: Sequence[tuple[str, str]] | None = None, duplicates: str = "flag") -> RewardReport:
+                  pairs: Sequence[tuple[str, str]] | None = None, duplicates: str = "zero",
+                  copy_candidates: Sequence[str] | None = None) -> RewardReport:
     """KFCA-QP rewards of adapter updates: each coordinate is a task, the report is its sign.
 
     ``updates`` maps client id -> state dict (name -> tensor, any float dtype, CPU or CUDA) or one
@@ -66,7 +67,10 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     clients when None), or only the explicit ordered ``pairs`` (client, peer). ``backend="auto"``
     runs Triton on CUDA tensors (no host round trip) and the CPU engine otherwise. Copies among the
     clients are reported in ``report.duplicates``; ``duplicates`` is the payment policy for them
-    (``"flag"``: report only, ``"split"``: a group is paid as one client, ``"zero"``: paid nothing).
+    (``"zero"``, the default: a group is paid nothing, since the detector cannot tell the original from
+    the copy; ``"split"``: a group is paid as one client; ``"flag"``: report only). The rewards before
+    the policy stay in ``report.unadjusted_rewards`` for review. ``copy_candidates`` restricts detection
+    to those client ids (None: every client).
     """
     if not isinstance(updates, Mapping):
         raise InputError("updates must be a mapping client id -> update")
@@ -80,14 +84,14 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     for client, sd in state_dicts.items():
         packer.add_many(client, sd)
     return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
-                        duplicates=duplicates)
+                        duplicates=duplicates, copy_candidates=copy_candidates)
 
 
 def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike], *,
                       reference: str | os.PathLike | None = None, peers: int | None = None, seed: int = 0,
                       penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
                       device=None, pairs: Sequence[tuple[str, str]] | None = None,
-                      duplicates: str = "flag") -> RewardReport:
+                      duplicates: str = "zero") -> RewardReport:
     """KFCA-QP rewards of adapter checkpoints (PEFT directories or .safetensors files).
 
     With ``reference`` (the previous global adapter) a client's update is its adapter minus the
@@ -131,7 +135,7 @@ def update_from_reference(adapter: torch.Tensor, reference: torch.Tensor) -> tor
 
 
 def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | None = None, seed: int = 0,
-                 penalty: str = "expected", bonus_fraction: float = 0.5, duplicates: str = "flag") -> RewardReport:
+                 penalty: str = "expected", bonus_fraction: float = 0.5, duplicates: str = "zero") -> RewardReport:
     """KFCA-D: rewards of clients' predicted labels on a shared data set (one task per example).
 
     ``duplicates`` as in ``score_updates``; for labels only identical reports and pairs agreeing on

@@ -23,9 +23,10 @@ def _add_scoring_options(parser: argparse.ArgumentParser) -> None:
                         help="expected: exact expectation of the penalty (default); sampled: the paper's draws")
     parser.add_argument("--bonus-fraction", type=float, default=0.5, help="fraction of tasks used as bonus tasks")
     parser.add_argument("--backend", choices=("auto", "numpy", "triton"), default="auto")
-    parser.add_argument("--duplicates", choices=("flag", "split", "zero"), default="flag",
-                        help="clients whose reports are copies of each other: flag (report only, default), "
-                             "split (each group is paid as one client), zero (groups are paid nothing)")
+    parser.add_argument("--duplicates", choices=("flag", "split", "zero"), default="zero",
+                        help="clients whose reports are copies of each other: zero (groups are paid nothing, "
+                             "default; the JSON keeps the unadjusted rewards for review), split (each group is "
+                             "paid as one client), flag (report only)")
 
 
 def _score(args: argparse.Namespace) -> int:

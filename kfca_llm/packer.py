@@ -100,12 +100,16 @@ class SignPacker:
 
     def score(self, *, peers: int | None = None, seed: int = 0, penalty: str = "expected",
               bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None,
-              duplicates: str = "flag", duplicate_rule: DuplicateRule = DuplicateRule()) -> RewardReport:
+              duplicates: str = "zero", duplicate_rule: DuplicateRule = DuplicateRule(),
+              copy_candidates: Sequence[str] | None = None) -> RewardReport:
         """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``.
 
-        Copies among all the clients (``engine.duplicates``) are listed in ``report.duplicates``;
-        ``duplicates="split"`` pays each group of copies as one client, ``"zero"`` pays it nothing,
-        ``"flag"`` (default) only reports them.
+        Copies among the clients (``engine.duplicates``) are listed in ``report.duplicates``;
+        ``duplicates="zero"`` (default) pays each group of copies nothing (the detector cannot tell the
+        original from the copy, and a copy must never be paid), ``"split"`` pays each group as one client,
+        ``"flag"`` only reports them; ``report.unadjusted_rewards`` keeps the rewards before the policy, so
+        an operator can review a group and release the original's pay. ``copy_candidates`` restricts
+        detection to those clients (None: all), e.g. to leave out hypothetical alternatives of one client.
         """
         seed = check_seed(seed)
         penalty = check_penalty(penalty)
@@ -116,7 +120,7 @@ class SignPacker:
         # Every pair is counted, not only the scored ones: copy detection compares each client with all
         # others (a copier need not be drawn as its victim's peer to be paid for the copy).
         counts = self.backend.round_counts(self.buffers, seed, bonus_fraction)
-        groups = find_duplicates(self.clients, disagreement_counts(counts), int(counts.sizes.sum()), duplicate_rule)
+        groups = self._duplicates(counts, duplicate_rule, copy_candidates)
         matches = None
         if penalty == "sampled":
             matches = self.backend.sampled_matches(self.buffers, seed, bonus_fraction, index_pairs)
@@ -134,12 +138,28 @@ class SignPacker:
             duplicates=groups, duplicate_policy=duplicates,
         )
 
-    def find_duplicates(self, rule: DuplicateRule = DuplicateRule()) -> tuple[DuplicateGroup, ...]:
+    def find_duplicates(self, rule: DuplicateRule = DuplicateRule(),
+                        copy_candidates: Sequence[str] | None = None) -> tuple[DuplicateGroup, ...]:
         """Groups of clients whose packed reports are copies of each other (no rewards computed)."""
         self._check_complete()
         # The disagreement counts sum the three task sets, so they do not depend on the partition seed.
-        counts = self.backend.round_counts(self.buffers, 0, 0.5)
-        return find_duplicates(self.clients, disagreement_counts(counts), int(counts.sizes.sum()), rule)
+        return self._duplicates(self.backend.round_counts(self.buffers, 0, 0.5), rule, copy_candidates)
+
+    def _duplicates(self, counts, rule: DuplicateRule, candidates: Sequence[str] | None) -> tuple[DuplicateGroup, ...]:
+        """Detection on the candidates' rows and columns of the disagreement counts (all clients when None)."""
+        if candidates is None:
+            chosen = list(range(len(self.clients)))
+        else:
+            if isinstance(candidates, (str, bytes)) or not isinstance(candidates, Sequence):
+                raise InputError(f"copy_candidates must be a list of client ids, got {candidates!r}")
+            for c in candidates:
+                if str(c) not in self._index:
+                    raise InputError("unknown client in copy_candidates", client=str(c))
+            chosen = sorted({self._index[str(c)] for c in candidates})
+        if len(chosen) < 2:
+            return ()
+        disagreements = disagreement_counts(counts)[np.ix_(chosen, chosen)]
+        return find_duplicates([self.clients[i] for i in chosen], disagreements, int(counts.sizes.sum()), rule)
 
     def _check_complete(self) -> None:
         missing = np.argwhere(~self._packed)

@@ -43,6 +43,9 @@ PENALTIES: tuple[str, ...] = Penalty.__args__
 # "all": FedAvg over every submitted update, attacks included (what an unguarded server would do).
 Aggregate = Literal["honest", "all"]
 AGGREGATES: tuple[str, ...] = Aggregate.__args__
+# Payment of copies found among a round's submissions (kfca_llm.engine.duplicates): "zero" (paid nothing;
+# the detector cannot tell the original from the copy), "split" (a group paid as one client), "flag".
+Duplicates = Literal["zero", "split", "flag"]
 # Hugging Face names (TrainingArguments.lr_scheduler_type / optim) that the local training loop implements.
 LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 Optimizer = Literal["adamw_torch", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
@@ -136,6 +139,8 @@ class KfcaConfig(_Section):
     # "honest": FedAvg over the honest clients' updates only, so attacks change rewards but not the model
     # trajectory (the paper's setting); "all": over every submitted update (an unguarded server).
     aggregate: Aggregate = "honest"
+    # Copies among the round's real submissions (never the attack analysis' side-by-side ones).
+    duplicates: Duplicates = "zero"
 
     @field_validator("attacks")
     @classmethod

@@ -43,14 +43,14 @@ class RewardReport:
     tasks: dict[str, int] = field(default_factory=dict)
     duplicates: tuple[DuplicateGroup, ...] = ()
     """Groups of clients whose reports are copies of each other (``engine.duplicates``)."""
-    duplicate_policy: str = "flag"
-    """How ``rewards`` treat those groups: flag (unchanged), split (one reward shared), zero."""
+    duplicate_policy: str = "zero"
+    """How ``rewards`` treat those groups: zero (paid nothing), split (one reward shared), flag (unchanged)."""
     unadjusted_rewards: dict[str, float] = field(default_factory=dict)
     """Rewards before the duplicate policy (equal to ``rewards`` under ``flag``)."""
 
     @classmethod
     def from_pairs(cls, terms: Mapping[Pair, PairPayment], joints: Mapping[Pair, np.ndarray], *,
-                   duplicates: tuple[DuplicateGroup, ...] = (), duplicate_policy: str = "flag",
+                   duplicates: tuple[DuplicateGroup, ...] = (), duplicate_policy: str = "zero",
                    **meta) -> "RewardReport":
         """Assemble a report from each scored pair's payment terms and joint report counts."""
         per_client: dict[str, list[float]] = {}
@@ -131,7 +131,10 @@ class RewardReport:
         for k, group in enumerate(self.duplicates, start=1):
             pairs = "; ".join(f"{printable(p.client)} ~ {printable(p.peer)}: {p.reason}, agreement {p.agreement:.4f}"
                               for p in group.pairs)
-            notes.append(f"copies #{k} ({action}): {', '.join(map(printable, group.clients))} ({pairs})")
+            unadjusted = ", ".join(f"{printable(c)} {self.unadjusted_rewards[c]:+.4f}" for c in group.clients
+                                   if c in self.unadjusted_rewards)
+            notes.append(f"copies #{k} ({action}): {', '.join(map(printable, group.clients))} ({pairs}); "
+                         f"unadjusted rewards: {unadjusted}")
         return text_table(f"KFCA rewards (seed {self.seed}, penalty {self.penalty}, backend {self.backend})",
                           ["rank", "client", "reward", "peers", "bonus agree", "penalty agree", "copies"], rows, notes)
 

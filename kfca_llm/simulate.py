@@ -82,6 +82,11 @@ def rewards_csv(report: dict[str, Any]) -> str:
         for t, reward in enumerate(entry["per_round"], start=1):
             if reward is not None:
                 writer.writerow([t, f"attacker:{entry['spec']}", client, repr(reward)])
+    # A client flagged as a copy: its reward before the duplicate policy (the rows above are after it).
+    for t, record in enumerate(report.get("round_records", []), start=1):
+        for group in record.get("duplicates", []):
+            for client, reward in sorted(group["unadjusted_rewards"].items()):
+                writer.writerow([t, "copy-unadjusted", client, repr(reward)])
     return buffer.getvalue()
 
 
@@ -105,6 +110,10 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
         rounds = sum(v is not None for v in entry["per_round"])
         notes.append(f"fixed attacker {client} ({entry['spec']}): mean reward {entry['mean_reward']:+.4f} "
                      f"over the {rounds} rounds it was sampled")
+    duplicates = report.get("duplicates", {})
+    for client, rounds in duplicates.get("flagged", {}).items():
+        notes.append(f"copies: {client} flagged in round(s) {', '.join(map(str, rounds))} "
+                     f"(kfca.duplicates = {duplicates['policy']}; unadjusted rewards in report.json)")
     if wall_s is not None:
         notes.append(f"wall time {wall_s:.1f} s")
     recipe, domain = report.get("recipe", report["domain"]), report["domain"]

@@ -78,13 +78,14 @@ def reply_with(message: Message, arrays: ArrayRecord | None, examples=None, *, k
     return Message(content=content, reply_to=message)
 
 
-def numpy_node(kind: str) -> Callable[[Message], Message]:
-    """A node that trains 'honestly' (returns global + its update), or flips or zeroes that update."""
+def numpy_node(kind: str, copy_of: int | None = None) -> Callable[[Message], Message]:
+    """A node that trains 'honestly' (returns global + its update), or flips or zeroes that update;
+    with ``copy_of`` the update is that node's honest update (a copier)."""
     def answer(message: Message) -> Message:
         node = message.metadata.dst_node_id
         server_round = int(message.content["config"]["server-round"])
         sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
-        update = honest_update(node, server_round)
+        update = honest_update(node if copy_of is None else copy_of, server_round)
         factor = {"honest": 1.0, "flip": -1.0, "zero": 0.0}[kind]
         # Arrays it does not train (e.g. an integer counter) go back as they came.
         return reply_with(message, ArrayRecord({k: Array(sent[k] + factor * update[k] if k in update else sent[k])

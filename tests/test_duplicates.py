@@ -124,7 +124,7 @@ def test_policies_never_raise_a_negative_reward(clones):
     flipped = dict(clones)
     flipped["copy1"] = -clones["h1"]
     flipped["copy2"] = -clones["h1"]
-    flag = kfca_llm.score_updates(flipped)
+    flag = kfca_llm.score_updates(flipped, duplicates="flag")
     assert ("copy1", "copy2") in [g.clients for g in flag.duplicates]
     for policy in ("split", "zero"):
         report = kfca_llm.score_updates(flipped, duplicates=policy)
@@ -142,6 +142,32 @@ def test_duplicates_in_table_and_json(clones):
     assert payload["duplicate_policy"] == "split"
     assert payload["duplicates"][0]["clients"] == ["copy1", "copy2", "h0"]
     assert payload["duplicates"][0]["pairs"][0]["reason"] == "identical"
+
+
+def test_copies_are_paid_nothing_by_default_and_the_unadjusted_rewards_are_kept(clones):
+    flag = kfca_llm.score_updates(clones, duplicates="flag")
+    packer = SignPacker({"update": (COORDS,)}, list(clones))
+    for client, update in clones.items():
+        packer.add(client, "update", update)
+    for report in (kfca_llm.score_updates(clones), packer.score()):
+        assert report.duplicate_policy == "zero"
+        assert all(report.rewards[c] == 0.0 for c in ("copy1", "copy2", "h0"))
+        assert report.unadjusted_rewards == flag.rewards and flag.rewards["h0"] > 0
+        assert all(report.rewards[c] == flag.rewards[c] > 0 for c in ("h1", "h2", "h3"))
+    assert "unadjusted rewards: copy1 " in report.table()
+
+
+def test_copy_candidates_restrict_detection_to_those_clients(clones):
+    flag = kfca_llm.score_updates(clones, duplicates="flag")
+    report = kfca_llm.score_updates(clones, copy_candidates=["h0", "h1", "h2", "h3", "copy1"])
+    assert [g.clients for g in report.duplicates] == [("copy1", "h0")]
+    assert report.rewards["copy1"] == report.rewards["h0"] == 0.0
+    assert report.rewards["copy2"] == flag.rewards["copy2"] > 0  # not a candidate: never grouped, paid as is
+    assert kfca_llm.score_updates(clones, copy_candidates=["h0", "h1", "h2"]).duplicates == ()
+    with pytest.raises(InputError, match="unknown client in copy_candidates"):
+        kfca_llm.score_updates(clones, copy_candidates=["h0", "nobody"])
+    with pytest.raises(InputError, match="copy_candidates must be a list"):
+        kfca_llm.score_updates(clones, copy_candidates="h0")
 
 
 def test_packer_find_duplicates_matches_score(clones):
@@ -163,7 +189,7 @@ def test_labels_duplicates():
     truth = rng.integers(0, 4, 500)
     labels = {c: np.where(rng.random(500) < 0.7, truth, rng.integers(0, 4, 500)) for c in "abc"}
     labels["d"] = labels["a"].copy()
-    report = kfca_llm.score_labels(labels, num_labels=4, duplicates="zero")
+    report = kfca_llm.score_labels(labels, num_labels=4)
     assert [g.clients for g in report.duplicates] == [("a", "d")]
     assert report.rewards["a"] == report.rewards["d"] == 0.0
     assert report.rewards["b"] > 0
@@ -181,11 +207,12 @@ def test_symlink_to_another_clients_file_is_an_identical_copy(tmp_path, capsys):
     os.symlink(paths[0], tmp_path / "thief.safetensors")
     report = kfca_llm.score_checkpoints(paths + [tmp_path / "thief.safetensors"])
     assert [g.clients for g in report.duplicates] == [("c0", "thief")]
+    assert report.rewards["thief"] == report.rewards["c0"] == 0.0 < report.unadjusted_rewards["thief"]
     out = tmp_path / "r.json"
-    assert main(["score", *map(str, paths), str(tmp_path / "thief.safetensors"), "--duplicates", "zero",
-                 "--json", str(out)]) == 0
+    assert main(["score", *map(str, paths), str(tmp_path / "thief.safetensors"), "--json", str(out)]) == 0
     payload = json.loads(out.read_text())
     assert payload["rewards"]["thief"] == payload["rewards"]["c0"] == 0.0
+    assert payload["unadjusted_rewards"]["thief"] > 0 and payload["duplicate_policy"] == "zero"
     assert "copies #1 (groups paid nothing): c0, thief" in capsys.readouterr().out
 
 

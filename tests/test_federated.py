@@ -14,7 +14,7 @@ from kfca_llm.fl.aggregate import fedavg
 from kfca_llm.fl.rounds import FederationOptions, run_federation, sample_round_clients
 from kfca_llm.fl.scoring import Submission, choose_peers, score_round
 from kfca_llm.fl.state import last_complete_round, round_dir, updates_dir
-from kfca_llm.recipe import clients_per_round, load_recipe
+from kfca_llm.recipe import RecipeError, clients_per_round, load_recipe
 
 
 def test_round_sampling_keeps_the_analysis_client_and_follows_fraction():
@@ -187,7 +187,8 @@ def test_attacks_leave_the_honest_trajectory_alone_unless_aggregated():
 # Two rounds of one step: lagged:1 needs a second round; every client of six trains every round.
 FIXED_SHAPE = ["num-server-rounds=2", "train.training-arguments.max-steps=1", "strategy.fraction-train=1.0",
                'kfca.attacks=["honest"]']
-FIXED = ['kfca.attackers=["2=flip", "3=zero", "4=lagged:1", "5=copy:0"]', *FIXED_SHAPE]
+# kfca.duplicates = flag: these tests check what each attack is paid before any copy policy.
+FIXED = ['kfca.attackers=["2=flip", "3=zero", "4=lagged:1", "5=copy:0"]', "kfca.duplicates=flag", *FIXED_SHAPE]
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,8 @@ def test_fixed_attackers_submit_their_attack_and_are_paid_for_it(fixed_run):
         assert r.categorical_world
     # lagged:1 replays the previous round's honest update; in round 1 there is none, so it submits its
     # honest update and is paid exactly what it is paid as an honest client, and differently afterwards.
-    honest_4 = run_federation(short_recipe('kfca.attackers=["2=flip", "3=zero", "5=copy:0"]', *FIXED_SHAPE),
+    honest_4 = run_federation(short_recipe('kfca.attackers=["2=flip", "3=zero", "5=copy:0"]', "kfca.duplicates=flag",
+                                           *FIXED_SHAPE),
                               FederationOptions(progress=False))
     assert result.rounds[0].fixed_attacker_rewards["client-004"] == honest_4.rounds[0].honest_rewards["client-004"]
     assert result.rounds[1].fixed_attacker_rewards["client-004"] != honest_4.rounds[1].honest_rewards["client-004"]
@@ -238,3 +240,28 @@ def test_resume_keeps_fixed_attackers_histories(fixed_run, tmp_path):
     resumed_dir = _interrupted(out, tmp_path, last=1)
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
+
+
+def test_copies_among_real_submissions_are_paid_nothing_and_recorded():
+    # client-003 copies client-002 exactly, client-004 and -005 collude; the analysis client's stale
+    # strategy equals its honest update in round 1 but is a hypothetical alternative, never a copy.
+    recipe = short_recipe('kfca.attackers=["3=copy:0", "4=collude:a", "5=collude:a"]',
+                          'kfca.attacks=["honest", "stale"]', *FIXED_SHAPE[:3])
+    assert recipe.kfca.duplicates == "zero"
+    result = run_federation(recipe, FederationOptions(progress=False))
+    for r in result.rounds:
+        groups = {tuple(g["clients"]): g for g in r.duplicates}
+        assert set(groups) == {("client-002", "client-003"), ("client-004", "client-005")}
+        for group in groups.values():
+            assert all(v > 0 for v in group["unadjusted_rewards"].values())  # what flag would have paid
+        assert r.honest_rewards["client-002"] == 0.0
+        assert all(r.fixed_attacker_rewards[c] == 0.0 for c in ("client-003", "client-004", "client-005"))
+        assert r.honest_rewards["client-000"] == r.strategy_rewards["honest"] > 0 and r.honest_rewards["client-001"] > 0
+    first = result.rounds[0].strategy_rewards
+    assert first["stale"] == first["honest"] > 0
+    report = result.to_report()
+    assert report["duplicates"] == {"policy": "zero", "flagged": {c: [1, 2] for c in
+                                                                  ("client-002", "client-003", "client-004",
+                                                                   "client-005")}}
+    with pytest.raises(RecipeError, match="kfca.duplicates"):
+        short_recipe("kfca.duplicates=ban")

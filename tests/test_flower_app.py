@@ -29,6 +29,15 @@ def test_run_config_overrides_the_named_recipe_with_flowertune_keys():
         recipe_from_config({"recipe": "nope"})
 
 
+def test_the_server_app_pays_copies_by_the_recipes_kfca_duplicates(tmp_path):
+    from kfca_llm.flower.server_app import build_strategy
+
+    ledger = {"kfca.ledger": str(tmp_path / "rewards.sqlite")}
+    assert build_strategy(recipe_from_config(CONFIG), ledger).duplicates == "zero"
+    split = recipe_from_config({**CONFIG, "kfca.duplicates": "split"})
+    assert build_strategy(split, ledger).duplicates == "split"
+
+
 def test_a_node_attacks_through_its_node_config_or_kfca_attackers():
     recipe = recipe_from_config({"kfca.attackers": "1=flip"}, num_partitions=4)
     assert node_attack(recipe, {"partition-id": 1}, 1) == "flip"

@@ -258,6 +258,7 @@ class Unweighted(Strategy):
     ({"backend": "cuda"}, "unknown backend 'cuda'"),
     ({"ledger": 3}, "ledger must be a file path or None"),
     ({"aggregation": "median"}, "aggregation must be one of"),
+    ({"duplicates": "pay"}, "duplicates must be one of"),
     ({"strategy": Unweighted(), "aggregation": "reward-weighted"}, "has no `weighted_by_key`"),
 ])
 def test_odd_constructor_arguments_raise_clear_errors(options, message):
@@ -293,3 +294,46 @@ def test_non_float_arrays_must_come_back_unchanged_in_type_and_are_not_scored():
     assert sorted(updates) == ["1", "2", "3"]
     assert strategy.rewards[1] == score_updates(updates, seed=strategy.round_seed(1)).rewards
     assert result.arrays["bn.num_batches"].numpy().tolist() == [7]
+
+
+def test_two_nodes_replying_the_same_update_are_paid_nothing_and_recorded(tmp_path):
+    nodes = {n: numpy_node(k) for n, k in KINDS.items()} | {6: numpy_node("honest", copy_of=1)}
+    ledger = tmp_path / "rewards.sqlite"
+    strategy, inner, result = run(nodes, rounds=1, ledger=ledger, aggregation="reward-weighted")
+    flag = score_updates(updates_of(inner, 1), seed=strategy.round_seed(1), duplicates="flag")
+    paid = strategy.rewards[1]
+    assert paid["1"] == paid["6"] == 0.0 < flag.rewards["1"]
+    assert {n: paid[n] for n in ("2", "3", "4", "5")} == {n: flag.rewards[n] for n in ("2", "3", "4", "5")}
+    assert paid["2"] > 0 and result.train_metrics_clientapp[1]["kfca.copies"] == 2
+    rows = {r.node_id: r for r in read_ledger(ledger).rewards}
+    assert {n: r.reward for n, r in rows.items()} == paid
+    assert {n: r.unadjusted_reward for n, r in rows.items()} == flag.rewards
+    assert {n: r.duplicate_group for n, r in rows.items() if r.duplicate_group} == {"1": ("1", "6"), "6": ("1", "6")}
+    # reward-weighted acts on the paid reward: the copies (and the flipper) weigh nothing
+    weights = {str(m.metadata.src_node_id): m.content["metrics"]["num-examples"] for m in inner.received[1]}
+    assert weights["1"] == weights["6"] == weights["4"] == 0.0 < weights["2"]
+    # "flag" records the group but pays the unadjusted reward
+    flagged, _, _ = run(nodes, rounds=1, duplicates="flag")
+    assert flagged.rewards[1] == flag.rewards and flagged.reports[1].duplicates == flag.duplicates
+
+
+V1_REWARDS = """CREATE TABLE rewards (run_id TEXT, round INTEGER, node_id TEXT, reward REAL, peers TEXT, penalty TEXT,
+    seed INTEGER, categorical_world INTEGER, num_examples INTEGER, sign_sha256 TEXT);
+CREATE TABLE failures (run_id TEXT, round INTEGER, node_id TEXT, reason TEXT);
+CREATE TABLE rounds (run_id TEXT, round INTEGER, status TEXT, seed INTEGER, categorical_world INTEGER,
+    valid_replies INTEGER, failed_replies INTEGER, recorded_at TEXT);
+INSERT INTO rewards VALUES ('r', 1, '7', 0.25, '["8"]', 'expected', 3, 1, 10, 'abc');
+PRAGMA user_version=1;"""
+
+
+def test_a_version_1_ledger_is_read_but_not_appended_to(tmp_path):
+    import sqlite3
+
+    old = tmp_path / "v1.sqlite"
+    conn = sqlite3.connect(old)
+    conn.executescript(V1_REWARDS)
+    conn.close()
+    (row,) = read_ledger(old).rewards
+    assert (row.reward, row.unadjusted_reward, row.duplicate_group, row.peers) == (0.25, 0.25, None, ("8",))
+    with pytest.raises(InputError, match="schema version 1.*new ledger file"):
+        KFCAStrategy(ledger=old)

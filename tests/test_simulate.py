@@ -36,6 +36,22 @@ def test_simulate_writes_every_output(simulated):
     assert not list(out.glob(".*"))  # atomic writes leave no temporary files
 
 
+def test_flagged_copies_show_in_the_table_and_csv(simulated):
+    out, _ = simulated
+    from kfca_llm.simulate import reward_table, rewards_csv
+
+    report = json.loads((out / "report.json").read_text())
+    assert report["duplicates"] == {"policy": "zero", "flagged": {}}  # honest clients: no false positive
+    assert "copies:" not in reward_table(report)
+    first = report["round_records"][0]
+    a, b = first["clients"][:2]
+    first["duplicates"] = [{"clients": [a, b], "pairs": [], "unadjusted_rewards": {a: 0.25, b: 0.5}}]
+    report["duplicates"]["flagged"] = {a: [1], b: [1]}
+    assert f"copies: {a} flagged in round(s) 1 (kfca.duplicates = zero" in reward_table(report)
+    rows = [r for r in csv.DictReader(rewards_csv(report).splitlines()) if r["kind"] == "copy-unadjusted"]
+    assert [(r["round"], r["name"], float(r["reward"])) for r in rows] == [("1", a, 0.25), ("1", b, 0.5)]
+
+
 def test_simulate_saves_each_clients_round_update_for_kfca_llm_score(simulated, capsys):
     out, _ = simulated
     report = json.loads((out / "report.json").read_text())

@@ -52,6 +52,9 @@ class RoundRecord:
     loss_before: dict[str, float]
     loss_after: dict[str, float]
     num_examples: dict[str, int]
+    duplicates: list[dict[str, Any]] = field(default_factory=list)
+    """Groups of copies among the round's real submissions (clients, flagged pairs, unadjusted rewards);
+    the rewards above are after the recipe's ``kfca.duplicates`` policy."""
 
     def honest_delta(self) -> list[list[float]]:
         """Mean empirical delta matrix over the round's pairs of honest updates."""
@@ -91,6 +94,15 @@ class FederationResult:
                         "per_round": per_round}
         return out
 
+    def flagged_clients(self) -> dict[str, list[int]]:
+        """Client id -> the rounds in which it was in a group of copies (sorted by id)."""
+        out: dict[str, list[int]] = {}
+        for r in self.rounds:
+            for group in r.duplicates:
+                for c in group["clients"]:
+                    out.setdefault(c, []).append(r.round)
+        return dict(sorted(out.items()))
+
     def to_report(self) -> dict[str, Any]:
         return {
             "domain": self.recipe.domain,
@@ -102,6 +114,7 @@ class FederationResult:
             "honest_clients": {"mean_reward": self.mean_honest_reward(),
                                "per_round": [r.honest_rewards for r in self.rounds]},
             "fixed_attackers": self.fixed_attackers(),
+            "duplicates": {"policy": self.recipe.kfca.duplicates, "flagged": self.flagged_clients()},
             "categorical_world": [r.categorical_world for r in self.rounds],
             "delta": [r.honest_delta() for r in self.rounds],
             "round_records": [asdict(r) for r in self.rounds],

@@ -10,7 +10,8 @@ Round t = 1..T:
 3. Submissions: each client sends its honest update, except the fixed attackers (``kfca.attackers =
    ["3=flip", ...]``), which send their attack; the analysis client also sends every listed strategy
    side by side. Attacks see the round's context (own history, the others' honest updates).
-4. ``scoring.score_round`` pays every submission against its peers on one task partition.
+4. ``scoring.score_round`` pays every submission against its peers on one task partition; copies among
+   the real submissions are paid by ``kfca.duplicates`` (default: nothing).
 5. FedAvg (weighted by examples) over the clients' honest updates (``kfca.aggregate = "honest"``: attacks
    change rewards, not the model), or over every submission (``"all"``).
 """
@@ -184,7 +185,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             categorical_world=scores.categorical_world,
             loss_before={c: r.loss_before for c, r in trained.items()},
             loss_after={c: r.loss_after for c, r in trained.items()},
-            num_examples={c: r.num_examples for c, r in trained.items()}))
+            num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:
                 save_client_updates(out_dir, t, model, start_state,

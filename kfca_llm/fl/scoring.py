@@ -4,6 +4,11 @@ Every client sends one submission (its honest update, or its attack if it is a f
 scored against ``kfca.peers`` peers among the other clients' submissions. The attack-analysis client
 also sends one submission per listed strategy side by side; each is scored against the same honest
 peers and none is ever another client's peer.
+
+Copy detection (``kfca.duplicates``) runs among the real submissions only (every client's one
+submission): the analysis client's side-by-side strategies are hypothetical alternatives of one client
+(``stale`` equals its honest update in round 1), so they are never grouped with each other or with their
+own client's update, and their rewards are not adjusted.
 """
 
 from __future__ import annotations
@@ -51,8 +56,13 @@ class RoundScores:
     """The analysis client's strategy -> reward (its honest update included, as ``honest``)."""
     honest_rewards: dict[str, float]
     fixed_attacker_rewards: dict[str, float]
+    """Rewards after the ``kfca.duplicates`` policy (as are ``honest_rewards`` and the analysis client's
+    ``honest`` strategy)."""
     pairs: list[PairRecord]
     categorical_world: bool
+    duplicates: list[dict]
+    """Groups of copies among the real submissions (``DuplicateGroup.to_dict``), with each member's
+    unadjusted reward under ``unadjusted_rewards``."""
 
 
 def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
@@ -88,19 +98,19 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     updates = {cid: participants[cid].update for cid in ids}
     updates.update({s.id: s.update for s in submissions if s.analysis})
     report = score_updates(updates, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
-                           bonus_fraction=kfca.bonus_fraction)
+                           bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids)
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),
                           delta=np.asarray(report.pair_delta[(c, p)], dtype=float).tolist(),
                           categorical_world=bool(report.pair_categorical_world[(c, p)]),
                           honest_pair=by_id[c].honest and participants[p].honest) for c, p in pairs]
 
-    def reward(submission: str) -> float:
-        return float(np.mean([r.payment for r in records if r.submission == submission]))
-
+    reward = report.rewards  # each submission's mean payment over its peers, after the duplicate policy
     return RoundScores(
-        strategy_rewards={s.strategy: reward(s.id) for s in analysed},
-        honest_rewards={cid: reward(cid) for cid in ids if participants[cid].honest},
-        fixed_attacker_rewards={cid: reward(cid) for cid in ids if not participants[cid].honest},
+        strategy_rewards={s.strategy: reward[s.id] for s in analysed},
+        honest_rewards={cid: reward[cid] for cid in ids if participants[cid].honest},
+        fixed_attacker_rewards={cid: reward[cid] for cid in ids if not participants[cid].honest},
         pairs=records,
-        categorical_world=all(r.categorical_world for r in records if r.honest_pair))
+        categorical_world=all(r.categorical_world for r in records if r.honest_pair),
+        duplicates=[{**g.to_dict(), "unadjusted_rewards": {c: report.unadjusted_rewards[c] for c in g.clients}}
+                    for g in report.duplicates])

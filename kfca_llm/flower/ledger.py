@@ -8,6 +8,12 @@ be audited later by packing the same update again. Standard library only: no Flo
 Tables: ``runs`` (one row per strategy instance), ``rounds`` (status ``scored`` or ``not-scored``),
 ``rewards`` (one row per scored node), ``failures`` (bad replies, and rounds that could not be scored
 or aggregated, with the reason; ``node_id`` is NULL for a round-level failure).
+
+``rewards.reward`` is what is paid: after the strategy's duplicate policy (``runs.duplicates``, default
+``zero``). ``unadjusted_reward`` is the reward before it and ``duplicate_group`` the node ids (JSON) of
+the group of copies the node was found in (NULL if none), so an operator can review a flagged group and
+release the original's pay. Schema version 2; a version-1 ledger (before copy detection) is still read
+(its rewards read as unadjusted, with no group) but not appended to.
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ from pathlib import Path
 
 from ..errors import InputError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 SCORED, NOT_SCORED = "scored", "not-scored"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started_at TEXT NOT NULL, strategy TEXT NOT NULL, aggregation TEXT NOT NULL,
-    peers INTEGER, penalty TEXT NOT NULL, seed INTEGER NOT NULL, bonus_fraction REAL NOT NULL);
+    peers INTEGER, penalty TEXT NOT NULL, seed INTEGER NOT NULL, bonus_fraction REAL NOT NULL,
+    duplicates TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
     run_id TEXT NOT NULL REFERENCES runs(run_id), round INTEGER NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('scored', 'not-scored')), seed INTEGER NOT NULL,
@@ -37,7 +45,8 @@ CREATE TABLE IF NOT EXISTS rounds (
 CREATE TABLE IF NOT EXISTS rewards (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, node_id TEXT NOT NULL, reward REAL NOT NULL,
     peers TEXT NOT NULL, penalty TEXT NOT NULL, seed INTEGER NOT NULL, categorical_world INTEGER NOT NULL,
-    num_examples INTEGER, sign_sha256 TEXT NOT NULL, PRIMARY KEY (run_id, round, node_id),
+    num_examples INTEGER, sign_sha256 TEXT NOT NULL, unadjusted_reward REAL NOT NULL, duplicate_group TEXT,
+    PRIMARY KEY (run_id, round, node_id),
     FOREIGN KEY (run_id, round) REFERENCES rounds(run_id, round));
 CREATE TABLE IF NOT EXISTS failures (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, node_id TEXT, reason TEXT NOT NULL,
@@ -58,6 +67,10 @@ class RewardRow:
     categorical_world: bool
     num_examples: int | None
     sign_sha256: str
+    unadjusted_reward: float
+    """The reward before the duplicate policy (``reward`` is what is paid)."""
+    duplicate_group: tuple[str, ...] | None = None
+    """The group of copies this node was found in this round (None: not flagged)."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +125,7 @@ class Ledger:
     """Append-only writer of one run's rounds; a fresh connection per round (any thread may write)."""
 
     def __init__(self, path: str | os.PathLike, *, run_id: str, strategy: str, aggregation: str,
-                 peers: int | None, penalty: str, seed: int, bonus_fraction: float):
+                 peers: int | None, penalty: str, seed: int, bonus_fraction: float, duplicates: str):
         self.path = Path(path)
         self.run_id = run_id
         if self.path.exists() and not self.path.is_file():
@@ -123,14 +136,16 @@ class Ledger:
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 if version not in (0, SCHEMA_VERSION):
-                    raise InputError(f"ledger {str(self.path)!r} has schema version {version}, "
-                                     f"this kfca-llm writes version {SCHEMA_VERSION}")
+                    raise InputError(f"ledger {str(self.path)!r} has schema version {version}, this kfca-llm "
+                                     f"writes version {SCHEMA_VERSION}; give the strategy a new ledger file "
+                                     f"(`kfca-llm ledger` still reads the old one)")
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)  # idempotent; executescript commits first, so before BEGIN
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (run_id, _now(), strategy, aggregation, peers, penalty, seed, bonus_fraction))
+                conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (run_id, _now(), strategy, aggregation, peers, penalty, seed, bonus_fraction,
+                              duplicates))
                 conn.execute("COMMIT")
             finally:
                 conn.close()
@@ -150,10 +165,11 @@ class Ledger:
                               None if categorical_world is None else int(categorical_world), valid_replies,
                               sum(f.node_id is not None for f in failures), _now()))
                 for row in rewards:
-                    conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (row.run_id, row.round, row.node_id, row.reward, json.dumps(list(row.peers)),
                                   row.penalty, row.seed, int(row.categorical_world), row.num_examples,
-                                  row.sign_sha256))
+                                  row.sign_sha256, row.unadjusted_reward,
+                                  None if row.duplicate_group is None else json.dumps(list(row.duplicate_group))))
                 for f in failures:
                     conn.execute("INSERT INTO failures VALUES (?, ?, ?, ?)", (f.run_id, f.round, f.node_id, f.reason))
                 conn.execute("COMMIT")
@@ -164,10 +180,19 @@ class Ledger:
             conn.close()
 
 
-def _rows(conn: sqlite3.Connection, cls: type, table: str, convert) -> list:
-    names = [f.name for f in fields(cls)]
+def _rows(conn: sqlite3.Connection, cls: type, table: str, convert, absent: tuple[str, ...] = ()) -> list:
+    """Rows of ``table`` as ``cls``; the ``absent`` fields (columns an older schema lacks) are left to ``convert``."""
+    names = [f.name for f in fields(cls) if f.name not in absent]
     query = f"SELECT {', '.join(names)} FROM {table} ORDER BY rowid"
     return [cls(**convert(dict(zip(names, values)))) for values in conn.execute(query)]
+
+
+def _reward_row(r: dict) -> dict:
+    group = r.get("duplicate_group")
+    return {**r, "peers": tuple(json.loads(r["peers"])), "categorical_world": bool(r["categorical_world"]),
+            # version 1 had no copy detection: what was paid is the unadjusted reward
+            "unadjusted_reward": r.get("unadjusted_reward", r["reward"]),
+            "duplicate_group": None if group is None else tuple(json.loads(group))}
 
 
 def read_ledger(path: str | os.PathLike) -> LedgerContents:
@@ -179,10 +204,10 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version != SCHEMA_VERSION:
+            if version not in READABLE_VERSIONS:
                 raise InputError(f"{str(path)!r} is not a kfca-llm reward ledger (schema version {version})")
-            rewards = _rows(conn, RewardRow, "rewards", lambda r: {
-                **r, "peers": tuple(json.loads(r["peers"])), "categorical_world": bool(r["categorical_world"])})
+            rewards = _rows(conn, RewardRow, "rewards", _reward_row,
+                            absent=("unadjusted_reward", "duplicate_group") if version == 1 else ())
             failures = _rows(conn, FailureRow, "failures", lambda r: r)
             rounds = _rows(conn, RoundRow, "rounds", lambda r: {
                 **r, "categorical_world": None if r["categorical_world"] is None else bool(r["categorical_world"])})

@@ -28,7 +28,8 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
     return strategy_class(fedavg, peers=recipe.kfca.peers, seed=recipe.kfca.seed, penalty=recipe.kfca.penalty,
                           bonus_fraction=recipe.kfca.bonus_fraction,
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
-                          aggregation=str(config.get("kfca.aggregation", "all")))
+                          aggregation=str(config.get("kfca.aggregation", "all")),
+                          duplicates=recipe.kfca.duplicates)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,

@@ -27,6 +27,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from ..engine import available_backends, get_backend
+from ..engine.duplicates import check_duplicate_policy
 from ..errors import InputError
 from ..fl.seeds import KFCA, derive_seed
 from ..mechanism import PENALTY_MODES
@@ -55,7 +56,7 @@ def _is_float(array: np.ndarray) -> bool:
     return np.issubdtype(array.dtype, np.floating)
 
 
-def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation) -> None:
+def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates) -> None:
     if not isinstance(strategy, Strategy):
         raise InputError(f"strategy must be a Flower message-API Strategy (flwr.serverapp.strategy), "
                          f"got {type(strategy).__name__}")
@@ -73,6 +74,7 @@ def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledg
         get_backend(backend)  # a backend that cannot run here says why now, not in round 1
     if ledger is not None and not isinstance(ledger, (str, os.PathLike)):
         raise InputError(f"ledger must be a file path or None, got {type(ledger).__name__}")
+    check_duplicate_policy(duplicates)
     if aggregation not in AGGREGATION_MODES:
         raise InputError(f"aggregation must be one of {AGGREGATION_MODES}, got {aggregation!r}")
     if aggregation == "reward-weighted" and not isinstance(getattr(strategy, "weighted_by_key", None), str):
@@ -90,13 +92,20 @@ class KFCAStrategy(Strategy):
     are dropped first), ``"reward-weighted"`` (the wrapped strategy's weight key is scaled by
     max(reward, 0)). A round with fewer than two valid replies is not scored (recorded as such) and
     every valid reply is aggregated.
+
+    ``duplicates``: payment of copies found among a round's valid replies (``kfca_llm.engine.duplicates``):
+    ``"zero"`` (default: a group of copies is paid nothing, since the detector cannot tell the original
+    from the copy), ``"split"`` (a group is paid as one node), ``"flag"`` (recorded only). Rewards, metrics,
+    ``exclude-negative`` and ``reward-weighted`` use the paid reward (a copy paid 0 gets weight 0); the
+    ledger also keeps each node's unadjusted reward and its group, for review.
     """
 
     def __init__(self, strategy: Strategy | None = None, *, peers: int | None = None, seed: int = 0,
                  penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
-                 ledger: str | os.PathLike | None = "rewards.sqlite", aggregation: str = "all"):
+                 ledger: str | os.PathLike | None = "rewards.sqlite", aggregation: str = "all",
+                 duplicates: str = "zero"):
         strategy = FedAvg() if strategy is None else strategy
-        _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation)
+        _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates)
         self.strategy = strategy
         self.peers = None if peers is None else int(peers)
         self.seed = int(seed)
@@ -104,6 +113,7 @@ class KFCAStrategy(Strategy):
         self.bonus_fraction = float(bonus_fraction)
         self.backend = backend
         self.aggregation = aggregation
+        self.duplicates = duplicates
         self.arrayrecord_key: str = getattr(strategy, "arrayrecord_key", "arrays")
         self.weighted_by_key: str | None = getattr(strategy, "weighted_by_key", None)
         self.run_id = uuid.uuid4().hex
@@ -112,7 +122,8 @@ class KFCAStrategy(Strategy):
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
             ledger, run_id=self.run_id, strategy=type(strategy).__name__, aggregation=aggregation,
-            peers=self.peers, penalty=penalty, seed=self.seed, bonus_fraction=self.bonus_fraction)
+            peers=self.peers, penalty=penalty, seed=self.seed, bonus_fraction=self.bonus_fraction,
+            duplicates=duplicates)
         self._sent: dict[int, ArrayRecord] = {}
 
     def round_seed(self, server_round: int) -> int:
@@ -120,9 +131,9 @@ class KFCAStrategy(Strategy):
         return derive_seed(self.seed, KFCA, server_round)
 
     def summary(self) -> None:
-        log(INFO, "\t├──> KFCA rewards: peers %s, penalty %s, bonus fraction %s, seed %s, aggregation %s",
-            "all" if self.peers is None else self.peers, self.penalty, self.bonus_fraction, self.seed,
-            self.aggregation)
+        log(INFO, "\t├──> KFCA rewards: peers %s, penalty %s, bonus fraction %s, seed %s, aggregation %s, "
+            "copies %s", "all" if self.peers is None else self.peers, self.penalty, self.bonus_fraction, self.seed,
+            self.aggregation, self.duplicates)
         log(INFO, "\t├──> ledger: %s (run %s)", self.ledger.path if self.ledger else "none", self.run_id)
         log(INFO, "\t└──> wrapped strategy: %s", type(self.strategy).__name__)
         self.strategy.summary()
@@ -249,7 +260,7 @@ class KFCAStrategy(Strategy):
                 packer.add(node, name, returned[name].numpy() - sent[name])
         peers = None if self.peers is None else min(self.peers, len(valid) - 1)
         report = packer.score(peers=peers, seed=self.round_seed(server_round), penalty=self.penalty,
-                              bonus_fraction=self.bonus_fraction)
+                              bonus_fraction=self.bonus_fraction, duplicates=self.duplicates)
         signs, _ = packer.words()
         digests = {node: sign_report_sha256(signs[k]) for k, node in enumerate(packer.clients)}
         return report, digests
@@ -295,9 +306,11 @@ class KFCAStrategy(Strategy):
             self.rewards[server_round] = dict(report.rewards)
             self.reports[server_round] = report
             peers = report.peers
+            group_of = {c: g.clients for g in report.duplicates for c in g.clients}
             rows = [RewardRow(self.run_id, server_round, node, float(reward), tuple(peers[node]), self.penalty,
                               self.round_seed(server_round), report.categorical_world,
-                              self._num_examples(valid[node]), digests[node])
+                              self._num_examples(valid[node]), digests[node],
+                              float(report.unadjusted_rewards[node]), group_of.get(node))
                     for node, reward in report.rewards.items()]
         if self.ledger is not None:
             self.ledger.record_round(
@@ -310,6 +323,7 @@ class KFCAStrategy(Strategy):
         out = MetricRecord(dict(metrics.items())) if metrics is not None else MetricRecord()
         out["kfca.scored"] = int(report is not None)
         out["kfca.failed-replies"] = sum(node is not None for node, _ in failures)
+        out["kfca.copies"] = 0 if report is None else sum(len(g.clients) for g in report.duplicates)
         if report is not None:
             for node, reward in report.rewards.items():
                 out[REWARD_METRIC_PREFIX + node] = float(reward)
