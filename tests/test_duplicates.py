@@ -51,6 +51,19 @@ def test_no_false_positives_on_few_coordinates():
                 assert groups_of(honest_round(n, seed, coords)) == [], (coords, n, seed)
 
 
+def test_honest_pair_sharing_a_second_signal_is_not_a_copy():
+    """Two honest clients with similar data share more than the round's signal: the one-factor model
+    reads that as a large excess correlation, but their reports still differ on ~20% of the tasks, far
+    from a copy's few percent (the tiny federation showed such pairs at 82-88% agreement)."""
+    rng = np.random.default_rng(0)
+    signal, cluster = rng.standard_normal(COORDS), rng.standard_normal(COORDS)
+    updates = 0.5 * signal + np.sqrt(0.75) * rng.standard_normal((6, COORDS))
+    updates[:2] = 0.5 * signal + 0.7 * cluster + 0.5 * rng.standard_normal((2, COORDS))
+    assert groups_of(updates) == []
+    # the floor, not the excess-correlation fit, is what keeps this pair out
+    assert groups_of(updates, DuplicateRule(max_excess_disagreement=0.3)) == [("c00", "c01")]
+
+
 @pytest.mark.parametrize("n", [6, 10])
 @pytest.mark.parametrize("noise", [0.01, 0.05, 0.2])
 def test_noisy_copy_is_caught(noise, n):
