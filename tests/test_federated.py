@@ -243,25 +243,32 @@ def test_resume_keeps_fixed_attackers_histories(fixed_run, tmp_path):
 
 
 def test_copies_among_real_submissions_are_paid_nothing_and_recorded():
-    # client-003 copies client-002 exactly, client-004 and -005 collude; the analysis client's stale
-    # strategy equals its honest update in round 1 but is a hypothetical alternative, never a copy.
-    recipe = short_recipe('kfca.attackers=["3=copy:0", "4=collude:a", "5=collude:a"]',
-                          'kfca.attacks=["honest", "stale"]', *FIXED_SHAPE[:3])
+    # client-003 copies one other client's honest update exactly (every other client is honest, so the
+    # copied update is always submitted); the analysis client's stale strategy equals its honest update
+    # in round 1 but is a hypothetical alternative, never a copy.
+    recipe = short_recipe('kfca.attackers=["3=copy:0"]', 'kfca.attacks=["honest", "stale"]', *FIXED_SHAPE[:3])
     assert recipe.kfca.duplicates == "zero"
     result = run_federation(recipe, FederationOptions(progress=False))
+    flagged = {}
     for r in result.rounds:
-        groups = {tuple(g["clients"]): g for g in r.duplicates}
-        assert set(groups) == {("client-002", "client-003"), ("client-004", "client-005")}
-        for group in groups.values():
-            assert all(v > 0 for v in group["unadjusted_rewards"].values())  # what flag would have paid
-        assert r.honest_rewards["client-002"] == 0.0
-        assert all(r.fixed_attacker_rewards[c] == 0.0 for c in ("client-003", "client-004", "client-005"))
-        assert r.honest_rewards["client-000"] == r.strategy_rewards["honest"] > 0 and r.honest_rewards["client-001"] > 0
+        (group,) = r.duplicates
+        source, copier = group["clients"] if group["clients"][1] == "client-003" else group["clients"][::-1]
+        assert copier == "client-003" and group["pairs"][0]["reason"] == "identical"
+        unadjusted = group["unadjusted_rewards"]
+        assert unadjusted[source] == unadjusted[copier] > 0  # what flag would have paid each
+        assert r.honest_rewards[source] == 0.0 and r.fixed_attacker_rewards[copier] == 0.0
+        assert all(v > 0 for c, v in r.honest_rewards.items() if c != source)
+        for c in group["clients"]:
+            flagged.setdefault(c, []).append(r.round)
     first = result.rounds[0].strategy_rewards
     assert first["stale"] == first["honest"] > 0
-    report = result.to_report()
-    assert report["duplicates"] == {"policy": "zero", "flagged": {c: [1, 2] for c in
-                                                                  ("client-002", "client-003", "client-004",
-                                                                   "client-005")}}
+    assert result.to_report()["duplicates"] == {"policy": "zero", "flagged": flagged}
+
+    colluders = run_federation(short_recipe('kfca.attackers=["4=collude:a", "5=collude:a"]', *FIXED_SHAPE),
+                               FederationOptions(progress=False))
+    for r in colluders.rounds:
+        assert [g["clients"] for g in r.duplicates] == [["client-004", "client-005"]]
+        assert r.fixed_attacker_rewards == {"client-004": 0.0, "client-005": 0.0}
+        assert min(r.honest_rewards.values()) > 0
     with pytest.raises(RecipeError, match="kfca.duplicates"):
         short_recipe("kfca.duplicates=ban")
