@@ -24,7 +24,7 @@ import numpy as np
 from kfca_llm.engine import DuplicateRule, find_duplicates
 
 COORDS = 20_000
-NOISES = (0.01, 0.05, 0.2)
+NOISES = (0.01, 0.05, 0.1, 0.2)
 
 
 def honest_round(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -42,9 +42,9 @@ def groups(updates: np.ndarray) -> list[tuple[int, ...]]:
 
 def synthetic(seeds: int) -> None:
     print(f"## Synthetic rounds ({COORDS:,} coordinates, {seeds} seeds per cell)\n")
-    print("| honest clients | false positives (rounds) | copy 1% | copy 5% | copy 20% | copy of the strongest, 20% "
+    print("| honest clients | false positives (rounds) | copy 1% | copy 5% | copy 10% | copy 20% | copy of the strongest, 10% "
           "| colluding pair |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for n in (2, 3, 4, 6, 10, 20):
         fp, caught, strongest, pair = 0, dict.fromkeys(NOISES, 0), 0, 0
         for seed in range(seeds):
@@ -56,7 +56,7 @@ def synthetic(seeds: int) -> None:
                 copy = honest[victim] + noise * honest[victim].std() * rng.standard_normal(COORDS)
                 caught[noise] += groups(np.vstack([honest, copy])) == [(victim, n)]
             top = int(np.argmax(np.abs(honest @ honest.sum(axis=0))))
-            copy = honest[top] + 0.2 * rng.standard_normal(COORDS)
+            copy = honest[top] + 0.1 * rng.standard_normal(COORDS)
             strongest += groups(np.vstack([honest, copy])) == [(top, n)]
             shared = rng.standard_normal(COORDS)
             colluders = shared + 0.05 * rng.standard_normal((2, COORDS))
