@@ -53,7 +53,8 @@ print(json.dumps({"baseline": baseline, "peak": max(peak[0], rss()), "scored": s
 """
 
 
-def _timed(fn, repeat: int) -> float:
+def best_of(fn, repeat: int) -> float:
+    """Fastest of ``repeat`` calls, in seconds (the other benchmarks time with it too)."""
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
@@ -97,14 +98,14 @@ def main() -> None:
     shapes = {k: tuple(v.shape) for k, v in next(iter(updates.values())).items()}
     floor = engine = sampled = pack = score = float("inf")
     for _ in range(args.repeat):
-        floor = min(floor, _timed(lambda: [t.sum() for sd in updates.values() for t in sd.values()], 1))
-        engine = min(engine, _timed(lambda: kfca_llm.score_updates(updates, backend="numpy"), 1))
+        floor = min(floor, best_of(lambda: [t.sum() for sd in updates.values() for t in sd.values()], 1))
+        engine = min(engine, best_of(lambda: kfca_llm.score_updates(updates, backend="numpy"), 1))
         if not args.skip_sampled:
-            sampled = min(sampled, _timed(lambda: kfca_llm.score_updates(updates, backend="numpy",
+            sampled = min(sampled, best_of(lambda: kfca_llm.score_updates(updates, backend="numpy",
                                                                          penalty="sampled"), 1))
         packer = kfca_llm.SignPacker(shapes, list(updates), backend="numpy")
-        pack = min(pack, _timed(lambda: [packer.add_many(c, sd) for c, sd in updates.items()], 1))
-        score = min(score, _timed(packer.score, 1))
+        pack = min(pack, best_of(lambda: [packer.add_many(c, sd) for c, sd in updates.items()], 1))
+        score = min(score, best_of(packer.score, 1))
     load = os.getloadavg()
     results = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {threads}",
@@ -125,9 +126,9 @@ def main() -> None:
         def naive_flat():
             for a, b in combinations(flat, 2):
                 int((torch.sign(a) == torch.sign(b)).sum())
-        results["naive_s"] = _timed(naive, max(1, args.repeat // 2))
+        results["naive_s"] = best_of(naive, max(1, args.repeat // 2))
         results["speedup_over_naive"] = results["naive_s"] / engine
-        results["naive_flat_s"] = _timed(naive_flat, max(1, args.repeat // 2))
+        results["naive_flat_s"] = best_of(naive_flat, max(1, args.repeat // 2))
         results["speedup_over_naive_flat"] = results["naive_flat_s"] / engine
         del flat
 

@@ -37,19 +37,12 @@ from kfca_llm.engine.stats import joint_tables, pair_payments
 from kfca_llm.mechanism import ca_score_matrix, delta_matrix, mtpp_terms
 from kfca_llm.partition import BONUS, PENALTY_1, PENALTY_2, peer_pairs
 
+from bench_cpu_engine import best_of  # run as a script: benchmarks/ is on sys.path
+
 PEERS = (1, 2, 5, None)
 CLIENTS = (2, 5, 10, 20, 50, 100, 200, 500, 1000)
 CNN_COORDS = 5_280
 TASKS, LABELS = 10_000, 10
-
-
-def _best(fn, repeat: int) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def _gaussian_updates(n: int, m: int, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -139,9 +132,9 @@ def measure(clients, peers, methods, coords, repeat, max_seconds):
                 if (p is not None and p >= n) or line in stopped:
                     continue
                 fn(inputs[kind], p)  # warm-up: numba dispatch and caches outside the timing
-                seconds = _best(lambda: fn(inputs[kind], p), 1)
+                seconds = best_of(lambda: fn(inputs[kind], p), 1)
                 if seconds < 1.0:  # best of --repeat where that is cheap
-                    seconds = min(seconds, _best(lambda: fn(inputs[kind], p), repeat - 1) if repeat > 1 else seconds)
+                    seconds = min(seconds, best_of(lambda: fn(inputs[kind], p), repeat - 1) if repeat > 1 else seconds)
                 rows.append((method, line[1], n, seconds))
                 print(f"{method:<15} p={line[1]!s:<4} n={n:<5} {seconds * 1e3:10.2f} ms", flush=True)
                 if seconds > max_seconds:
@@ -189,7 +182,7 @@ def adapter_rows(clients, peers, dtype, repeat, max_seconds):
                 counts = packer.backend.round_counts(packer.buffers, 0, 0.5, None if p == "ca" else pairs)
                 return pair_payments(counts, pairs)
 
-            seconds = pack_seconds + _best(count, repeat)
+            seconds = pack_seconds + best_of(count, repeat)
             rows.append((method, line[1], n, seconds))
             print(f"adapter {method:<15} p={line[1]!s:<4} n={n:<5} {seconds:8.2f} s (packing {pack_seconds:.2f} s)",
                   flush=True)
