@@ -81,8 +81,7 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
         raise InputError(f"need at least two clients to score, got {len(state_dicts)}")
     packer = SignPacker(_shared_shapes(state_dicts), list(state_dicts), backend=backend,
                         device=_device_of(state_dicts))
-    for client, sd in state_dicts.items():
-        packer.add_many(client, sd)
+    packer.add_clients(state_dicts)
     return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
                         duplicates=duplicates, copy_candidates=copy_candidates)
 

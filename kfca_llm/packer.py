@@ -69,6 +69,17 @@ class SignPacker:
         for k, _ in items:
             self._packed[i, k] = True
 
+    def add_clients(self, updates: Mapping[str, Mapping[str, object]]) -> None:
+        """Pack several clients' tensors at once (the CPU backend packs them in one parallel pass)."""
+        items = []
+        for client, tensors in updates.items():
+            for name, tensor in tensors.items():
+                k = self._validate(client, name, tensor)  # first: it names an unknown client
+                items.append((self._index[client], k, tensor))
+        self.backend.pack_clients(self.buffers, items)
+        for i, k, _ in items:
+            self._packed[i, k] = True
+
     def _validate(self, client: str, name: str, tensor) -> int:
         if client not in self._index:
             raise InputError(f"unknown client; expected one of {list(self.clients)}", client=client)

@@ -13,6 +13,7 @@ from kfca_llm import InputError
 from kfca_llm.cli import main
 from kfca_llm import SignPacker
 from kfca_llm.engine import DuplicateRule, disagreement_counts, find_duplicates
+from kfca_llm.engine.duplicates import _row_medians
 from kfca_llm.engine.naive import pack_signs, round_counts
 
 COORDS = 20_000
@@ -251,3 +252,13 @@ def test_reference_difference_in_the_wider_dtype(tmp_path):
         direct = kfca_llm.score_updates({f"c{i}": (-up + 2 if i == 0 else up) - 1 for i in range(3)}, seed=1)
         assert report.rewards == direct.rewards
         assert report.tasks["tasks"] == n
+
+
+def test_row_medians_equal_nanmedian_bit_for_bit():
+    rng = np.random.default_rng(3)
+    for width in (1, 2, 3, 8, 31):
+        values = rng.standard_normal((50, width))
+        valid = rng.random((50, width)) < 0.6
+        valid[:, 0] = True  # the detector only asks for rows with peers
+        expected = np.nanmedian(np.where(valid, values, np.nan), axis=1)
+        assert np.array_equal(_row_medians(values, valid), expected)

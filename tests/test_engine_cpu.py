@@ -270,7 +270,7 @@ def test_peer_draw_follows_its_contract():
 
 
 def test_multi_threaded_fused_pack_matches_reference():
-    """Several tensors past the single-threaded size: the typed-list kernel, not the concatenated one."""
+    """Several tensors past the single-threaded size: the parallel build of the packing kernel."""
     rng = np.random.default_rng(11)
     shapes = {"a": (400_001,), "b": (1000, 700), "c": (5,)}
     sds = _random_state_dicts(rng, shapes, 2, torch.float32)
@@ -284,6 +284,31 @@ def test_multi_threaded_fused_pack_matches_reference():
     ref_signs, ref_task = _reference_words(layout, sds)
     np.testing.assert_array_equal(signs, ref_signs)
     np.testing.assert_array_equal(task, ref_task)
+
+
+def test_pack_clients_in_one_pass_equals_reference_with_mixed_dtypes_and_flags():
+    """All clients in one launch (blocks span every client of a tensor): same words and flags as the
+    reference, with clients sending one tensor in different dtypes and NaN/Inf in a middle block and a tail."""
+    rng = np.random.default_rng(12)
+    shapes = {"a": (3 * 4096 * 32 + 17,), "b": (31,), "c": (700, 1000), "d": (64,)}
+    layout = Layout.from_shapes(shapes)
+    assert layout.n_words >= 1 << 15  # the parallel build
+    sds = _random_state_dicts(rng, shapes, 4, torch.float32)
+    sds[1]["c"] = sds[1]["c"].to(torch.bfloat16)
+    sds[2]["d"] = sds[2]["d"].to(torch.float16)
+    sds[3]["a"] = sds[3]["a"].double()
+    sds[0]["a"][5 * 4096 * 32 // 4] = float("inf")  # inside the second block of "a"
+    sds[2]["a"][-1] = float("nan")  # the partial last word
+    backend = get_backend("numpy")
+    buffers = backend.allocate(4, layout)
+    backend.pack_clients(buffers, [(i, k, sd[slot.name]) for i, sd in enumerate(sds)
+                                   for k, slot in enumerate(layout.slots)])
+    signs, task = backend.host_words(buffers)
+    ref_signs, ref_task = _reference_words(layout, sds)
+    np.testing.assert_array_equal(signs, ref_signs)
+    np.testing.assert_array_equal(task, ref_task)
+    flagged = {(i, layout.slots[k].name) for i, k in np.argwhere(backend.nonfinite(buffers))}
+    assert flagged == {(0, "a"), (2, "a")}
 
 
 def test_parallel_kernels_run_on_the_workqueue_layer():

@@ -53,6 +53,14 @@ class Backend(ABC):
         for tensor, values in items:
             self.pack(buffers, client, tensor, values)
 
+    def pack_clients(self, buffers: PackedBuffers, items: Sequence[tuple[int, int, Any]]) -> None:
+        """Pack (client index, tensor index, values) of several clients; backends may fuse them into one launch."""
+        by_client: dict[int, list] = {}
+        for client, tensor, values in items:
+            by_client.setdefault(client, []).append((tensor, values))
+        for client, client_items in by_client.items():
+            self.pack_many(buffers, client, client_items)
+
     @abstractmethod
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         """bool [n_clients, n_tensors] on the host."""

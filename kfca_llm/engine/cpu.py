@@ -115,51 +115,59 @@ def _lanes32(typingctx, address, witness, exp_mask):
     return result(address, witness, exp_mask), codegen
 
 
-@njit(inline="always")
-def _pack_words(address, witness, word_offset, first, stop, signs_row, task, exp_mask):
-    """Pack full words [first, stop) of the tensor at ``address``; non-zero if any holds NaN/Inf.
+def _pack_kernel(slot_items, addresses, sign_offsets, full_words, task_offsets, tails, has_tail, signs, task,
+                 exp_mask):
+    """Pack many tensors of many clients (one float format) in one pass; per item: non-zero if NaN/Inf.
 
-    Unsigned indices: signed ones make numba emit a negative-index wraparound per access.
+    Items (one client's copy of one tensor) are grouped by tensor: tensor group g is items
+    ``slot_items[g]:slot_items[g + 1]``; they share ``full_words[g]`` whole words of 32 floats and the
+    task words from ``task_offsets[g]``. Item i reads ``addresses[i]`` (the caller keeps the buffers
+    alive) and writes ``signs[sign_offsets[i]:]`` (``signs`` is every client's row, flattened). A block
+    of ``_PACK_BLOCK_WORDS`` words packs that range for every item of its group, so each task word is
+    written by one thread only. A partial last word comes zero-padded in ``tails[i]`` where
+    ``has_tail[g]`` (zeros are never tasks, so padding packs as nothing).
+
+    Addresses instead of numba's typed list of arrays: the typed list costs about 10 us per tensor to
+    build and, with the workqueue threading layer, made the kernel run at half the memory speed.
     """
-    bad = np.uint32(0)
-    base = np.uint64(word_offset)
-    stride = np.uint64(32 * witness.itemsize)
-    for w in range(np.uint64(first), np.uint64(stop)):
-        negative, nonzero, nonfinite = _lanes32(np.uint64(address) + w * stride, witness, exp_mask)
-        bad |= nonfinite
-        signs_row[base + w] = negative
-        task[base + w] |= nonzero
-    return bad
-
-
-def _pack_kernel(addresses, full_words, word_offsets, tails, has_tail, signs_row, task, exp_mask):
-    """Pack several tensors of one client (same float format) in one pass; per tensor: non-zero if NaN/Inf.
-
-    Tensor t is ``full_words[t]`` whole words of 32 floats at ``addresses[t]`` (the caller keeps the
-    buffers alive) plus, where ``has_tail[t]``, a last partial word given zero-padded in ``tails[t]``
-    (zeros are never tasks, so padding packs as nothing). Addresses instead of numba's typed list of
-    arrays: the typed list costs about 10 us per tensor to build and, with the workqueue threading
-    layer, made this kernel run at half the memory speed. Whole words are split into blocks of
-    ``_PACK_BLOCK_WORDS`` across all tensors, so many small LoRA tensors cost one parallel region.
-    """
-    k = addresses.size
-    first_block = np.zeros(k + 1, dtype=np.int64)
-    for t in range(k):
-        first_block[t + 1] = first_block[t] + (full_words[t] + _PACK_BLOCK_WORDS - 1) // _PACK_BLOCK_WORDS
-    bad = np.zeros(first_block[k], dtype=np.uint32)
-    for block in prange(first_block[k]):
-        t = np.searchsorted(first_block, block, side="right") - 1
-        first = (block - first_block[t]) * _PACK_BLOCK_WORDS
-        stop = min(first + _PACK_BLOCK_WORDS, full_words[t])
-        bad[block] = _pack_words(addresses[t], tails, word_offsets[t], first, stop, signs_row, task, exp_mask)
-    per_tensor = np.zeros(k, dtype=np.uint32)
-    for t in range(k):
-        for block in range(first_block[t], first_block[t + 1]):
-            per_tensor[t] |= bad[block]
-        if has_tail[t]:
-            per_tensor[t] |= _pack_words(tails[t:].ctypes.data, tails, word_offsets[t] + full_words[t], 0, 1,
-                                         signs_row, task, exp_mask)
-    return per_tensor
+    n_groups = full_words.size
+    first_block = np.zeros(n_groups + 1, dtype=np.int64)
+    for g in range(n_groups):
+        first_block[g + 1] = first_block[g] + (full_words[g] + _PACK_BLOCK_WORDS - 1) // _PACK_BLOCK_WORDS
+    # One flag per (item, block of its group): a shared per-item flag would be a lost-update race.
+    flag_start = np.zeros(addresses.size + 1, dtype=np.int64)
+    for g in range(n_groups):
+        for i in range(slot_items[g], slot_items[g + 1]):
+            flag_start[i + 1] = flag_start[i] + first_block[g + 1] - first_block[g]
+    flags = np.zeros(flag_start[-1], dtype=np.uint32)
+    stride = np.uint64(32 * tails.itemsize)
+    for block in prange(first_block[n_groups]):
+        g = np.searchsorted(first_block, block, side="right") - 1
+        local = block - first_block[g]
+        first = np.uint64(local * _PACK_BLOCK_WORDS)
+        stop = np.uint64(min((local + 1) * _PACK_BLOCK_WORDS, full_words[g]))
+        task_base = np.uint64(task_offsets[g])
+        for w in range(first, stop):
+            task_word = np.uint32(0)
+            for i in range(slot_items[g], slot_items[g + 1]):
+                negative, nonzero, nonfinite = _lanes32(np.uint64(addresses[i]) + w * stride, tails, exp_mask)
+                flags[flag_start[i] + local] |= nonfinite
+                signs[np.uint64(sign_offsets[i]) + w] = negative
+                task_word |= nonzero
+            task[task_base + w] |= task_word
+    per_item = np.zeros(addresses.size, dtype=np.uint32)
+    for i in range(addresses.size):
+        for f in range(flag_start[i], flag_start[i + 1]):
+            per_item[i] |= flags[f]
+    for g in range(n_groups):
+        if has_tail[g]:
+            w = np.uint64(full_words[g])
+            for i in range(slot_items[g], slot_items[g + 1]):
+                negative, nonzero, nonfinite = _lanes32(np.uint64(tails[i:].ctypes.data), tails, exp_mask)
+                per_item[i] |= nonfinite
+                signs[np.uint64(sign_offsets[i]) + w] = negative
+                task[np.uint64(task_offsets[g]) + w] |= nonzero
+    return per_item
 
 
 def _builds(function):
@@ -492,34 +500,41 @@ class CpuBackend(Backend):
         )
 
     def pack(self, buffers: PackedBuffers, client: int, tensor: int, values) -> None:
-        self.pack_many(buffers, client, [(tensor, values)])
+        self.pack_clients(buffers, [(client, tensor, values)])
 
     def pack_many(self, buffers: PackedBuffers, client: int, items) -> None:
-        groups: dict[tuple, list] = {}
-        for tensor, values in items:
-            slot = buffers.layout.slots[tensor]
-            raw, exp_mask = _raw_view(values)
-            if raw.size != slot.numel:
-                raise InputError(f"expected {slot.numel} values, got {raw.size}", tensor=slot.name)
-            groups.setdefault((raw.dtype, exp_mask), []).append((tensor, raw))
-        signs_row, task = buffers.signs[client].view(np.uint32), buffers.task.view(np.uint32)
+        self.pack_clients(buffers, [(client, tensor, values) for tensor, values in items])
+
+    def pack_clients(self, buffers: PackedBuffers, items) -> None:
         slots = buffers.layout.slots
-        for (raw_dtype, exp_mask), group in groups.items():
-            # The raw arrays in ``group`` stay referenced until the kernel returns: it reads them by address.
-            k = len(group)
-            addresses = np.fromiter((raw.ctypes.data for _, raw in group), dtype=np.uint64, count=k)
-            full_words = np.fromiter((raw.size // 32 for _, raw in group), dtype=np.int64, count=k)
-            word_offsets = np.fromiter((slots[t].word_offset for t, _ in group), dtype=np.int64, count=k)
+        groups: dict[tuple, dict[int, list]] = {}
+        for client, tensor, values in items:
+            raw, exp_mask = _raw_view(values)
+            if raw.size != slots[tensor].numel:
+                raise InputError(f"expected {slots[tensor].numel} values, got {raw.size}", tensor=slots[tensor].name)
+            groups.setdefault((raw.dtype, exp_mask), {}).setdefault(tensor, []).append((client, raw))
+        row_words = buffers.signs.shape[1]
+        signs, task = buffers.signs.view(np.uint32).reshape(-1), buffers.task.view(np.uint32)
+        for (raw_dtype, exp_mask), by_tensor in groups.items():
+            # The raw arrays stay referenced (in ``by_tensor``) until the kernel returns: it reads them by address.
+            tensors = list(by_tensor)
+            members = [member for t in tensors for member in by_tensor[t]]
+            k = len(members)
+            slot_items = np.cumsum([0] + [len(by_tensor[t]) for t in tensors], dtype=np.int64)
+            addresses = np.fromiter((raw.ctypes.data for _, raw in members), dtype=np.uint64, count=k)
+            full_words = np.fromiter((slots[t].numel // 32 for t in tensors), dtype=np.int64, count=len(tensors))
+            task_offsets = np.fromiter((slots[t].word_offset for t in tensors), dtype=np.int64, count=len(tensors))
+            sign_offsets = np.repeat(task_offsets, np.diff(slot_items)) + row_words * np.fromiter(
+                (client for client, _ in members), dtype=np.int64, count=k)
             tails = np.zeros((k, 32), dtype=raw_dtype)
-            has_tail = np.zeros(k, dtype=np.bool_)
-            for row, (_, raw) in enumerate(group):
+            has_tail = np.fromiter((slots[t].numel % 32 != 0 for t in tensors), dtype=np.bool_, count=len(tensors))
+            for i, (_, raw) in enumerate(members):
                 if raw.size % 32:
-                    tails[row, :raw.size % 32] = raw[raw.size - raw.size % 32:]
-                    has_tail[row] = True
-            parallel = int(full_words.sum()) >= _PARALLEL_FROM_WORDS
-            bad = _PACK[parallel](addresses, full_words, word_offsets, tails, has_tail, signs_row, task,
-                                  np.int64(exp_mask))
-            for (tensor, _), flag in zip(group, bad):
+                    tails[i, :raw.size % 32] = raw[raw.size - raw.size % 32:]
+            parallel = int(np.diff(slot_items) @ full_words) >= _PARALLEL_FROM_WORDS
+            bad = _PACK[parallel](slot_items, addresses, sign_offsets, full_words, task_offsets, tails, has_tail,
+                                  signs, task, np.int64(exp_mask))
+            for (client, _), tensor, flag in zip(members, np.repeat(tensors, np.diff(slot_items)), bad):
                 buffers.nonfinite[client, tensor] = int(flag != 0)
 
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:

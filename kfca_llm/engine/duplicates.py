@@ -176,8 +176,8 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
         enough = peers.sum(axis=1) >= 2
         fit = np.zeros(n)
         if enough.any():
-            ratios = np.where(peers, rho / np.where(informative, lam, 1.0)[None, :], np.nan)
-            fit[enough] = np.nanmedian(ratios[enough], axis=1)
+            ratios = rho / np.where(informative, lam, 1.0)[None, :]
+            fit[enough] = _row_medians(ratios[enough], peers[enough])
         # Geometric damping: the plain update maps a common scale c to 1/c and oscillates.
         new = np.clip(np.sign(fit) * np.sqrt(np.abs(fit * lam)), -0.999, 0.999)
         if np.allclose(new, lam, atol=1e-6):
@@ -189,6 +189,16 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
     # Binomial noise of the agreement rate, carried through rho = cos(pi d) (|d rho / d d| <= pi).
     stderr = np.pi * np.sqrt(rate * (1.0 - rate) / tasks + 1.0 / tasks ** 2) / np.outer(private, private)
     return excess, stderr
+
+
+def _row_medians(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Median of each row over its ``valid`` entries (each row has at least one), as ``np.nanmedian`` computes
+    it; one sort instead of nanmedian's masked-array path (about 2 ms a call, most of a small round)."""
+    ordered = np.sort(np.where(valid, values, np.inf), axis=1)
+    count = valid.sum(axis=1)
+    low = np.take_along_axis(ordered, ((count - 1) // 2)[:, None], axis=1)[:, 0]
+    high = np.take_along_axis(ordered, (count // 2)[:, None], axis=1)[:, 0]
+    return np.where(count % 2 == 1, low, (low + high) / 2)
 
 
 def _groups(pairs: Sequence[DuplicatePair]) -> tuple[DuplicateGroup, ...]:
