@@ -403,6 +403,57 @@ def _penalty_planes_kernel(signs, task, key, t_bonus, t_m1, offsets, plane1, pla
                 edge[3] = np.uint32(acc & np.uint64(0xFFFFFFFF)) if n_bits > 0 else np.uint32(0)
 
 
+@intrinsic
+def _draw16(typingctx, bonus_coords, start, key, draw2_salt, m1, m2, row1, row2):
+    """Matches of the 16 draws of bonus tasks ``bonus_coords[start:start + 16]`` for one ordered pair.
+
+    The scalar arithmetic of ``_draw_kernel``'s tail as <16 x i32> vectors: two ``mix32`` hashes, two
+    32x32->64-bit rank products and two 16-lane gathers from the planes. LLVM's own vectorisation of the
+    scalar loop used 4-lane gathers with 64-bit indices and ran 1.5x slower.
+    """
+    def codegen(context, builder, signature, args):
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        lanes32, lanes64 = ir.VectorType(i32, 16), ir.VectorType(i64, 16)
+        all_lanes = ir.Constant(ir.VectorType(ir.IntType(1), 16), [1] * 16)
+
+        def splat(value, vector_type):
+            if isinstance(value, int):
+                return ir.Constant(vector_type, [ir.Constant(vector_type.element, value)] * 16)
+            vec = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
+            return builder.shuffle_vector(vec, ir.Constant(vector_type, ir.Undefined), ir.Constant(lanes32, [0] * 16))
+
+        def mix32(x):  # partition.mix32, lane by lane
+            x = builder.xor(x, builder.lshr(x, splat(16, lanes32)))
+            x = builder.mul(x, splat(0x7FEB352D, lanes32))
+            x = builder.xor(x, builder.lshr(x, splat(15, lanes32)))
+            x = builder.mul(x, splat(0x846CA68B, lanes32))
+            return builder.xor(x, builder.lshr(x, splat(16, lanes32)))
+
+        def sign_bits(u, m, row_arg):
+            rank = builder.trunc(builder.lshr(builder.mul(builder.zext(u, lanes64), splat(m, lanes64)),
+                                              splat(32, lanes64)), lanes32)
+            row = context.make_array(signature.args[row_arg])(context, builder, args[row_arg])
+            byte_offsets = builder.shl(builder.zext(builder.lshr(rank, splat(5, lanes32)), lanes64), splat(2, lanes64))
+            pointers = builder.inttoptr(builder.add(splat(builder.ptrtoint(row.data, i64), lanes64), byte_offsets),
+                                        ir.VectorType(i32.as_pointer(), 16))
+            gather = builder.module.declare_intrinsic(
+                "llvm.masked.gather.v16i32.v16p0", (),
+                ir.FunctionType(lanes32, [pointers.type, i32, all_lanes.type, lanes32]))
+            words = builder.call(gather, [pointers, ir.Constant(i32, 4), all_lanes, ir.Constant(lanes32, ir.Undefined)])
+            return builder.lshr(words, builder.and_(rank, splat(31, lanes32)))
+
+        coords = context.make_array(signature.args[0])(context, builder, args[0])
+        x = builder.load(builder.bitcast(builder.gep(coords.data, [args[1]]), lanes32.as_pointer()), align=4)
+        u1 = mix32(builder.xor(x, splat(args[2], lanes32)))
+        u2 = mix32(builder.xor(u1, splat(args[3], lanes32)))
+        differ = builder.and_(builder.xor(sign_bits(u1, args[4], 6), sign_bits(u2, args[5], 7)), splat(1, lanes32))
+        same = builder.bitcast(builder.icmp_unsigned("==", differ, splat(0, lanes32)), ir.IntType(16))
+        ctpop = builder.module.declare_intrinsic("llvm.ctpop", [i64])
+        return builder.call(ctpop, [builder.zext(same, i64)])
+
+    return types.int64(bonus_coords, start, key, draw2_salt, m1, m2, row1, row2), codegen
+
+
 def _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys, draw2_salt, m1, m2):
     """Matches of Algorithm 1's draws per ordered pair: ranks hashed from the bonus task, signs from the planes."""
     n_pairs = pairs.shape[0]
@@ -416,11 +467,15 @@ def _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys, draw2_salt, m1,
         row1 = plane1[pairs[p, 0]]
         row2 = plane2[pairs[p, 1]]
         key = pair_keys[p]
+        start = chunk * _DRAWS_PER_TASK
+        stop = min(start + _DRAWS_PER_TASK, bonus_coords.size)
         matches = 0
-        for k in range(chunk * _DRAWS_PER_TASK, min((chunk + 1) * _DRAWS_PER_TASK, bonus_coords.size)):
+        vector_stop = start + (stop - start) // 16 * 16
+        for k in range(start, vector_stop, 16):
+            matches += _draw16(bonus_coords, k, key, draw2_salt, m1, m2, row1, row2)
+        for k in range(vector_stop, stop):
             u1 = _mix32(bonus_coords[k] ^ key)
             u2 = _mix32(u1 ^ draw2_salt)
-            # 32-bit ranks (m < 2**32) so that the two lookups vectorise as 32-bit-index gathers
             rank1 = np.uint32((np.uint64(u1) * m1) >> np.uint64(32))
             rank2 = np.uint32((np.uint64(u2) * m2) >> np.uint64(32))
             bit1 = row1[rank1 >> np.uint32(5)] >> (rank1 & np.uint32(31))
