@@ -550,8 +550,8 @@ def penalty_planes(signs: np.ndarray, task: np.ndarray, key, t_bonus, t_m1):
     return bonus_coords, plane1, plane2, m1, m2
 
 
-def _raw_view(values) -> tuple[np.ndarray, int]:
-    """Signed-integer numpy view of one tensor's float bits (copying only if not contiguous)."""
+def _raw_view(values) -> tuple[torch.Tensor, int]:
+    """Flat, contiguous CPU tensor of the floats' bits as same-width signed integers (copied only if needed)."""
     if isinstance(values, np.ndarray):
         if values.dtype not in _NUMPY_FLOATS:
             raise InputError(f"expected a float array, got dtype {values.dtype}")
@@ -562,7 +562,7 @@ def _raw_view(values) -> tuple[np.ndarray, int]:
     t = values.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    return t.contiguous().view(int_dtype).numpy().reshape(-1), exp_mask
+    return t.contiguous().view(int_dtype).reshape(-1), exp_mask
 
 
 def _unique_pairs(pairs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -599,31 +599,35 @@ class CpuBackend(Backend):
         groups: dict[tuple, dict[int, list]] = {}
         for client, tensor, values in items:
             raw, exp_mask = _raw_view(values)
-            if raw.size != slots[tensor].numel:
-                raise InputError(f"expected {slots[tensor].numel} values, got {raw.size}", tensor=slots[tensor].name)
+            if raw.numel() != slots[tensor].numel:
+                raise InputError(f"expected {slots[tensor].numel} values, got {raw.numel()}", tensor=slots[tensor].name)
             groups.setdefault((raw.dtype, exp_mask), {}).setdefault(tensor, []).append((client, raw))
         row_words = buffers.signs.shape[1]
         signs, task = buffers.signs.view(np.uint32).reshape(-1), buffers.task.view(np.uint32)
         for (raw_dtype, exp_mask), by_tensor in groups.items():
-            # The raw arrays stay referenced (in ``by_tensor``) until the kernel returns: it reads them by address.
-            tensors = list(by_tensor)
-            members = [member for t in tensors for member in by_tensor[t]]
-            k = len(members)
-            slot_items = np.cumsum([0] + [len(by_tensor[t]) for t in tensors], dtype=np.int64)
-            addresses = np.fromiter((raw.ctypes.data for _, raw in members), dtype=np.uint64, count=k)
-            full_words = np.fromiter((slots[t].numel // 32 for t in tensors), dtype=np.int64, count=len(tensors))
-            task_offsets = np.fromiter((slots[t].word_offset for t in tensors), dtype=np.int64, count=len(tensors))
-            sign_offsets = np.repeat(task_offsets, np.diff(slot_items)) + row_words * np.fromiter(
-                (client for client, _ in members), dtype=np.int64, count=k)
-            tails = np.zeros((k, 32), dtype=raw_dtype)
-            has_tail = np.fromiter((slots[t].numel % 32 != 0 for t in tensors), dtype=np.bool_, count=len(tensors))
-            for i, (_, raw) in enumerate(members):
-                if raw.size % 32:
-                    tails[i, :raw.size % 32] = raw[raw.size - raw.size % 32:]
+            # The raw tensors stay referenced (in ``by_tensor``) until the kernel returns: it reads them by address.
+            members, slot_items, full_words, task_offsets, has_tail = [], [0], [], [], []
+            for tensor, copies in by_tensor.items():
+                slot = slots[tensor]
+                members += [(client, tensor, raw) for client, raw in copies]
+                slot_items.append(len(members))
+                full_words.append(slot.numel // 32)
+                task_offsets.append(slot.word_offset)
+                has_tail.append(slot.numel % 32 != 0)
+            tails = torch.zeros((len(members), 32), dtype=raw_dtype)
+            for i, (_, tensor, raw) in enumerate(members):
+                partial = raw.numel() % 32
+                if partial:
+                    tails[i, :partial] = raw[raw.numel() - partial:]
+            addresses = np.array([raw.data_ptr() for _, _, raw in members], dtype=np.uint64)
+            sign_offsets = np.array([client * row_words + slots[tensor].word_offset for client, tensor, _ in members],
+                                    dtype=np.int64)
+            full_words = np.array(full_words, dtype=np.int64)
+            slot_items = np.array(slot_items, dtype=np.int64)
             parallel = int(np.diff(slot_items) @ full_words) >= _PARALLEL_FROM_WORDS
-            bad = _PACK[parallel](slot_items, addresses, sign_offsets, full_words, task_offsets, tails, has_tail,
-                                  signs, task, np.int64(exp_mask))
-            for (client, _), tensor, flag in zip(members, np.repeat(tensors, np.diff(slot_items)), bad):
+            bad = _PACK[parallel](slot_items, addresses, sign_offsets, full_words, np.array(task_offsets, dtype=np.int64),
+                                  tails.numpy(), np.array(has_tail), signs, task, np.int64(exp_mask))
+            for (client, tensor, _), flag in zip(members, bad.tolist()):
                 buffers.nonfinite[client, tensor] = int(flag != 0)
 
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
