@@ -11,10 +11,13 @@ import torch
 
 from .checkpoints import check_same_tensors, client_paths, open_adapter
 from .engine.duplicates import DuplicateRule, check_duplicate_policy, find_duplicates
+from .engine.labels import (compact_labels, label_disagreements, label_pair_counts, label_penalty_histograms,
+                            label_sampled_matches)
+from .engine.stats import PairPayment
 from .errors import InputError
-from .mechanism import check_penalty, joint_counts, kfca_score_matrix, mtpp_terms
+from .mechanism import check_penalty, task_partition
 from .packer import SignPacker
-from .partition import check_seed, sample_peers
+from .partition import BONUS, PENALTY_1, PENALTY_2, check_seed, peer_pairs
 from .report import RewardReport
 
 FLAT_UPDATE_NAME = "update"
@@ -168,25 +171,37 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
     sizes = {r.size for r in reports.values()}
     if len(sizes) != 1:
         raise InputError(f"every client must label the same tasks; got lengths {sorted(sizes)}")
-    chosen = sample_peers(len(clients), peers, seed)
-    n_pairs = sum(len(js) for js in chosen)
+    index_pairs = peer_pairs(len(clients), peers, seed)
+    n_pairs = len(index_pairs)
     if (n_pairs + 1) * num_labels ** 2 > MAX_REPORT_CELLS:
         raise InputError(f"{n_pairs} pairs x {num_labels}^2 labels is too large a report (one L x L delta matrix "
                          "per pair); use fewer labels, peers or clients")
-    stacked = np.stack([reports[c] for c in clients])
-    disagreements = np.array([[np.count_nonzero(a != b) for b in stacked] for a in stacked], dtype=np.int64)
-    groups = find_duplicates(clients, disagreements, stacked.shape[1], DuplicateRule(excess_correlation=False))
-    score = kfca_score_matrix(num_labels)
-    terms, joints = {}, {}
-    for i, js in enumerate(chosen):
-        for j in js:
-            r1, r2 = reports[clients[i]], reports[clients[j]]
-            key = (clients[i], clients[j])
-            terms[key] = mtpp_terms(r1, r2, score, seed=seed, bonus_fraction=bonus_fraction, penalty=penalty,
-                                    pair=(i, j))
-            joints[key] = joint_counts(r1, r2, num_labels)
+    n_tasks = sizes.pop()
+    part = task_partition(n_tasks, seed=seed, bonus_fraction=bonus_fraction)
+    n_bonus, m1, m2 = part.bonus.size, part.penalty_1.size, part.penalty_2.size
+    if min(n_bonus, m1, m2) == 0:
+        raise InputError(f"{n_tasks} tasks are too few to form non-empty bonus and penalty sets "
+                         f"(bonus {n_bonus}, M_1 {m1}, M_2 {m2}) with seed {seed} and bonus_fraction {bonus_fraction}")
+    stacked = compact_labels(np.stack([reports[c] for c in clients]), num_labels)
+    groups = find_duplicates(clients, label_disagreements(stacked), n_tasks, DuplicateRule(excess_correlation=False))
+    classes = np.full(n_tasks, PENALTY_2, dtype=np.uint8)
+    classes[part.bonus] = BONUS
+    classes[part.penalty_1] = PENALTY_1
+    # Integer counts in one pass per pair; the divisions are mechanism.mtpp_terms's, so the floats are its own.
+    joint_arrays, bonus_agreements = label_pair_counts(stacked, classes, index_pairs, num_labels)
+    if penalty == "expected":
+        frequencies = label_penalty_histograms(stacked, classes, num_labels)
+        penalty_sums = np.einsum("pl,pl->p", frequencies[index_pairs[:, 0], 0], frequencies[index_pairs[:, 1], 1])
+        penalties = penalty_sums / (m1 * m2)
+    else:
+        penalties = label_sampled_matches(stacked, part.bonus, part.penalty_1, part.penalty_2, index_pairs,
+                                          seed) / n_bonus
+    bonuses = bonus_agreements / n_bonus
+    keys = [(clients[i], clients[j]) for i, j in index_pairs.tolist()]
+    terms = {key: PairPayment(b - p, b, p) for key, b, p in zip(keys, bonuses.tolist(), penalties.tolist())}
+    joints = dict(zip(keys, joint_arrays))
     return RewardReport.from_pairs(
         terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, backend="labels",
-        labels=tuple(str(k) for k in range(num_labels)), tasks={"tasks": sizes.pop()},
+        labels=tuple(str(k) for k in range(num_labels)), tasks={"tasks": n_tasks},
         duplicates=groups, duplicate_policy=duplicates,
     )
