@@ -182,7 +182,7 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
     if min(n_bonus, m1, m2) == 0:
         raise InputError(f"{n_tasks} tasks are too few to form non-empty bonus and penalty sets "
                          f"(bonus {n_bonus}, M_1 {m1}, M_2 {m2}) with seed {seed} and bonus_fraction {bonus_fraction}")
-    stacked = compact_labels(np.stack([reports[c] for c in clients]), num_labels)
+    stacked = compact_labels([reports[c] for c in clients], num_labels)
     groups = find_duplicates(clients, label_disagreements(stacked), n_tasks, DuplicateRule(excess_correlation=False))
     classes = np.full(n_tasks, PENALTY_2, dtype=np.uint8)
     classes[part.bonus] = BONUS

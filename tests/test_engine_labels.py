@@ -49,10 +49,11 @@ def test_score_labels_equals_the_per_pair_mechanism(penalty, peers, num_labels):
 @pytest.mark.parametrize("n", [2, 3, 8, 9])
 def test_label_disagreements_match_numpy_for_odd_and_even_clients(n):
     rng = np.random.default_rng(n)
-    labels = rng.integers(0, 3, (n, 1_001))
+    labels = rng.integers(0, 3, (n, 1_001))  # 15 full vectors of 64 tasks and a tail
     labels[-1] = labels[0]  # an identical pair: zero disagreements
     expected = (labels[:, None, :] != labels[None, :, :]).sum(axis=2)
     got = label_disagreements(compact_labels(labels, 3))
+    np.testing.assert_array_equal(label_disagreements(compact_labels(labels, 1000)), expected)  # uint16 lanes
     np.testing.assert_array_equal(got, expected)
     assert got[0, -1] == 0
 
