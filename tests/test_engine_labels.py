@@ -71,3 +71,29 @@ def test_score_labels_flags_a_copier_through_the_kernel_disagreements():
     report = score_labels(labels, num_labels=4, seed=1)
     assert [g.clients for g in report.duplicates] == [("c0", "copier")]
     assert report.rewards["c0"] == report.rewards["copier"] == 0.0
+
+
+def test_parallel_builds_count_what_the_single_threaded_ones_count():
+    """Small rounds run the single-threaded builds (checked against the mechanism above); large ones these."""
+    from kfca_llm.engine import labels as kernels
+    from kfca_llm.mechanism import task_partition
+    from kfca_llm.partition import BONUS, DRAW2_SALT, PENALTY_1, PENALTY_2, pair_keys, peer_pairs
+
+    rng = np.random.default_rng(5)
+    n, m, num_labels = 9, 2_003, 300
+    stacked = compact_labels(rng.integers(0, num_labels, (n, m)), num_labels)
+    part = task_partition(m, seed=3)
+    classes = np.full(m, PENALTY_2, dtype=np.uint8)
+    classes[part.bonus], classes[part.penalty_1] = BONUS, PENALTY_1
+    pairs = peer_pairs(n, None, 3)
+    calls = [(kernels._DISAGREEMENTS, (stacked,)),
+             (kernels._PAIR_COUNTS, (stacked, classes, pairs, num_labels)),
+             (kernels._PENALTY_HISTOGRAMS, (stacked, classes, num_labels)),
+             (kernels._SAMPLED_MATCHES, (stacked, part.bonus, part.penalty_1, part.penalty_2, pairs,
+                                         pair_keys(3, pairs), np.uint32(DRAW2_SALT)))]
+    for builds, args in calls:
+        serial, parallel = builds[0](*args), builds[1](*args)
+        for a, b in zip(serial if isinstance(serial, tuple) else (serial,),
+                        parallel if isinstance(parallel, tuple) else (parallel,)):
+            np.testing.assert_array_equal(a, b)
+            assert a.any()  # never compare zeros alone

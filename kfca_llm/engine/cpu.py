@@ -13,8 +13,6 @@ negative), non-zero = magnitude bits non-zero, non-finite = exponent bits all on
 
 from __future__ import annotations
 
-from types import FunctionType
-
 import numba
 import numpy as np
 import torch
@@ -27,7 +25,7 @@ from ..errors import InputError
 from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
 from .backends import Backend, PackedBuffers
 from .layout import Layout
-from .numba_setup import configure_numba
+from .numba_setup import configure_numba, serial_and_parallel
 from .stats import RoundCounts
 
 configure_numba()  # before the cache=True kernels below are defined
@@ -171,18 +169,7 @@ def _pack_kernel(slot_items, addresses, sign_offsets, full_words, task_offsets, 
     return per_item
 
 
-def _builds(function):
-    """(single-threaded, multi-threaded) compiled builds of one kernel, indexed by ``parallel``.
-
-    Small inputs take the first: waking the thread pool costs more than their whole pass (up to
-    milliseconds on a busy machine). The copy has its own name so the two never share a cache entry.
-    """
-    serial = FunctionType(function.__code__, function.__globals__, function.__name__ + "_serial")
-    serial.__qualname__ = function.__qualname__ + "_serial"
-    return njit(cache=True)(serial), njit(parallel=True, cache=True)(function)
-
-
-_PACK = _builds(_pack_kernel)
+_PACK = serial_and_parallel(_pack_kernel)
 _PARALLEL_FROM_WORDS = 1 << 15
 
 
@@ -288,7 +275,7 @@ def _gram_kernel(signs, task, key, t_bonus, t_m1, row_starts, cols, n_groups):
     return diagonal, pair_counts, sizes
 
 
-_GRAM = _builds(_gram_kernel)
+_GRAM = serial_and_parallel(_gram_kernel)
 
 
 def _compress_table() -> np.ndarray:
@@ -519,9 +506,9 @@ def _draw_kernel(bonus_coords, plane1, plane2, pairs, pair_keys, draw2_salt, m1,
     return partial
 
 
-_SET_SIZES = _builds(_penalty_set_sizes)
-_PLANES = _builds(_penalty_planes_kernel)
-_DRAWS = _builds(_draw_kernel)
+_SET_SIZES = serial_and_parallel(_penalty_set_sizes)
+_PLANES = serial_and_parallel(_penalty_planes_kernel)
+_DRAWS = serial_and_parallel(_draw_kernel)
 
 
 def penalty_planes(signs: np.ndarray, task: np.ndarray, key, t_bonus, t_m1):

@@ -15,7 +15,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..partition import BONUS, DRAW2_SALT, PENALTY_1, PENALTY_2, pair_keys
-from .numba_setup import configure_numba
+from .numba_setup import configure_numba, serial_and_parallel
 
 configure_numba()  # before the cache=True kernels below are defined
 
@@ -66,7 +66,6 @@ def _disagreement_row(labels, i, out):
         out[j, i] = count
 
 
-@njit(parallel=True, cache=True)
 def _disagreements(labels):
     """int64 [n, n]: tasks where clients i and j give different labels.
 
@@ -81,7 +80,6 @@ def _disagreements(labels):
     return out
 
 
-@njit(parallel=True, cache=True)
 def _pair_counts(labels, classes, pairs, num_labels):
     """(joint [P, L, L] over all tasks, bonus agreements [P]) of each ordered pair (client, peer)."""
     n_pairs = pairs.shape[0]
@@ -99,7 +97,6 @@ def _pair_counts(labels, classes, pairs, num_labels):
     return joints, bonus_agreements
 
 
-@njit(parallel=True, cache=True)
 def _penalty_histograms(labels, classes, num_labels):
     """int64 [n, 2, L]: how often each client gives each label on M_1 and on M_2."""
     n, m = labels.shape
@@ -113,7 +110,6 @@ def _penalty_histograms(labels, classes, num_labels):
     return out
 
 
-@njit(parallel=True, cache=True)
 def _sampled_matches(labels, bonus, penalty_1, penalty_2, pairs, keys, draw2_salt):
     """Matches of Algorithm 1's draws per ordered pair: ``partition.penalty_ranks``'s ranks, label equality."""
     n_pairs = pairs.shape[0]
@@ -134,6 +130,13 @@ def _sampled_matches(labels, bonus, penalty_1, penalty_2, pairs, keys, draw2_sal
     return out
 
 
+_DISAGREEMENTS = serial_and_parallel(_disagreements)
+_PAIR_COUNTS = serial_and_parallel(_pair_counts)
+_PENALTY_HISTOGRAMS = serial_and_parallel(_penalty_histograms)
+_SAMPLED_MATCHES = serial_and_parallel(_sampled_matches)
+_PARALLEL_FROM = 1 << 21  # label comparisons (about 1 ms of work): below it one thread beats waking the pool
+
+
 def compact_labels(rows, num_labels: int) -> np.ndarray:
     """[n, m] labels (rows already checked to lie in [0, num_labels)) in the narrowest unsigned dtype that holds
     them: the comparison loops then cover 64 tasks per vector, and no wide intermediate array is built."""
@@ -146,23 +149,25 @@ def compact_labels(rows, num_labels: int) -> np.ndarray:
 
 def label_disagreements(labels: np.ndarray) -> np.ndarray:
     """int64 [n, n]: tasks where each two clients' labels differ (``labels``: [n, m] from ``compact_labels``)."""
-    return _disagreements(labels)
+    n, m = labels.shape
+    return _DISAGREEMENTS[n * n // 2 * m >= _PARALLEL_FROM](labels)
 
 
 def label_pair_counts(labels: np.ndarray, classes: np.ndarray, pairs: np.ndarray,
                       num_labels: int) -> tuple[np.ndarray, np.ndarray]:
     """(joint tables [P, L, L] over every task, agreements on the bonus tasks [P]) of the ordered pairs."""
-    return _pair_counts(labels, classes, np.ascontiguousarray(pairs, dtype=np.int64), num_labels)
+    pairs = np.ascontiguousarray(pairs, dtype=np.int64)
+    return _PAIR_COUNTS[len(pairs) * labels.shape[1] >= _PARALLEL_FROM](labels, classes, pairs, num_labels)
 
 
 def label_penalty_histograms(labels: np.ndarray, classes: np.ndarray, num_labels: int) -> np.ndarray:
     """int64 [n, 2, L]: each client's label counts on M_1 and M_2 (the expected penalty's frequencies)."""
-    return _penalty_histograms(labels, classes, num_labels)
+    return _PENALTY_HISTOGRAMS[labels.size >= _PARALLEL_FROM](labels, classes, num_labels)
 
 
 def label_sampled_matches(labels: np.ndarray, bonus: np.ndarray, penalty_1: np.ndarray, penalty_2: np.ndarray,
                           pairs: np.ndarray, seed: int) -> np.ndarray:
     """int64 [P]: equal labels at the sampled penalty tasks of each ordered pair (Algorithm 1's draws)."""
     pairs = np.ascontiguousarray(pairs, dtype=np.int64)
-    return _sampled_matches(labels, bonus, penalty_1, penalty_2, pairs, pair_keys(seed, pairs),
-                            np.uint32(DRAW2_SALT))
+    return _SAMPLED_MATCHES[len(pairs) * bonus.size >= _PARALLEL_FROM](
+        labels, bonus, penalty_1, penalty_2, pairs, pair_keys(seed, pairs), np.uint32(DRAW2_SALT))
