@@ -538,7 +538,11 @@ def penalty_planes(signs: np.ndarray, task: np.ndarray, key, t_bonus, t_m1):
 
 
 def _raw_view(values) -> tuple[torch.Tensor, int]:
-    """Flat, contiguous CPU tensor of the floats' bits as same-width signed integers (copied only if needed)."""
+    """Contiguous CPU tensor of the floats' bits as same-width signed integers (copied only if needed)."""
+    if isinstance(values, torch.Tensor) and values.dtype in _RAW_FORMATS and values.is_contiguous() \
+            and values.device.type == "cpu":  # the common case, in a few torch calls (tiny rounds pay per tensor)
+        int_dtype, exp_mask = _RAW_FORMATS[values.dtype]
+        return values.detach().view(int_dtype), exp_mask
     if isinstance(values, np.ndarray):
         if values.dtype not in _NUMPY_FLOATS:
             raise InputError(f"expected a float array, got dtype {values.dtype}")
@@ -549,7 +553,7 @@ def _raw_view(values) -> tuple[torch.Tensor, int]:
     t = values.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    return t.contiguous().view(int_dtype).reshape(-1), exp_mask
+    return t.contiguous().view(int_dtype), exp_mask
 
 
 def _unique_pairs(pairs: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -605,17 +609,18 @@ class CpuBackend(Backend):
             for i, (_, tensor, raw) in enumerate(members):
                 partial = raw.numel() % 32
                 if partial:
-                    tails[i, :partial] = raw[raw.numel() - partial:]
+                    tails[i, :partial] = raw.reshape(-1)[raw.numel() - partial:]
             addresses = np.array([raw.data_ptr() for _, _, raw in members], dtype=np.uint64)
-            sign_offsets = np.array([client * row_words + slots[tensor].word_offset for client, tensor, _ in members],
-                                    dtype=np.int64)
+            clients = np.array([client for client, _, _ in members], dtype=np.int64)
+            tensors = np.repeat(np.array(list(by_tensor), dtype=np.int64), np.diff(slot_items))
+            word_offsets = np.array(task_offsets, dtype=np.int64)
+            sign_offsets = clients * row_words + np.repeat(word_offsets, np.diff(slot_items))
             full_words = np.array(full_words, dtype=np.int64)
             slot_items = np.array(slot_items, dtype=np.int64)
             parallel = int(np.diff(slot_items) @ full_words) >= _PARALLEL_FROM_WORDS
-            bad = _PACK[parallel](slot_items, addresses, sign_offsets, full_words, np.array(task_offsets, dtype=np.int64),
-                                  tails.numpy(), np.array(has_tail), signs, task, np.int64(exp_mask))
-            for (client, tensor, _), flag in zip(members, bad.tolist()):
-                buffers.nonfinite[client, tensor] = int(flag != 0)
+            bad = _PACK[parallel](slot_items, addresses, sign_offsets, full_words, word_offsets, tails.numpy(),
+                                  np.array(has_tail), signs, task, np.int64(exp_mask))
+            buffers.nonfinite[clients, tensors] = bad != 0
 
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         return buffers.nonfinite != 0
