@@ -13,7 +13,7 @@ from kfca_llm import InputError
 from kfca_llm.cli import main
 from kfca_llm import SignPacker
 from kfca_llm.engine import DuplicateRule, disagreement_counts, find_duplicates
-from kfca_llm.engine.duplicates import _row_medians
+from kfca_llm.engine.duplicates import _refine_loadings
 from kfca_llm.engine.naive import pack_signs, round_counts
 
 COORDS = 20_000
@@ -254,11 +254,36 @@ def test_reference_difference_in_the_wider_dtype(tmp_path):
         assert report.tasks["tasks"] == n
 
 
-def test_row_medians_equal_nanmedian_bit_for_bit():
-    rng = np.random.default_rng(3)
-    for width in (1, 2, 3, 8, 31):
-        values = rng.standard_normal((50, width))
-        valid = rng.random((50, width)) < 0.6
-        valid[:, 0] = True  # the detector only asks for rows with peers
-        expected = np.nanmedian(np.where(valid, values, np.nan), axis=1)
-        assert np.array_equal(_row_medians(values, valid), expected)
+def _refine_loadings_numpy(rho, lam):
+    """The fixed point as numpy calls (how it was first written): the compiled loop must equal it bit for bit."""
+    n = lam.size
+    off = ~np.eye(n, dtype=bool)
+    for _ in range(50):
+        informative = np.abs(lam) >= 0.1
+        peers = off & informative[None, :]
+        enough = peers.sum(axis=1) >= 2
+        fit = np.zeros(n)
+        if enough.any():
+            ratios = np.where(peers, rho / np.where(informative, lam, 1.0)[None, :], np.nan)
+            fit[enough] = np.nanmedian(ratios[enough], axis=1)
+        new = np.clip(np.sign(fit) * np.sqrt(np.abs(fit * lam)), -0.999, 0.999)
+        if np.allclose(new, lam, atol=1e-6):
+            break
+        lam = new
+    return lam
+
+
+@pytest.mark.parametrize("n", [4, 5, 12, 31])
+def test_compiled_loading_fit_equals_the_numpy_loop(n):
+    rng = np.random.default_rng(n)
+    for trial in range(20):
+        rate = np.abs(rng.normal(0.35, 0.1, (n, n))).clip(0, 0.5)
+        rate = (rate + rate.T) / 2
+        np.fill_diagonal(rate, 0)
+        rate[0, 1] = rate[1, 0] = 0.01  # a copy pair
+        if trial % 4 == 0:
+            rate[-1, :] = rate[:, -1] = 0.5  # a free rider (|lambda| near 0, left out as a peer)
+            rate[-1, -1] = 0
+        rho = np.cos(np.pi * rate)
+        lam0 = rng.uniform(-1, 1, n)
+        assert np.array_equal(_refine_loadings(rho, lam0.copy()), _refine_loadings_numpy(rho, lam0.copy()))

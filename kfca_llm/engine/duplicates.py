@@ -44,9 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from ..errors import InputError
+from .numba_setup import configure_numba
 from .stats import RoundCounts
+
+configure_numba()  # before the cache=True kernel below is defined
 
 DUPLICATE_POLICIES = ("flag", "split", "zero")
 IDENTICAL, NEAR = "identical", "near"
@@ -170,19 +174,7 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
     # rider, says nothing about lambda_i; one copy partner is outvoted by the median).
     typical = np.sqrt(max(float(np.median(np.abs(rho[off]))), 1e-6))
     lam = np.median(rho[off].reshape(n, n - 1), axis=1) / typical
-    for _ in range(50):
-        informative = np.abs(lam) >= 0.1
-        peers = off & informative[None, :]
-        enough = peers.sum(axis=1) >= 2
-        fit = np.zeros(n)
-        if enough.any():
-            ratios = rho / np.where(informative, lam, 1.0)[None, :]
-            fit[enough] = _row_medians(ratios[enough], peers[enough])
-        # Geometric damping: the plain update maps a common scale c to 1/c and oscillates.
-        new = np.clip(np.sign(fit) * np.sqrt(np.abs(fit * lam)), -0.999, 0.999)
-        if np.allclose(new, lam, atol=1e-6):
-            break
-        lam = new
+    lam = _refine_loadings(rho, lam)
     lam = np.clip(lam, -0.999, 0.999)
     private = np.sqrt(1.0 - lam ** 2)
     excess = (rho - np.outer(lam, lam)) / np.outer(private, private)
@@ -191,14 +183,31 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
     return excess, stderr
 
 
-def _row_medians(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Median of each row over its ``valid`` entries (each row has at least one), as ``np.nanmedian`` computes
-    it; one sort instead of nanmedian's masked-array path (about 2 ms a call, most of a small round)."""
-    ordered = np.sort(np.where(valid, values, np.inf), axis=1)
-    count = valid.sum(axis=1)
-    low = np.take_along_axis(ordered, ((count - 1) // 2)[:, None], axis=1)[:, 0]
-    high = np.take_along_axis(ordered, (count // 2)[:, None], axis=1)[:, 0]
-    return np.where(count % 2 == 1, low, (low + high) / 2)
+@njit(cache=True)
+def _refine_loadings(rho, lam):
+    """Fixed point of lambda_i = median_k rho_ik / lambda_k over informative peers k != i (at most 50 steps).
+
+    One compiled loop: as numpy calls it cost about 1.5 ms a round even for 5 clients (most of a small
+    round). Every step is exact selection and IEEE arithmetic, as numpy does it (tests keep a numpy copy).
+    """
+    n = lam.size
+    ratios = np.empty(n)
+    for _ in range(50):
+        fit = np.zeros(n)
+        for i in range(n):
+            count = 0
+            for k in range(n):
+                if k != i and abs(lam[k]) >= 0.1:
+                    ratios[count] = rho[i, k] / lam[k]
+                    count += 1
+            if count >= 2:
+                fit[i] = np.median(ratios[:count])
+        # Geometric damping: the plain update maps a common scale c to 1/c and oscillates.
+        new = np.minimum(np.maximum(np.sign(fit) * np.sqrt(np.abs(fit * lam)), -0.999), 0.999)
+        if np.all(np.abs(new - lam) <= 1e-6 + 1e-5 * np.abs(lam)):  # np.allclose(new, lam, atol=1e-6)
+            break
+        lam = new
+    return lam
 
 
 def _groups(pairs: Sequence[DuplicatePair]) -> tuple[DuplicateGroup, ...]:
