@@ -13,7 +13,7 @@ from kfca_llm import InputError
 from kfca_llm.cli import main
 from kfca_llm import SignPacker
 from kfca_llm.engine import DuplicateRule, disagreement_counts, find_duplicates
-from kfca_llm.engine.duplicates import _refine_loadings
+from kfca_llm.engine.duplicates import _REFINE_LOADINGS
 from kfca_llm.engine.naive import pack_signs, round_counts
 
 COORDS = 20_000
@@ -273,8 +273,9 @@ def _refine_loadings_numpy(rho, lam):
     return lam
 
 
+@pytest.mark.parametrize("parallel", [False, True])
 @pytest.mark.parametrize("n", [4, 5, 12, 31])
-def test_compiled_loading_fit_equals_the_numpy_loop(n):
+def test_compiled_loading_fit_equals_the_numpy_loop(n, parallel):
     rng = np.random.default_rng(n)
     for trial in range(20):
         rate = np.abs(rng.normal(0.35, 0.1, (n, n))).clip(0, 0.5)
@@ -286,4 +287,5 @@ def test_compiled_loading_fit_equals_the_numpy_loop(n):
             rate[-1, -1] = 0
         rho = np.cos(np.pi * rate)
         lam0 = rng.uniform(-1, 1, n)
-        assert np.array_equal(_refine_loadings(rho, lam0.copy()), _refine_loadings_numpy(rho, lam0.copy()))
+        fitted = _REFINE_LOADINGS[parallel](rho, lam0.copy())
+        assert np.array_equal(fitted, _refine_loadings_numpy(rho, lam0.copy()))

@@ -44,13 +44,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import prange
 
 from ..errors import InputError
-from .numba_setup import configure_numba
+from .numba_setup import configure_numba, serial_and_parallel
 from .stats import RoundCounts
 
-configure_numba()  # before the cache=True kernel below is defined
+configure_numba()  # before the cache=True kernels below are defined
 
 DUPLICATE_POLICIES = ("flag", "split", "zero")
 IDENTICAL, NEAR = "identical", "near"
@@ -174,7 +174,7 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
     # rider, says nothing about lambda_i; one copy partner is outvoted by the median).
     typical = np.sqrt(max(float(np.median(np.abs(rho[off]))), 1e-6))
     lam = np.median(rho[off].reshape(n, n - 1), axis=1) / typical
-    lam = _refine_loadings(rho, lam)
+    lam = _REFINE_LOADINGS[n >= 400](rho, lam)  # a step costs about 3 ns x n^2; a launch 0.2-0.5 ms
     lam = np.clip(lam, -0.999, 0.999)
     private = np.sqrt(1.0 - lam ** 2)
     excess = (rho - np.outer(lam, lam)) / np.outer(private, private)
@@ -183,7 +183,6 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
     return excess, stderr
 
 
-@njit(cache=True)
 def _refine_loadings(rho, lam):
     """Fixed point of lambda_i = median_k rho_ik / lambda_k over informative peers k != i (at most 50 steps).
 
@@ -191,10 +190,10 @@ def _refine_loadings(rho, lam):
     round). Every step is exact selection and IEEE arithmetic, as numpy does it (tests keep a numpy copy).
     """
     n = lam.size
-    ratios = np.empty(n)
     for _ in range(50):
         fit = np.zeros(n)
-        for i in range(n):
+        for i in prange(n):
+            ratios = np.empty(n)
             count = 0
             for k in range(n):
                 if k != i and abs(lam[k]) >= 0.1:
@@ -208,6 +207,9 @@ def _refine_loadings(rho, lam):
             break
         lam = new
     return lam
+
+
+_REFINE_LOADINGS = serial_and_parallel(_refine_loadings)
 
 
 def _groups(pairs: Sequence[DuplicatePair]) -> tuple[DuplicateGroup, ...]:
