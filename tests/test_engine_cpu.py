@@ -219,6 +219,29 @@ def test_sampled_matches_with_sparse_blocks_match_reference():
                                       naive.sampled_matches(signs, task, seed, fraction, pairs))
 
 
+def test_plane_compaction_by_byte_table_equals_pext(monkeypatch):
+    """CPUs without BMI2 compact the penalty planes by a byte table; it must give the planes pext gives."""
+    from types import FunctionType
+
+    from numba import njit
+
+    from kfca_llm.engine import cpu
+    from kfca_llm.partition import partition_params
+
+    kernel = cpu._penalty_planes_kernel
+    table_globals = dict(kernel.__globals__, _compress_bits=cpu._table_compress)
+    by_table = njit(FunctionType(kernel.__code__, table_globals, "planes_by_table"))
+    signs, task = _counter_words(5, 3 * 4096 + 77)
+    key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(9, 0.4))
+    args = (signs.view(np.uint32), task.view(np.uint32), key, t_bonus, t_m1)
+    expected = cpu.penalty_planes(*args)  # pext where this machine has BMI2
+    monkeypatch.setattr(cpu, "_PLANES", (by_table, by_table))
+    got = cpu.penalty_planes(*args)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+    assert expected[1].any() and expected[2].any()
+
+
 def test_vectorised_payments_and_deltas_equal_the_per_pair_ones():
     from kfca_llm.engine.stats import delta_from_joint, deltas_from_joints, joint_tables, pair_payment, pair_payments
 

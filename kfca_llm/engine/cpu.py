@@ -352,14 +352,14 @@ _compress_bits = _pext_compress if _numba_target_has_pext() else _table_compress
 
 
 @njit(inline="always")
-def _append_compressed(plane_row, value, mask, acc, n_bits, word, edges, first, table, pop8):
-    """Append the bits of ``value`` at ``mask`` to the bitstream; full words owned by this block are stored.
+def _append_compressed(plane_row, bits, n_new, acc, n_bits, word, edges, first):
+    """Append ``n_new`` compressed bits to the bitstream; full words owned by this block are stored.
 
     The first word of a block may hold the previous block's bits and its last word the next one's:
     those go to ``edges`` (OR-ed in afterwards), so parallel blocks never write the same word.
     """
-    acc |= np.uint64(_compress_bits(value, mask, table, pop8)) << np.uint64(n_bits)
-    n_bits += _popcount64(np.uint64(mask))
+    acc |= np.uint64(bits) << np.uint64(n_bits)
+    n_bits += n_new
     if n_bits >= 32:  # at most one word: n_bits was below 32 and a word adds at most 32
         if first:
             edges[0] = np.uint32(acc & np.uint64(0xFFFFFFFF))
@@ -417,8 +417,9 @@ def _penalty_planes_kernel(signs, task, key, t_bonus, t_m1, offsets, plane1, pla
                 head = np.zeros(1, dtype=np.uint32)
                 for k in range(width):
                     if masks[k] != 0:
-                        acc, n_bits, word, first = _append_compressed(row, signs[i, first_word + k], masks[k], acc,
-                                                                      n_bits, word, head, first, table, pop8)
+                        bits = _compress_bits(signs[i, first_word + k], masks[k], table, pop8)
+                        acc, n_bits, word, first = _append_compressed(row, bits, _popcount64(np.uint64(masks[k])),
+                                                                      acc, n_bits, word, head, first)
                 edge[1] = head[0]
                 edge[2] = word
                 edge[3] = np.uint32(acc & np.uint64(0xFFFFFFFF)) if n_bits > 0 else np.uint32(0)
