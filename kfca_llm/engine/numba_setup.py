@@ -9,7 +9,9 @@ per-user folder in the temporary directory. ``NUMBA_CACHE_DIR`` set by the user 
 parallel kernel returns; in a federation, where every round scores and then trains with torch, they
 took the cores from torch's own threads (the tiny demo: 161 s with OpenMP against 41 s with the
 workqueue layer on the same busy 2-core machine). The engine's kernels are a few coarse parallel loops
-per call, for which numba's own ``workqueue`` layer is as good, and its workers sleep when idle.
+per call, for which numba's own ``workqueue`` layer is as good, and its workers sleep when idle. Waking
+them costs 0.2-0.5 ms a launch on the 2-core CI machine, so a round is packed in one launch and small
+inputs take single-threaded builds (``serial_and_parallel``).
 ``NUMBA_THREADING_LAYER`` set by the user always wins.
 """
 
