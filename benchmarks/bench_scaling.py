@@ -191,7 +191,7 @@ def adapter_rows(clients, peers, dtype, repeat, max_seconds):
                   flush=True)
             if seconds > max_seconds:
                 stopped.add(line)
-        del packer
+        packer = None  # free this round's packed bits before the next, larger one is allocated
     return rows, stopped, sum(s.numel() if hasattr(s, "numel") else int(np.prod(s)) for s in shapes.values())
 
 

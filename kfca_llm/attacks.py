@@ -201,8 +201,6 @@ def _generator_for(device: torch.device, generator: torch.Generator,
 
 
 def _float_std(name: str, t: torch.Tensor) -> torch.Tensor:
-    import torch
-
     if not t.is_floating_point():
         raise InputError(f"noise attacks need a floating-point update, got {t.dtype}", tensor=name)
     # Population std in float32 (bf16 std is coarse; a one-element tensor has no sample std).
@@ -267,8 +265,6 @@ def zero_update(honest, history, generator):
 
 @register_attack("random")
 def random_update(honest, history, generator):
-    import torch
-
     cache: dict[torch.device, torch.Generator] = {}
     out = {name: _gaussian_like(honest[name], _float_std(name, honest[name]),
                                 _generator_for(honest[name].device, generator, cache)).to(honest[name].dtype)

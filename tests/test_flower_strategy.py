@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
 
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flower_local import (SHAPES, LocalGrid, honest_update, initial_arrays,  # noqa: E402
                           num_examples, numpy_node, reply_with)

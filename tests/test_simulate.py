@@ -107,7 +107,6 @@ def test_simulate_help_is_plain_text(capsys):
 def test_default_output_folder_is_named_after_the_recipe():
     from kfca_llm.recipe import load_recipe
     from kfca_llm.simulate import default_out
-    from helpers import TINY
 
     recipe = load_recipe(TINY)
     assert str(default_out(recipe)) == "runs/tiny-seed0"
