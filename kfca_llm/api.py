@@ -15,9 +15,9 @@ from .engine.labels import (compact_labels, label_disagreements, label_pair_coun
                             label_sampled_matches)
 from .engine.stats import PairPayment
 from .errors import InputError
-from .mechanism import check_penalty, task_partition
+from .mechanism import check_penalty, scoring_partition
 from .packer import SignPacker
-from .partition import BONUS, PENALTY_1, PENALTY_2, check_seed, peer_pairs
+from .partition import check_seed, partition_classes, peer_pairs
 from .report import RewardReport
 
 FLAT_UPDATE_NAME = "update"
@@ -177,16 +177,11 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
         raise InputError(f"{n_pairs} pairs x {num_labels}^2 labels is too large a report (one L x L delta matrix "
                          "per pair); use fewer labels, peers or clients")
     n_tasks = sizes.pop()
-    part = task_partition(n_tasks, seed=seed, bonus_fraction=bonus_fraction)
+    part = scoring_partition(n_tasks, seed=seed, bonus_fraction=bonus_fraction)
     n_bonus, m1, m2 = part.bonus.size, part.penalty_1.size, part.penalty_2.size
-    if min(n_bonus, m1, m2) == 0:
-        raise InputError(f"{n_tasks} tasks are too few to form non-empty bonus and penalty sets "
-                         f"(bonus {n_bonus}, M_1 {m1}, M_2 {m2}) with seed {seed} and bonus_fraction {bonus_fraction}")
     stacked = compact_labels([reports[c] for c in clients], num_labels)
     groups = find_duplicates(clients, label_disagreements(stacked), n_tasks, DuplicateRule(excess_correlation=False))
-    classes = np.full(n_tasks, PENALTY_2, dtype=np.uint8)
-    classes[part.bonus] = BONUS
-    classes[part.penalty_1] = PENALTY_1
+    classes = partition_classes(np.arange(n_tasks), seed, bonus_fraction)
     # Integer counts in one pass per pair; the divisions are mechanism.mtpp_terms's, so the floats are its own.
     joint_arrays, bonus_agreements = label_pair_counts(stacked, classes, index_pairs, num_labels)
     if penalty == "expected":

@@ -139,6 +139,18 @@ def task_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5
     return _cached_partition(int(num_tasks), check_seed(seed), check_bonus_fraction(bonus_fraction))
 
 
+def scoring_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5) -> TaskPartition:
+    """``task_partition``, refused when a set is empty (no payment can be formed from it)."""
+    part = task_partition(num_tasks, seed=seed, bonus_fraction=bonus_fraction)
+    n_bonus, m1, m2 = part.bonus.size, part.penalty_1.size, part.penalty_2.size
+    if min(n_bonus, m1, m2) == 0:
+        raise InputError(
+            f"{num_tasks} tasks are too few to form non-empty bonus and penalty sets "
+            f"(bonus {n_bonus}, M_1 {m1}, M_2 {m2}) with seed {seed} and bonus_fraction {bonus_fraction}"
+        )
+    return part
+
+
 @lru_cache(maxsize=8)
 def _cached_partition(num_tasks: int, seed: int, bonus_fraction: float) -> TaskPartition:
     """One partition per round, not one per scored pair (read-only arrays: callers share them)."""
@@ -181,13 +193,8 @@ def mtpp_terms(r1, r2, score_matrix, *, seed: int = 0, bonus_fraction: float = 0
     if (not isinstance(pair, tuple) or len(pair) != 2
             or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair)):
         raise InputError(f"pair must be a tuple of two client indices, got {pair!r}")
-    part = task_partition(a.size, seed=seed, bonus_fraction=bonus_fraction)
+    part = scoring_partition(a.size, seed=seed, bonus_fraction=bonus_fraction)
     n_bonus, m1, m2 = part.bonus.size, part.penalty_1.size, part.penalty_2.size
-    if min(n_bonus, m1, m2) == 0:
-        raise InputError(
-            f"{a.size} tasks are too few to form non-empty bonus and penalty sets "
-            f"(bonus {n_bonus}, M_1 {m1}, M_2 {m2}) with seed {seed} and bonus_fraction {bonus_fraction}"
-        )
     bonus = s[a[part.bonus], b[part.bonus]].sum() / n_bonus
     if penalty == "expected":
         c1 = np.bincount(a[part.penalty_1], minlength=s.shape[0])

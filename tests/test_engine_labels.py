@@ -77,14 +77,13 @@ def test_parallel_builds_count_what_the_single_threaded_ones_count():
     """Small rounds run the single-threaded builds (checked against the mechanism above); large ones these."""
     from kfca_llm.engine import labels as kernels
     from kfca_llm.mechanism import task_partition
-    from kfca_llm.partition import BONUS, DRAW2_SALT, PENALTY_1, PENALTY_2, pair_keys, peer_pairs
+    from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_classes, peer_pairs
 
     rng = np.random.default_rng(5)
     n, m, num_labels = 9, 2_003, 300
     stacked = compact_labels(rng.integers(0, num_labels, (n, m)), num_labels)
     part = task_partition(m, seed=3)
-    classes = np.full(m, PENALTY_2, dtype=np.uint8)
-    classes[part.bonus], classes[part.penalty_1] = BONUS, PENALTY_1
+    classes = partition_classes(np.arange(m), 3, 0.5)
     pairs = peer_pairs(n, None, 3)
     calls = [(kernels._DISAGREEMENTS, (stacked,)),
              (kernels._PAIR_COUNTS, (stacked, classes, pairs, num_labels)),

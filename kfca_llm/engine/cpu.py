@@ -63,6 +63,29 @@ def _mix32(x):
     return x
 
 
+def _ir_splat(builder, vector_type, value):
+    """``value`` (a Python int or an LLVM scalar of the lane type) in every lane of ``vector_type``."""
+    lanes = vector_type.count
+    if isinstance(value, int):
+        return ir.Constant(vector_type, [ir.Constant(vector_type.element, value)] * lanes)
+    i32 = ir.IntType(32)
+    vec = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(vec, ir.Constant(vector_type, ir.Undefined),
+                                  ir.Constant(ir.VectorType(i32, lanes), [0] * lanes))
+
+
+def _ir_mix32(builder, x):
+    """``partition.mix32`` on every lane of the <N x i32> vector ``x`` (the kernels' vector hashes)."""
+    def shifted(value, bits):
+        return builder.lshr(value, _ir_splat(builder, x.type, bits))
+
+    x = builder.xor(x, shifted(x, 16))
+    x = builder.mul(x, _ir_splat(builder, x.type, 0x7FEB352D))
+    x = builder.xor(x, shifted(x, 15))
+    x = builder.mul(x, _ir_splat(builder, x.type, 0x846CA68B))
+    return builder.xor(x, shifted(x, 16))
+
+
 # Software prefetch distance of the packing loop. Measured on the 2-core CI machine: one core streams
 # 8-9 GB/s through the packing loop without it (its mask arithmetic keeps too few loads in flight)
 # and 12-15 GB/s with it, as fast as a plain reduction; 2 to 128 KB ahead all did as well.
@@ -97,12 +120,9 @@ def _lanes32(typingctx, address, witness, exp_mask):
         v = builder.load(builder.inttoptr(args[0], vector_type.as_pointer()), align=width // 8)
 
         def splat(value):
-            return ir.Constant(vector_type, [ir.Constant(lane_type, value)] * 32)
+            return _ir_splat(builder, vector_type, value)
 
-        exp_scalar = builder.trunc(args[2], lane_type) if width < 64 else args[2]
-        exp = builder.insert_element(ir.Constant(vector_type, ir.Undefined), exp_scalar, ir.Constant(i32, 0))
-        exp = builder.shuffle_vector(exp, ir.Constant(vector_type, ir.Undefined),
-                                     ir.Constant(ir.VectorType(i32, 32), [0] * 32))
+        exp = splat(builder.trunc(args[2], lane_type) if width < 64 else args[2])
         magnitude = builder.and_(v, splat((1 << (width - 1)) - 1))
         nonzero = builder.icmp_unsigned("!=", magnitude, splat(0))
         not_nan = builder.icmp_unsigned("<=", magnitude, exp)
@@ -186,20 +206,11 @@ def _partition_word(typingctx, word_index, key, t_bonus, t_m1):
         vector_type = ir.VectorType(i32, 32)
 
         def splat(value):
-            if isinstance(value, int):
-                return ir.Constant(vector_type, [ir.Constant(i32, value)] * 32)
-            vec = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
-            return builder.shuffle_vector(vec, ir.Constant(vector_type, ir.Undefined),
-                                          ir.Constant(vector_type, [0] * 32))
+            return _ir_splat(builder, vector_type, value)
 
         base = builder.mul(builder.trunc(args[0], i32), ir.Constant(i32, 32))
         coords = builder.add(splat(base), ir.Constant(vector_type, [ir.Constant(i32, k) for k in range(32)]))
-        x = builder.xor(coords, splat(args[1]))
-        x = builder.xor(x, builder.lshr(x, splat(16)))
-        x = builder.mul(x, splat(0x7FEB352D))
-        x = builder.xor(x, builder.lshr(x, splat(15)))
-        x = builder.mul(x, splat(0x846CA68B))
-        x = builder.xor(x, builder.lshr(x, splat(16)))
+        x = _ir_mix32(builder, builder.xor(coords, splat(args[1])))
         bonus = builder.bitcast(builder.icmp_unsigned("<", x, splat(args[2])), i32)
         below_m1 = builder.bitcast(builder.icmp_unsigned("<", x, splat(args[3])), i32)
         m1 = builder.and_(below_m1, builder.not_(bonus))
@@ -439,17 +450,7 @@ def _draw16(typingctx, bonus_coords, start, key, draw2_salt, m1, m2, row1, row2)
         all_lanes = ir.Constant(ir.VectorType(ir.IntType(1), 16), [1] * 16)
 
         def splat(value, vector_type):
-            if isinstance(value, int):
-                return ir.Constant(vector_type, [ir.Constant(vector_type.element, value)] * 16)
-            vec = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(i32, 0))
-            return builder.shuffle_vector(vec, ir.Constant(vector_type, ir.Undefined), ir.Constant(lanes32, [0] * 16))
-
-        def mix32(x):  # partition.mix32, lane by lane
-            x = builder.xor(x, builder.lshr(x, splat(16, lanes32)))
-            x = builder.mul(x, splat(0x7FEB352D, lanes32))
-            x = builder.xor(x, builder.lshr(x, splat(15, lanes32)))
-            x = builder.mul(x, splat(0x846CA68B, lanes32))
-            return builder.xor(x, builder.lshr(x, splat(16, lanes32)))
+            return _ir_splat(builder, vector_type, value)
 
         def sign_bits(u, m, row_arg):
             rank = builder.trunc(builder.lshr(builder.mul(builder.zext(u, lanes64), splat(m, lanes64)),
@@ -466,8 +467,8 @@ def _draw16(typingctx, bonus_coords, start, key, draw2_salt, m1, m2, row1, row2)
 
         coords = context.make_array(signature.args[0])(context, builder, args[0])
         x = builder.load(builder.bitcast(builder.gep(coords.data, [args[1]]), lanes32.as_pointer()), align=4)
-        u1 = mix32(builder.xor(x, splat(args[2], lanes32)))
-        u2 = mix32(builder.xor(u1, splat(args[3], lanes32)))
+        u1 = _ir_mix32(builder, builder.xor(x, splat(args[2], lanes32)))
+        u2 = _ir_mix32(builder, builder.xor(u1, splat(args[3], lanes32)))
         differ = builder.and_(builder.xor(sign_bits(u1, args[4], 6), sign_bits(u2, args[5], 7)), splat(1, lanes32))
         same = builder.bitcast(builder.icmp_unsigned("==", differ, splat(0, lanes32)), ir.IntType(16))
         ctpop = builder.module.declare_intrinsic("llvm.ctpop", [i64])

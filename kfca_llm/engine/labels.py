@@ -15,20 +15,10 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from ..partition import BONUS, DRAW2_SALT, PENALTY_1, PENALTY_2, pair_keys
+from .cpu import _mix32
 from .numba_setup import configure_numba, serial_and_parallel
 
 configure_numba()  # before the cache=True kernels below are defined
-
-
-@njit(inline="always")
-def _mix32(x):
-    x = np.uint32(x)
-    x ^= x >> np.uint32(16)
-    x = np.uint32(x * np.uint32(0x7FEB352D))
-    x ^= x >> np.uint32(15)
-    x = np.uint32(x * np.uint32(0x846CA68B))
-    x ^= x >> np.uint32(16)
-    return x
 
 
 @intrinsic
