@@ -36,9 +36,8 @@ def _tiny_recipe_shapes() -> tuple[dict[str, tuple[int, ...]], int]:
     """The tiny recipe's LoRA state-dict shapes and the clients it trains per round (from its plan)."""
     from kfca_llm.plan import build_plan
     from kfca_llm.recipe import load_recipe
-    from kfca_llm.simulate import resolve_recipe_path
 
-    plan = build_plan(load_recipe(resolve_recipe_path("tiny")))
+    plan = build_plan(load_recipe("tiny"))
     return plan.adapter_shapes, plan.clients_per_round
 
 

@@ -82,9 +82,8 @@ def federation(overrides: list[str]):
     """One tiny federation through the real pipeline (``kfca_llm.fl.rounds.run_federation``)."""
     from kfca_llm.fl.rounds import FederationOptions, run_federation
     from kfca_llm.recipe import load_recipe
-    from kfca_llm.simulate import resolve_recipe_path
 
-    return run_federation(load_recipe(resolve_recipe_path("tiny"), overrides), FederationOptions(progress=False))
+    return run_federation(load_recipe("tiny", overrides), FederationOptions(progress=False))
 
 
 def _attackers_setting(entries: list[str]) -> str:

@@ -18,6 +18,7 @@ import difflib
 import math
 import sys
 from collections.abc import Mapping, Sequence
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -52,6 +53,7 @@ Optimizer = Literal["adamw_torch", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit", 
 LR_SCHEDULERS: tuple[str, ...] = LrScheduler.__args__
 OPTIMIZERS: tuple[str, ...] = Optimizer.__args__
 SYNTHETIC_DATASET = "synthetic"
+DEFAULT_RECIPE = "tiny"
 
 
 class RecipeError(InputError):
@@ -228,9 +230,28 @@ def recipe_from_dict(table: Mapping[str, Any], *, default_name: str = "recipe") 
     return recipe
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
-    """Read a recipe TOML file and apply ``key=value`` overrides (dotted FlowerTune key names)."""
-    path = Path(path)
+def resolve_recipe_path(name: str | Path | None) -> Path:
+    """A recipe file, or the name of one shipped in ``recipes/`` (``tiny``, ``general-nlp``, ...); None: tiny."""
+    # recipes/ is installed as the data package kfca_llm.recipes (pyproject), so this works outside a checkout too.
+    shipped_dir = Path(str(files("kfca_llm.recipes")))
+    if name is None:
+        return shipped_dir / f"{DEFAULT_RECIPE}.toml"
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = shipped_dir / f"{name}.toml"
+    if shipped.is_file():
+        return shipped
+    known = sorted(p.stem for p in shipped_dir.glob("*.toml"))
+    raise InputError(f"no recipe file {str(name)!r} (shipped recipes: {', '.join(known) or 'none'})")
+
+
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
+    """Read a recipe (a TOML file or a shipped recipe's name, None: tiny) and apply ``key=value`` overrides.
+
+    Overrides use the dotted FlowerTune key names.
+    """
+    path = resolve_recipe_path(path)
     with path.open("rb") as fh:
         try:
             table = tomllib.load(fh)

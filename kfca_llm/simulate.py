@@ -1,65 +1,17 @@
-"""kfca-llm simulate: run a KFCA-FedAvg federation with the attack analysis and write its outputs.
+"""One KFCA-FedAvg federation with the attack analysis, and its outputs (the work of ``kfca-llm simulate``).
 
-Outputs (in --out, default runs/<recipe>-seed<seed>, or runs/<recipe>-<domain>-seed<seed> when --domain
-changes the recipe's data): report.json, rewards.csv, rewards.png (attack-analysis figure), delta.png
-(delta matrices per round), adapters/round-XXX (the global adapter in PEFT's format) and, with
-train.save-client-updates (on in the tiny recipe), updates/round-XXX/{global,client-YYY} for
-kfca-llm score. --domain all runs the recipe on each domain's synthetic data into <out>/<domain>/ and
-draws combined figures in <out>.
+``run_one`` writes report.json, rewards.csv, rewards.png and delta.png; ``reward_table`` is the table it prints.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import time
-from collections.abc import Sequence
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from .attacks import resolve_attacks
-from .errors import InputError
-from .recipe import DOMAINS, SYNTHETIC_DATASET, Recipe, load_recipe
-
-# recipes/ is installed as the data package kfca_llm.recipes (pyproject), so this works outside a checkout too.
-RECIPES_DIR = Path(str(files("kfca_llm.recipes")))
-DEFAULT_RECIPE = RECIPES_DIR / "tiny.toml"
-
-
-def resolve_recipe_path(name: str | None) -> Path:
-    """A recipe file, or the name of one shipped in ``recipes/`` (``tiny``, ``general-nlp``, ...)."""
-    if name is None:
-        return DEFAULT_RECIPE
-    path = Path(name)
-    if path.is_file():
-        return path
-    shipped = RECIPES_DIR / f"{name}.toml"
-    if shipped.is_file():
-        return shipped
-    known = sorted(p.stem for p in RECIPES_DIR.glob("*.toml"))
-    raise InputError(f"no recipe file {name!r} (shipped recipes: {', '.join(known) or 'none'})")
-
-
-def build_recipe(args: argparse.Namespace, domain: str | None) -> Recipe:
-    overrides = list(args.set or [])
-    if domain is not None:
-        overrides.append(f"domain={domain}")
-    if args.rounds is not None:
-        overrides.append(f"num-server-rounds={args.rounds}")
-    if args.seed is not None:
-        overrides.append(f"kfca.seed={args.seed}")
-    if args.attacks is not None:
-        specs = [s.strip() for s in args.attacks.split(",") if s.strip()]
-        resolve_attacks(specs)  # our error lists the valid specs
-        overrides.append("kfca.attacks=[" + ", ".join(f'"{s}"' for s in specs) + "]")
-    recipe = load_recipe(resolve_recipe_path(args.recipe), overrides)
-    if domain is not None and recipe.dataset.name != SYNTHETIC_DATASET:
-        raise InputError(f"--domain needs a recipe on synthetic data; {recipe.name!r} reads {recipe.dataset.name!r} "
-                         "(its domain is set in the recipe)")
-    return recipe
-
+from .recipe import Recipe
 
 def default_out(recipe: Recipe, domain: str | None = None) -> Path:
     """``runs/<recipe>-seed<seed>``, or ``runs/<recipe>-<domain>-seed<seed>`` when ``--domain`` chose the data."""
@@ -132,18 +84,23 @@ def write_outputs(report: dict[str, Any], out: Path) -> None:
     plot_delta([report], out / "delta.png")
 
 
-def _run_one(recipe: Recipe, out: Path, args: argparse.Namespace) -> dict[str, Any] | None:
-    """Run one federation; returns its report on the main process (None on the others)."""
+def run_one(recipe: Recipe, out: Path, *, resume: bool = False, cpu: bool = False, progress: bool = True,
+            model_dir: Path | None = None, data_dir: Path | None = None,
+            valuation: bool = False) -> dict[str, Any] | None:
+    """Run one federation, write its outputs to ``out`` and print its table.
+
+    Returns the report on the main process (None on the others of an ``accelerate launch``).
+    """
     from .fl.rounds import FederationOptions, run_federation
 
     started = time.perf_counter()
     valuer = None
-    if getattr(args, "valuation", False):
+    if valuation:
         from .valuation.llm_rounds import RoundValuer
 
-        valuer = RoundValuer(recipe, args.data_dir)
-    options = FederationOptions(out_dir=out, resume=args.resume, cpu=args.cpu, progress=not args.no_progress,
-                                model_dir=args.model_dir, data_dir=args.data_dir, on_round=valuer)
+        valuer = RoundValuer(recipe, data_dir)
+    options = FederationOptions(out_dir=out, resume=resume, cpu=cpu, progress=progress,
+                                model_dir=model_dir, data_dir=data_dir, on_round=valuer)
     result = run_federation(recipe, options)
     from accelerate import PartialState
 
@@ -161,55 +118,3 @@ def _run_one(recipe: Recipe, out: Path, args: argparse.Namespace) -> dict[str, A
     saved = "adapters/, updates/" if recipe.train.save_client_updates else "adapters/"
     print(f"wrote {out}/report.json, rewards.csv, rewards.png, delta.png, {saved}")
     return report
-
-
-def run_simulate(args: argparse.Namespace) -> int:
-    domains: Sequence[str | None] = DOMAINS if args.domain == "all" else [args.domain]
-    recipes = [build_recipe(args, d) for d in domains]
-    if args.dry_run:
-        from .plan import dry_run
-
-        for recipe in recipes:
-            print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
-        return 0
-    if args.domain == "all":
-        out = Path(args.out) if args.out else Path("runs") / f"{recipes[0].name}-all-seed{recipes[0].kfca.seed}"
-        reports = [_run_one(r, out / r.domain, args) for r in recipes]
-        if reports[0] is not None:
-            from .plots import plot_delta, plot_rewards
-
-            plot_rewards(reports, out / "rewards.png")
-            plot_delta(reports, out / "delta.png")
-            print(f"wrote combined figures {out}/rewards.png, {out}/delta.png")
-        return 0
-    recipe = recipes[0]
-    _run_one(recipe, Path(args.out) if args.out else default_out(recipe, args.domain), args)
-    return 0
-
-
-def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``simulate`` subcommand to a ``kfca-llm`` subparsers object."""
-    p = subparsers.add_parser(
-        "simulate", help="run a KFCA-FedAvg federation with the attack analysis (default: recipes/tiny.toml)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", default=None, help="recipe TOML file or shipped recipe name (default: tiny)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="override a recipe key (FlowerTune names, e.g. train.learning-rate-max=1e-3); repeatable")
-    p.add_argument("--domain", choices=(*DOMAINS, "all"), default=None,
-                   help="the recipe's synthetic data in this domain's schema; 'all' runs the four")
-    p.add_argument("--rounds", type=int, default=None, help="number of rounds (num-server-rounds)")
-    p.add_argument("--attacks", default=None,
-                   help="comma-separated attack specs, e.g. 'honest,flip,lagged:2,sparse:0.5'")
-    p.add_argument("--seed", type=int, default=None, help="seed of everything (kfca.seed)")
-    p.add_argument("--out", default=None, help="output folder (default runs/<recipe>-seed<seed>)")
-    p.add_argument("--resume", action="store_true", help="continue from the last saved round in --out")
-    p.add_argument("--cpu", action="store_true", help="train on the CPU even where CUDA is present")
-    p.add_argument("--dry-run", action="store_true", help="print the run plan (memory, time, tasks) and exit")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--valuation", action="store_true",
-                   help="also value each round's clients by MR-SV and GTG-Shapley (v = -held-out loss) beside "
-                        "KFCA-QP (report.json 'valuation'; synthetic data only)")
-    p.add_argument("--model-dir", type=Path, default=None, help="local base model directory (no download)")
-    p.add_argument("--data-dir", type=Path, default=None, help="local data set (datasets.save_to_disk)")
-    p.set_defaults(handler=run_simulate)
-    return p

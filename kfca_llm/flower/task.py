@@ -20,9 +20,8 @@ from ..errors import InputError
 from ..fl.client import ClientUpdate, adapter_state, train_client
 from ..fl.rounds import attack_context
 from ..fl.seeds import TRAIN, client_id, derive_seed
-from ..recipe import Recipe, fixed_attackers, load_recipe
+from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
-DEFAULT_RECIPE = "tiny"
 APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger")
 """Run-config keys of the app itself; every other key is a recipe key."""
 DEFAULT_LEDGER = "rewards.sqlite"
@@ -46,14 +45,12 @@ def recipe_from_config(config: Mapping[str, Any], *, num_partitions: int | None 
     The Flower app has no attack-analysis client (``kfca.attacks`` is emptied): nodes attack through
     their node config (``attack``) or ``kfca.attackers`` (by partition id).
     """
-    from ..simulate import resolve_recipe_path
-
     name = config.get("recipe", DEFAULT_RECIPE)
     overrides = [f"{key}={_toml_literal(key, value)}" for key, value in config.items() if key not in APP_KEYS]
     overrides.append("kfca.attacks=[]")
     if num_partitions is not None:
         overrides.append(f"num-clients={int(num_partitions)}")
-    return load_recipe(resolve_recipe_path(str(name)), overrides)
+    return load_recipe(str(name), overrides)
 
 
 def recipe_key(recipe: Recipe) -> str:

@@ -1,0 +1,45 @@
+"""``kfca-llm score``: KFCA-QP rewards of adapter checkpoints (PEFT directories or .safetensors files)."""
+
+from __future__ import annotations
+
+import argparse
+
+from . import DESCRIPTION
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..api import score_checkpoints
+    from ..report import check_output_path, write_json
+
+    if args.json:
+        check_output_path(args.json)  # before scoring, not after printing the table
+    report = score_checkpoints(args.paths, reference=args.reference, peers=args.peers, seed=args.seed,
+                               penalty=args.penalty, bonus_fraction=args.bonus_fraction, backend=args.backend,
+                               device=args.device, duplicates=args.duplicates)
+    print(report.table())
+    if args.json:
+        write_json(args.json, report.to_dict())
+        print(f"wrote {args.json}")
+    return 0
+
+
+def add_parser(subparsers) -> None:
+    score = subparsers.add_parser("score", help="score adapter checkpoints (PEFT directories or .safetensors files)",
+                                  description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    score.add_argument("paths", nargs="+", help="one adapter per client; the client id is the directory/file name")
+    score.add_argument("--reference", default=None,
+                       help="previous global adapter: updates are client minus reference")
+    score.add_argument("--json", default=None, help="also write the report as JSON to this file")
+    score.add_argument("--device", default=None, help="stream tensors to this device (e.g. cuda)")
+    score.add_argument("--peers", type=int, default=None,
+                       help="peers sampled per client (default: every other client)")
+    score.add_argument("--seed", type=int, default=0, help="seed of the task partition and draws")
+    score.add_argument("--penalty", choices=("expected", "sampled"), default="expected",
+                       help="expected: exact expectation of the penalty (default); sampled: the paper's draws")
+    score.add_argument("--bonus-fraction", type=float, default=0.5, help="fraction of tasks used as bonus tasks")
+    score.add_argument("--backend", choices=("auto", "numpy", "triton"), default="auto")
+    score.add_argument("--duplicates", choices=("flag", "split", "zero"), default="zero",
+                       help="clients whose reports are copies of each other: zero (groups are paid nothing, "
+                            "default; the JSON keeps the unadjusted rewards for review), split (each group is "
+                            "paid as one client), flag (report only)")
+    score.set_defaults(handler=run)
