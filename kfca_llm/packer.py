@@ -21,8 +21,7 @@ from .engine.duplicates import DuplicateGroup, DuplicateRule, check_duplicate_po
 from .engine.layout import Layout
 from .engine.stats import PairPayment, joint_tables, pair_payments
 from .errors import InputError
-from .mechanism import check_penalty
-from .partition import check_bonus_fraction, check_seed, peer_pairs
+from .partition import check_bonus_fraction, check_penalty, check_seed, peer_pairs
 from .report import RewardReport
 
 SIGN_LABELS = ("negative", "non-negative")
@@ -32,7 +31,7 @@ def resolve_backend(backend: str, device) -> Backend:
     """``auto``: Triton when the data lives on a CUDA device, the CPU backend otherwise."""
     if backend == "auto":
         on_cuda = device is not None and torch.device(device).type == "cuda"
-        backend = "triton" if on_cuda else "numpy"
+        backend = "triton" if on_cuda else "cpu"
     return get_backend(backend)
 
 
