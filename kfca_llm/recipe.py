@@ -332,5 +332,6 @@ def clients_per_round(recipe: Recipe) -> int:
 
 
 def examples_per_step(recipe: Recipe) -> int:
+    """Examples per optimizer step: the micro-batch times the gradient accumulation steps."""
     ta = recipe.train.training_arguments
     return ta.per_device_train_batch_size * ta.gradient_accumulation_steps

@@ -33,6 +33,7 @@ from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
 from ..partition import PENALTY_MODES, check_seed
 from ..report import RewardReport
+from ..tensors import is_float
 from .ledger import FailureRow, Ledger, RewardRow
 
 AGGREGATION_MODES = ("all", "exclude-negative", "reward-weighted")
@@ -49,10 +50,6 @@ def update_sha256(update: Mapping[str, np.ndarray]) -> str:
     packer = SignPacker({name: a.shape for name, a in update.items()}, ["audited", "unused"], backend="cpu")
     packer.add_many("audited", dict(update))
     return sign_report_sha256(packer.words()[0][packer.clients.index("audited")])
-
-
-def _is_float(array: np.ndarray) -> bool:
-    return np.issubdtype(array.dtype, np.floating)
 
 
 def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates) -> None:
@@ -225,11 +222,11 @@ class KFCAStrategy(Strategy):
                 return f"array {name!r} cannot be read as a numpy array: {exc}"
             if array.shape != expected.shape:
                 return f"array {name!r}: shape {array.shape} differs from the sent shape {expected.shape}"
-            if _is_float(expected) and not _is_float(array):
+            if is_float(expected) and not is_float(array):
                 return f"array {name!r}: dtype {array.dtype} is not a floating-point type"
             if array.dtype != expected.dtype:
                 return f"array {name!r}: dtype {array.dtype} differs from the sent dtype {expected.dtype}"
-            if _is_float(array) and not np.isfinite(array).all():
+            if is_float(array) and not np.isfinite(array).all():
                 return f"array {name!r} holds NaN or Inf values"
         return None
 
@@ -247,7 +244,7 @@ class KFCAStrategy(Strategy):
     def _score(self, server_round: int, valid: Mapping[str, Message],
                sent_numpy: dict[int, dict[str, np.ndarray]]) -> tuple[RewardReport, dict[str, str]]:
         first = next(iter(valid.values())).metadata.src_node_id
-        shapes = {name: a.shape for name, a in self._sent_arrays(first, sent_numpy).items() if _is_float(a)}
+        shapes = {name: a.shape for name, a in self._sent_arrays(first, sent_numpy).items() if is_float(a)}
         packer = SignPacker(shapes, list(valid), backend=self.backend)
         for node, reply in valid.items():
             sent = self._sent_arrays(reply.metadata.src_node_id, sent_numpy)
