@@ -8,7 +8,8 @@ counts). ``kfca_llm.packer`` streams into it.
 
 import importlib.util
 
-from .backends import Backend, BackendUnavailable, PackedBuffers, available_backends, get_backend, register_backend
+from ..errors import BackendUnavailable
+from .backends import Backend, PackedBuffers, available_backends, get_backend, register_backend
 from .cpu import CpuBackend
 from .duplicates import (DUPLICATE_POLICIES, DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy,
                          disagreement_counts, find_duplicates)

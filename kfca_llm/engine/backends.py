@@ -1,8 +1,8 @@
 """Backend registry (in the manner of bitsandbytes): a CPU default that always works, GPU where present.
 
-A backend owns the packed buffers of one scoring round and three operations on them: pack one
-tensor of one client, count the integer statistics (``RoundCounts``) and, for the paper's sampled
-penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
+A backend owns the packed buffers of one scoring round and three operations on them: pack clients'
+tensors (one at a time, in batches, or whole updates in padded flat buffers), count the integer
+statistics (``RoundCounts``) and, for the paper's sampled penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
 integers of the numpy references (``kfca_llm.kernels.<operation>.reference``).
 """
 
@@ -19,10 +19,6 @@ import numpy as np
 from ..errors import InputError
 from .layout import Layout
 from .stats import RoundCounts
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run where it was asked for (no triton, no GPU); the message says why (no silent fallback)."""
 
 
 @dataclass
@@ -61,6 +57,14 @@ class Backend(ABC):
             by_client.setdefault(client, []).append((tensor, values))
         for client, client_items in by_client.items():
             self.pack_many(buffers, client, client_items)
+
+    def pack_flat(self, buffers: PackedBuffers, clients: Sequence[int], flats: Sequence[Any]) -> None:
+        """Pack whole updates held in padded flat buffers (``Layout.flat_buffer``; torch tensor or numpy array,
+        one float dtype each) of the given clients; backends pack them with no per-tensor work."""
+        from .layout import FlatUpdate
+
+        self.pack_clients(buffers, [(client, k, view) for client, flat in zip(clients, flats)
+                                    for k, view in enumerate(FlatUpdate(buffers.layout, flat).values())])
 
     @abstractmethod
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:

@@ -69,6 +69,25 @@ class CpuBackend(Backend):
             tensor_ids = [tensor for tensor, copies in by_tensor.items() for _ in copies]
             buffers.nonfinite[clients, tensor_ids] = bad != 0
 
+    def pack_flat(self, buffers: PackedBuffers, clients, flats) -> None:
+        """Whole updates in padded flat buffers: one pass per float format, tables built with numpy."""
+        layout = buffers.layout
+        groups: dict[tuple, tuple[list, list]] = {}
+        for client, flat in zip(clients, flats):
+            raw, exp_mask = sign_pack.raw_view(flat)
+            if raw.dim() != 1 or raw.numel() != layout.padded_numel:
+                raise InputError(f"a flat update is a 1-D buffer of {layout.padded_numel} elements "
+                                 f"(Layout.flat_buffer), got shape {tuple(raw.shape)}")
+            rows, raws = groups.setdefault((raw.dtype, exp_mask), ([], []))
+            rows.append(client)
+            raws.append(raw)
+        row_words = buffers.signs.shape[1]
+        signs, task = buffers.signs.view(np.uint32).reshape(-1), buffers.task.view(np.uint32)
+        for (_, exp_mask), (rows, raws) in groups.items():
+            bad = sign_pack.sign_pack_flat(layout.numels, layout.word_offsets, raws, np.asarray(rows) * row_words,
+                                           signs, task, exp_mask)
+            buffers.nonfinite[rows] = bad != 0
+
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         return buffers.nonfinite != 0
 

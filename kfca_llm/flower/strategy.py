@@ -5,7 +5,7 @@
 
 Each training round: ``configure_train`` remembers the arrays sent to each node; ``aggregate_train``
 checks every reply, turns each valid one into the node's update (reply minus what it was sent),
-streams the arrays one at a time into ``SignPacker`` (only packed sign bits are kept), scores the round
+packs each node's arrays as one batch into ``SignPacker`` (only packed sign bits are kept), scores the round
 with KFCA-QP, writes the round to the ledger in one transaction, and hands the replies (all, the
 non-negative ones, or re-weighted by reward) to the wrapped strategy.
 """
@@ -249,9 +249,9 @@ class KFCAStrategy(Strategy):
         for node, reply in valid.items():
             sent = self._sent_arrays(reply.metadata.src_node_id, sent_numpy)
             returned = reply.content.array_records[self.arrayrecord_key]
-            for name in shapes:
-                # Deserialised again (the check pass kept nothing): one array in memory at a time.
-                packer.add(node, name, returned[name].numpy() - sent[name])
+            # Deserialised again (the check pass kept nothing): one node's update in memory at a time, packed
+            # as one batch.
+            packer.add_many(node, {name: returned[name].numpy() - sent[name] for name in shapes})
         peers = None if self.peers is None else min(self.peers, len(valid) - 1)
         report = packer.score(peers=peers, seed=self.round_seed(server_round), penalty=self.penalty,
                               bonus_fraction=self.bonus_fraction, duplicates=self.duplicates)
