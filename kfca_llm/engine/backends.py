@@ -35,6 +35,15 @@ class PackedBuffers:
     device: Any = None
 
 
+def check_rows(buffers: PackedBuffers, rows: np.ndarray) -> np.ndarray:
+    """``rows`` as int64, every one a client of the buffers (kernels write where they say: never out of range)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    n_clients = buffers.nonfinite.shape[0]
+    if rows.size and (rows.min() < 0 or rows.max() >= n_clients):
+        raise InputError(f"client indices must lie in [0, {n_clients})")
+    return rows
+
+
 class Backend(ABC):
     name: str
 

@@ -96,9 +96,14 @@ class Layout:
         """int64 [n_tensors]: each tensor's first word (its first element in a padded flat buffer is 32 x this)."""
         return self.cached("word_offsets", lambda: np.array([s.word_offset for s in self.slots], dtype=np.int64))
 
+    @property
+    def names_index(self) -> dict[str, int]:
+        """Tensor name -> its index in the layout."""
+        return self.cached("names_index", lambda: {s.name: k for k, s in enumerate(self.slots)})
+
     def slot(self, name: str) -> TensorSlot:
         try:
-            return self.cached("by_name", lambda: {s.name: s for s in self.slots})[name]
+            return self.slots[self.names_index[name]]
         except KeyError:
             raise InputError("tensor is not part of the layout", tensor=name) from None
 
@@ -148,7 +153,9 @@ class FlatUpdate(Mapping[str, torch.Tensor]):
         self.buffer = buffer
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        slot = self.layout.slot(name)
+        if name not in self.layout.names_index:
+            raise KeyError(name)  # what a Mapping raises (``in``, ``get`` rely on it)
+        slot = self.layout.slots[self.layout.names_index[name]]
         start = slot.word_offset * WORD_BITS
         return self.buffer[start:start + slot.numel].view(slot.shape)
 

@@ -30,7 +30,7 @@ from ..kernels.sampled_penalty import triton as sampled_penalty
 from ..kernels.sign_pack import triton as sign_pack
 from ..kernels.sign_pack.plan import PackPlan
 from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
-from .backends import Backend, PackedBuffers
+from .backends import Backend, PackedBuffers, check_rows
 from .layout import Layout
 from .stats import RoundCounts
 
@@ -107,7 +107,7 @@ class TritonBackend(Backend):
         if tensors is not None and tensors.size != len(layout.slots):
             tables, n_blocks, n_tails = sign_pack.subset_tables(plan.plan, tensors)
             subset = sign_pack.Subset(self._upload(tables, device), n_blocks, n_tails)
-        table = self._upload(np.concatenate([rows.astype(np.int64), addresses.reshape(-1)]), device)
+        table = self._upload(np.concatenate([check_rows(buffers, rows), addresses.reshape(-1)]), device)
         sign_pack.pack(dtype, plan, table, rows.size, buffers.signs, buffers.task, buffers.nonfinite, flat=flat,
                        subset=subset)
 
