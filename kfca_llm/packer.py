@@ -98,8 +98,8 @@ class SignPacker:
             self._packed[flat_rows] = True
         if items:
             self.backend.pack_clients(self.buffers, items)
-            for i, k, _ in items:
-                self._packed[i, k] = True
+            rows, tensors, _ = zip(*items)
+            self._packed[list(rows), list(tensors)] = True
 
     def _client_index(self, client: str) -> int:
         if client not in self._index:
@@ -131,24 +131,26 @@ class SignPacker:
         return buffer
 
     def _validate(self, client: str, name: str, tensor) -> int:
-        if name not in self._tensor_index:
+        """The tensor's layout index once it is checked (a few attribute reads when it is fine: this runs per tensor)."""
+        k = self._tensor_index.get(name)
+        if k is None:
             raise InputError("tensor is not in the layout every client shares", client=client, tensor=name)
-        i, k = self._index[client], self._tensor_index[name]
-        slot = self.layout.slots[k]
-        if self._packed[i, k]:
+        if self._packed[self._index[client], k]:
             raise InputError("tensor was already added", client=client, tensor=name)
-        if not isinstance(tensor, (torch.Tensor, np.ndarray)):
+        if isinstance(tensor, torch.Tensor):
+            if tensor.layout is not torch.strided or tensor.is_meta:
+                raise InputError(f"expected a dense tensor with data, got layout {tensor.layout} on {tensor.device}",
+                                 client=client, tensor=name)
+        elif not isinstance(tensor, np.ndarray):
             raise InputError(f"expected a tensor or numpy array, got {type(tensor).__name__}", client=client,
                              tensor=name)
-        if isinstance(tensor, torch.Tensor) and (tensor.layout != torch.strided or tensor.device.type == "meta"):
-            raise InputError(f"expected a dense tensor with data, got layout {tensor.layout} on {tensor.device}",
-                             client=client, tensor=name)
-        shape = tuple(tensor.shape)
-        if shape != slot.shape:
-            raise InputError(f"shape {shape} differs from the shared shape {slot.shape}", client=client, tensor=name)
-        if not is_float(tensor):
-            raise InputError(f"dtype {tensor.dtype} is not a floating-point type", client=client, tensor=name)
-        if tensor.dtype not in PACKABLE_DTYPES:
+        shape = self.layout.slots[k].shape
+        if tensor.shape != shape:  # torch.Size is a tuple
+            raise InputError(f"shape {tuple(tensor.shape)} differs from the shared shape {shape}", client=client,
+                             tensor=name)
+        if tensor.dtype not in _PACKABLE:
+            if not is_float(tensor):
+                raise InputError(f"dtype {tensor.dtype} is not a floating-point type", client=client, tensor=name)
             raise InputError(f"dtype {tensor.dtype} is not supported; use float16, bfloat16, float32 or float64 "
                              "(native byte order)", client=client, tensor=name)
         return k
@@ -255,6 +257,8 @@ class SignPacker:
 
 PACKABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64,
                    np.dtype("=f2"), np.dtype("=f4"), np.dtype("=f8"))
+# A set for the per-tensor check: ``in`` on the tuple compares torch dtypes with numpy ones (slow) one by one.
+_PACKABLE = frozenset(PACKABLE_DTYPES)
 
 
 class _FlatBuffer:

@@ -35,8 +35,49 @@ def test_cpu_engine_benchmark_small(tmp_path):
 
 
 def test_triton_benchmark_smoke(tmp_path):
+    """Under TRITON_INTERPRET=1 (also where CUDA is present: the benchmark then stays on CPU tensors) it runs a
+    resident and a streamed round of both formats and checks their words against the CPU backend."""
     printed = _run(["benchmarks/bench_triton.py", "--smoke"], tmp_path)
-    assert "ratio pack grouped / copy flat" in printed and "speed-up pack grouped + round_counts vs naive" in printed
+    rows = [line.split("|")[1:4] for line in printed.splitlines() if line.startswith("| bf16") or line.startswith("| fp32")]
+    assert [[c.strip() for c in row] for row in rows] == [["bf16", "2", "resident"], ["bf16", "3", "resident"],
+                                                          ["fp32", "2", "resident"], ["fp32", "3", "streamed"]]
+    assert printed.count("words equal the CPU backend's") == 4 and "cpu (TRITON_INTERPRET=1)" in printed
+
+
+def test_host_benchmark_smoke(tmp_path):
+    printed = _run(["benchmarks/bench_host.py", "--smoke"], tmp_path)
+    launches = {line.split("|")[2].strip(): int(line.split("|")[5]) for line in printed.splitlines()
+                if line.startswith("|    5 |")}
+    # 5 clients, no partial words in this layout: one launch per round, or one per client when called per client
+    assert launches == {"flat, one call": 1, "flat, a call per client": 5, "separate tensors": 1}
+    assert "score_checkpoints (a client's file in one batch)" in printed and "tensor by tensor" in printed
+
+
+def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
+    """Compiled for sm_90 by Triton (no GPU needed): the pack kernels read elements as 16-byte vectors only (the
+    tails' small launch may not), the counting kernel uses popc, nothing spills."""
+    import sys as _sys
+
+    printed = subprocess.run([sys.executable, "benchmarks/inspect_kernels.py", "--json"], cwd=ROOT, check=True,
+                             capture_output=True, text=True, timeout=900,
+                             env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}).stdout
+    rows = json.loads(printed)
+    assert all(set(row) == {"kernel", "vector_loads", "scalar_loads", "popc", "bar_sync", "sass_per_element", "spills"}
+               for row in rows)
+    by_name = {row["kernel"]: row for row in rows}
+    assert all(row["spills"] == 0 for row in rows)
+    assert all(row["popc"] > 0 for name, row in by_name.items() if name.startswith("pair_counts._gram_kernel"))
+    _sys.path.insert(0, str(ROOT / "benchmarks"))
+    import inspect_kernels
+
+    kernels, variants = inspect_kernels.discover(), inspect_kernels._variants()
+    pack = kernels["sign_pack._pack_words_kernel"]
+    for variant in variants["sign_pack._pack_words_kernel"]:
+        vector, scalar = inspect_kernels.element_loads(pack, variant)
+        assert vector > 0 and scalar == 0, variant.label
+        assert by_name[f"sign_pack._pack_words_kernel[{variant.label}]"]["vector_loads"] >= vector
+    tails = kernels["sign_pack._pack_tails_kernel"]
+    assert all(inspect_kernels.element_loads(tails, v)[1] > 0 for v in variants["sign_pack._pack_tails_kernel"])
 
 
 def test_scaling_benchmark_smoke(tmp_path):

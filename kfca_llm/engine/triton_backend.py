@@ -40,13 +40,14 @@ STAGING_BYTES = 1 << 30
 
 
 def _as_tensor(values, name: str | None = None) -> torch.Tensor:
+    """A torch view of ``values`` (only addresses are taken: no detach needed)."""
     if isinstance(values, np.ndarray):
         values = torch.from_numpy(np.ascontiguousarray(values))
     if not isinstance(values, torch.Tensor):
         raise InputError(f"expected a torch tensor or numpy array, got {type(values).__name__}", tensor=name)
-    if values.dtype not in sign_pack.SUPPORTED_DTYPES:
+    if values.dtype not in sign_pack.RAW_FORMATS:
         raise InputError(f"dtype {values.dtype} is not one of {sign_pack.SUPPORTED_DTYPES}", tensor=name)
-    return values.detach()
+    return values
 
 
 class TritonBackend(Backend):
@@ -121,19 +122,25 @@ class TritonBackend(Backend):
         """Separate tensors: one pointer gather and one pack per float format for all the given clients.
 
         Tensors elsewhere than the buffers' device are copied there one by one (the host-to-device stream)."""
-        slots, device = buffers.layout.slots, buffers.device
+        layout, device = buffers.layout, buffers.device
+        numels = layout.cached("numels list", lambda: layout.numels.tolist())
+        here = device.index if device.type == "cuda" else -1  # what Tensor.get_device() says for the buffers
         groups: dict[torch.dtype, tuple[list, list, list]] = {}
-        for client, tensor, values in items:
-            values = self._on_device(_as_tensor(values, slots[tensor].name), device)
-            if values.numel() != slots[tensor].numel:
-                raise InputError(f"expected {slots[tensor].numel} values, got {values.numel()}",
-                                 tensor=slots[tensor].name)
+        for client, tensor, values in items:  # per tensor: a few attribute reads in the common case
+            if type(values) is not torch.Tensor or values.dtype not in sign_pack.RAW_FORMATS \
+                    or values.get_device() != here:
+                values = self._on_device(_as_tensor(values, layout.slots[tensor].name), device)
+            if values.numel() != numels[tensor]:
+                raise InputError(f"expected {numels[tensor]} values, got {values.numel()}",
+                                 tensor=layout.slots[tensor].name)
             if not values.is_contiguous():
                 values = values.contiguous()
-            rows, tensors, kept = groups.setdefault(values.dtype, ([], [], []))
-            rows.append(client)
-            tensors.append(tensor)
-            kept.append(values)
+            group = groups.get(values.dtype)
+            if group is None:
+                group = groups[values.dtype] = ([], [], [])
+            group[0].append(client)
+            group[1].append(tensor)
+            group[2].append(values)
         for dtype, (rows, tensors, kept) in groups.items():
             addresses = self._aligned_addresses(kept)
             row_ids, row_of = np.unique(np.asarray(rows, dtype=np.int64), return_inverse=True)
