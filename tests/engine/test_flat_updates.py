@@ -185,7 +185,18 @@ def test_client_rows_outside_the_buffers_are_refused(backend, rng):
         _words(backend, layout, lambda b, buf: b.pack_clients(buf, [(-1, 0, update["w"])]))
 
 
-def test_tensors_at_odd_addresses_are_copied_before_the_vector_loads(rng):
+def test_tensors_at_odd_addresses_are_copied_before_the_vector_loads(monkeypatch, rng):
+    """The kernels load 16-byte vectors from every address (the interpreter does not care; a GPU does)."""
+    from kfca_llm.kernels.sign_pack import triton as triton_pack
+
+    tables = []
+    original = triton_pack.pack
+
+    def spying(dtype, plan, table, n_sources, *args, **kwargs):
+        tables.append(table[n_sources:].cpu().numpy().copy())
+        return original(dtype, plan, table, n_sources, *args, **kwargs)
+
+    monkeypatch.setattr(triton_pack, "pack", spying)
     layout = Layout.from_shapes({"w": (70,), "v": (40,)})
     storage = random_values(rng, 1000, torch.float32)
     odd = {"w": storage[1:71], "v": storage[3:43]}  # 4 and 12 bytes past an aligned address
@@ -198,6 +209,7 @@ def test_tensors_at_odd_addresses_are_copied_before_the_vector_loads(rng):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(words[0][0][0, :3], pack_signs(odd["v"].double().numpy())[0][:2].tolist()
                                   + pack_signs(odd["w"].double().numpy())[0][:1].tolist())
+    assert len(tables) == 2 and all((t % 16 == 0).all() and (t != 0).all() for t in tables)
 
 
 def test_kernels_refuse_tensors_on_the_other_kind_of_device():
