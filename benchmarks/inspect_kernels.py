@@ -42,7 +42,6 @@ if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
     sys.exit(subprocess.run([sys.executable, *sys.argv], env=env).returncode)
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas, sm_arch_from_capability  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..intrinsics.triton import check_device, on_interpreter
+from ..intrinsics.triton import check_device
 from .plan import PackPlan
 
 
