@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if __name__ != "__main__":
+        raise ImportError("inspect_kernels compiles kernels: import it without TRITON_INTERPRET set")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     sys.exit(subprocess.run([sys.executable, *sys.argv], env=env).returncode)
 
@@ -208,7 +210,14 @@ def inspect_all() -> list[dict]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="one JSON list of objects instead of a table")
+    parser.add_argument("--element-loads", action="store_true",
+                        help="JSON: (16-byte vector, narrower) element loads of each sign_pack variant (for the CI test)")
     args = parser.parse_args(argv)
+    if args.element_loads:
+        kernels, variants = discover(), _variants()
+        print(json.dumps({f"{name}[{v.label}]": element_loads(kernels[name], v) for name in sorted(variants)
+                          if name.startswith("sign_pack.") for v in variants[name]}))
+        return
     rows = inspect_all()
     if args.json:
         print(json.dumps(rows))
