@@ -377,12 +377,16 @@ class CheckResult:
             rows.append((str(k), title, *cells,
                          f"{e.required_gap:+g}", result))
         held = sum(o.passed for o in self.outcomes)
-        notes = ["each value is the run's smallest gap between neighbours of the chain (left minus right for '>', "
-                 "right minus left for '<'; the sign margin of delta for categorical-world); it must exceed the margin",
-                 *(self.failure_text(o) for o in self.outcomes if not o.passed),
-                 f"{held}/{len(self.outcomes)} expectations hold"]
-        return text_table(f"kfca-llm check: {self.name} on {len(self.runs)} run(s)",
-                          ["#", "expectation", *self.labels, "margin", "result"], rows, notes)
+        table = text_table(f"kfca-llm check: {self.name} on {len(self.runs)} run(s)",
+                           ["#", "expectation", *self.labels, "margin", "result"], rows,
+                           ["each value is the run's smallest gap between neighbours of the chain (left minus right "
+                            "for '>', right minus left for '<'; the sign margin of delta for categorical-world); it "
+                            "must exceed the margin"])
+        # Failures unwrapped (CI logs are searched line by line), from report text made printable.
+        from .report import printable
+
+        failures = [printable(self.failure_text(o), keep_newlines=True) for o in self.outcomes if not o.passed]
+        return "\n".join([table, *failures, f"{held}/{len(self.outcomes)} expectations hold"])
 
     def junit_xml(self) -> bytes:
         """JUnit XML: one test suite, one test case per expectation (failure text as the runner shows it)."""
