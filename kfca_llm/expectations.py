@@ -133,6 +133,8 @@ def parse_check(text: str) -> Chain | None:
     text = text.strip()
     if text == CATEGORICAL_WORLD:
         return None
+    if re.search(r"[<>]=|==", text):
+        raise ValueError(f"{text!r}: every link is strict ('>' or '<'); a tolerance lets neighbours tie")
     parts = _OPERATOR.split(text)
     if len(parts) < 3:
         raise ValueError(f"{text!r} is not a chain; write one of {', '.join(CHECK_FORMS)}")
@@ -166,8 +168,8 @@ FiniteFloat = Annotated[float, BeforeValidator(_finite_number), Field(strict=Tru
 class Expectation(BaseModel):
     """One ``[[expect]]`` entry (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
-                              alias_generator=lambda name: name.replace("_", "-"))
+    # Dashed keys only (from-round), as in the recipes' TOML.
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=lambda name: name.replace("_", "-"))
 
     check: StrictStr
     name: StrictStr | None = None
@@ -233,14 +235,18 @@ def expectation_keys() -> list[str]:
 
 def _error(source: str, exc: ValidationError) -> ExpectationError:
     """The first problem, with the entry (number and name) and the key."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    # A misspelt key first: it also explains the "required" error of the key it was meant to be.
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [str(part) for part in err["loc"]]
     where = source
     if len(loc) >= 2 and loc[0] == "expect" and loc[1].isdigit():
         where += f": [[expect]] #{int(loc[1]) + 1}"
         loc = loc[2:]
-    key = ".".join(loc)
+    key = loc[0] if loc else ""  # the keys are flat; what follows names a member of a union
     message = err["msg"].removeprefix("Value error, ")
+    if key == "seeds":
+        message = "must be 'all' or a quantile over the seeds, a number in [0, 1]"
     if err["type"] == "extra_forbidden":
         valid = expectation_keys() if where != source else ["expect", "name"]
         close = difflib.get_close_matches(key, valid, n=3, cutoff=0.6)
