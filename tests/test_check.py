@@ -202,3 +202,22 @@ def test_bad_arguments_are_bad_input(tmp_path, capsys, monkeypatch, args, messag
     assert main(["check", *args]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_junit_is_replaced_atomically(tmp_path, monkeypatch):
+    import os
+
+    run = write_report(tmp_path / "run", 0, {"zero": [0.0]})
+    expect = tmp_path / "e.toml"
+    expect.write_text('[[expect]]\ncheck = "|zero| < 0.02"\n')
+    junit = tmp_path / "junit.xml"
+    junit.write_text("previous")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)  # the last step of an atomic write fails
+    with pytest.raises(OSError, match="disk full"):
+        main(["check", str(run), "--expect", str(expect), "--junit", str(junit)])
+    assert junit.read_text() == "previous"  # readers never see a torn file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.toml", "junit.xml", "run"]  # no temporary left
