@@ -57,6 +57,7 @@ def _tmp(tmp_path):
     ({"check": "h > *", "margin": 0.03}, {"h": [0.3], "x": [0.2], "y": [0.28]}, 0.02, False),
     ({"check": "h > *", "margin": 0.01}, {"h": [0.3], "x": [0.2], "y": [0.28]}, 0.02, True),
     ({"check": "a > b"}, {"a": [0.3, float("nan")], "b": [0.1, 0.1]}, float("nan"), False),
+    ({"check": "c < b < a"}, {"a": [float("nan")], "b": [0.2], "c": [0.1]}, float("nan"), False),  # NaN is worst
 ])
 def test_gap_and_margin(expect, rewards, gap, holds):
     outcome = one(expect, **rewards)
@@ -91,6 +92,8 @@ def test_categorical_world_reads_every_honest_pair(tmp_path):
     # a margin demands more than the signs; the attack pair (not honest) is never read
     assert outcome.runs[0].gap == pytest.approx(0.1)
     assert not check([{"check": "categorical-world", "margin": 0.1}], good).passed
+    nan = write_report(tmp_path / "nan", 2, {"h": [0.1]}, deltas=[[[[0.1, float("nan")], [-0.1, 0.1]]]])
+    assert not check([{"check": "categorical-world"}], nan).passed  # a NaN entry never holds
 
 
 def test_seeds_all_or_a_quantile(tmp_path):
@@ -100,6 +103,10 @@ def test_seeds_all_or_a_quantile(tmp_path):
     assert not check([{"check": "a > b", "seeds": 0.0}], *runs).passed  # the worst seed
     outcome = check([{"check": "a > b", "seeds": 0.5, "margin": 0.25}], *runs).outcomes[0]
     assert outcome.quantile_gap == pytest.approx(0.2) and not outcome.passed
+    # the quantile is one seed's own gap (numpy's 'lower'), never an interpolation between two seeds
+    runs.append(write_report(tmp_path / "s3", 3, {"a": [-0.05], "b": [0.0]}))
+    outcome = check([{"check": "a > b", "seeds": 0.5}], *runs).outcomes[0]
+    assert outcome.quantile_gap == pytest.approx(-0.05) and not outcome.passed
 
 
 def test_failure_names_seed_rounds_values_margin_and_figure(tmp_path):
