@@ -108,7 +108,7 @@ def _categorical(r):
     (_random, "random earns nothing"),
     (_flip, "flip is punished"),
     (_categorical, "categorical world"),
-], ids=lambda v: v.__name__.strip("_") if callable(v) else "")
+], ids=lambda v: v.__name__.strip("_") if callable(v) else None)
 def test_a_report_just_past_a_margin_fails_that_expectation(report, tmp_path, capsys, doctor, broken):
     doctored = copy.deepcopy(report)
     doctor(doctored)
