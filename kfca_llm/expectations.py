@@ -18,6 +18,7 @@ that the chain does not name (``honest > *``: honest above every attack). The wo
 instead checks Definition 3.1 on the delta matrices of the honest pairs (every diagonal entry above the
 margin, every off-diagonal entry below minus the margin).
 
+An optional top-level ``name`` (default: the file's stem) names the check in the table and the JUnit suite.
 The file is validated like a recipe: unknown keys are refused with the closest valid key named.
 """
 
