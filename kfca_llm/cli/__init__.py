@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "simulate": "run a KFCA-FedAvg federation with the attack analysis (the main job)",
     "fidelity": "reward fidelity: KFCA, CA and Shapley estimators against exact Shapley",
     "ledger": "print the totals per node of a KFCA reward ledger (SQLite)",
+    "check": "check rewards against expectations (the attack ordering; JUnit XML for CI)",
 }
 
 
