@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from .federation import ClientData
+from .cnn_federation import ClientData
 
 CASES = ("iid", "label_skew", "size_skew", "label_noise", "feature_noise")
 SKEW_SHARE = 0.8  # label skew: share of a client's examples from its group's two digits

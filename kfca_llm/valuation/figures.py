@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plots import _save, plt
+from ..plots import plt, save_figure
 
 MARKERS = {"iid": "o", "label_skew": "s", "size_skew": "^", "label_noise": "D", "feature_noise": "v"}
 COLOURS = {"exact-sv": "#000000", "mr": "#1f77b4", "gtg-shapley": "#17becf", "tmc-shapley": "#9467bd",
@@ -43,7 +43,7 @@ def plot_distance_vs_time(result: Mapping, path: str | Path) -> None:
     ax.set_title(f"distance to exact SV vs time ({result['clients']} clients, {result['data']})", fontsize=9)
     ax.legend(fontsize=7, ncol=2, loc="best")
     ax.grid(alpha=0.3)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_variance(result: Mapping, path: str | Path) -> None:
@@ -59,7 +59,7 @@ def plot_variance(result: Mapping, path: str | Path) -> None:
     ax.set_xticks(range(len(cases)), cases)
     ax.set_ylabel("variance of normalised rewards")
     ax.legend(fontsize=7, ncol=2)
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_rewards(result: Mapping, path: str | Path) -> None:
@@ -79,4 +79,4 @@ def plot_rewards(result: Mapping, path: str | Path) -> None:
         ax.set_ylabel("q_i / sum q")
     axes[0, 0].legend(fontsize=6, ncol=5)
     axes[-1, 0].set_xlabel("client")
-    _save(fig, path)
+    save_figure(fig, path)

@@ -20,7 +20,7 @@ from ..api import score_labels, score_updates
 from ..engine.stats import delta_from_joint
 from ..mechanism import ca_score_matrix, joint_counts, mtpp_payment
 from .exact import shapley_from_table
-from .federation import (ClientData, FederationConfig, FederationRecord, StackedCNN, accuracy, coalition_matrix,
+from .cnn_federation import (ClientData, FederationConfig, FederationRecord, StackedCNN, accuracy, coalition_matrix,
                          fedavg_weights, predictions, train_coalitions)
 from .sampling import shapley_gtg, shapley_tmc
 from .utility import CachedUtility

@@ -14,7 +14,7 @@ from kfca_llm.api import score_labels  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.mechanism import ca_score_matrix, delta_matrix, mtpp_payment  # noqa: E402
 from kfca_llm.valuation.cases import load_images, make_clients  # noqa: E402
-from kfca_llm.valuation.federation import (FederationConfig, StackedCNN, accuracy, run_federation,  # noqa: E402
+from kfca_llm.valuation.cnn_federation import (FederationConfig, StackedCNN, accuracy, run_federation,  # noqa: E402
                                            train_coalitions)
 from kfca_llm.valuation.fidelity import FidelityConfig, run_fidelity, tables  # noqa: E402
 from kfca_llm.valuation.methods import ca_rewards  # noqa: E402
