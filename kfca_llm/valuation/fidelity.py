@@ -21,7 +21,8 @@ from ..errors import InputError
 from ..report import text_table, write_atomic, write_json
 from .metrics import distances, normalise, spearman
 
-DEFAULT_METHODS = ("mr", "gtg-shapley", "tmc-shapley", "ca-qp", "ca-d", "kfca-qp", "kfca-d", "mc-kfca-qp", "uniform")
+DEFAULT_METHODS = ("mr", "gtg-shapley", "tmc-shapley", "group-testing", "fed-sv", "tmr", "ca-qp", "ca-d", "kfca-qp",
+                   "kfca-d", "mc-kfca-qp", "uniform")
 REFERENCE = "exact-sv"
 
 
@@ -61,7 +62,7 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
         result = method(problem)
         seconds = time.perf_counter() - start
         results[key] = (name, result, seconds)
-        log(f"  {case:<13} {name:<12} {seconds:8.2f} s")
+        log(f"  {case:<13} {name:<13} {seconds:8.2f} s")
     exact = results[REFERENCE][1]
     exact_q, _ = normalise(exact.rewards)
     methods = {}

@@ -11,6 +11,7 @@ from ..plots import plt, save_figure
 
 MARKERS = {"iid": "o", "label_skew": "s", "size_skew": "^", "label_noise": "D", "feature_noise": "v"}
 COLOURS = {"exact-sv": "#000000", "mr": "#1f77b4", "gtg-shapley": "#17becf", "tmc-shapley": "#9467bd",
+           "group-testing": "#e377c2", "fed-sv": "#8c564b", "tmr": "#aec7e8",
            "ca-qp": "#ff7f0e", "ca-d": "#bcbd22", "kfca-qp": "#2ca02c", "kfca-d": "#98df8a",
            "mc-kfca-qp": "#006d2c", "uniform": "#7f7f7f"}
 TIME_FLOOR = 1e-4  # seconds: uniform takes no time; drawn at this floor on the log axis

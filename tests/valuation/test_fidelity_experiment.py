@@ -106,7 +106,7 @@ def test_ci_sized_fidelity_run(tmp_path, capsys):
     result = json.loads((out / "fidelity.json").read_text())
     assert set(result["cases"]) == {"iid", "label_noise"}
     csv_rows = (out / "fidelity.csv").read_text().strip().splitlines()
-    assert len(csv_rows) == 1 + 2 * 10  # header + cases x (exact SV + 9 methods)
+    assert len(csv_rows) == 1 + 2 * 13  # header + cases x (exact SV + 12 methods)
     for case in result["cases"].values():
         exact = case["exact_sv"]
         assert sum(exact["values"]) == pytest.approx(exact["v_grand"] - exact["v_empty"], abs=1e-9)  # efficiency
@@ -123,6 +123,11 @@ def test_ci_sized_fidelity_run(tmp_path, capsys):
         assert case["methods"]["exact-sv"]["coalitions"] == 8
         assert case["methods"]["mr"]["coalitions"] == 2 * 8
         assert case["methods"]["tmc-shapley"]["coalitions"] <= 8
+        assert case["methods"]["group-testing"]["coalitions"] <= 8  # retrains: exact SV's game
+        assert case["methods"]["group-testing"]["extra"]["tests"] > 0
+        assert case["methods"]["fed-sv"]["coalitions"] <= 2 * 8  # per-round reconstructions
+        assert case["methods"]["tmr"]["coalitions"] == 2 * 8  # 0.9^1 >= 0.5: both rounds reconstructed
+        assert case["methods"]["tmr"]["extra"]["rounds_computed"] == 2
         assert case["methods"]["uniform"]["normalised"] == [pytest.approx(1 / 3)] * 3
         assert case["methods"]["uniform"]["spearman"] is None
     assert [r["method"] for r in result["summary"]][0] == "exact-sv"
