@@ -17,11 +17,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"unknown case(s) {bad}; choose from {', '.join(CASES)} or all")
     if not 2 <= args.clients <= 16:
         raise InputError(f"--clients must be in [2, 16] (exact SV retrains 2^n - 1 coalitions), got {args.clients}")
-    if args.rounds < 1 or args.threads < 1:
-        raise InputError("--rounds and --threads must be positive")
+    if args.rounds < 1 or args.threads < 1 or args.jobs < 1:
+        raise InputError("--rounds, --threads and --jobs must be positive")
     cfg = FidelityConfig(cases=cases, clients=args.clients, rounds=args.rounds, seed=args.seed,
                          methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), data=args.data,
-                         max_examples=args.max_examples, threads=args.threads)
+                         max_examples=args.max_examples, threads=args.threads, jobs=args.jobs)
     result = run_fidelity(cfg, args.out)
     print(tables(result))
     print(f"total wall time {result['wall_seconds']:.1f} s; wrote {args.out}/fidelity.json, fidelity.csv, "
@@ -48,5 +48,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-examples", type=int, default=None, help="use only the first N images of --data")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: the many small stacked matmuls gain little from more)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cases run in this many processes at once (default 1; 2 halves the wall time on 2 free cores)")
     p.add_argument("--out", default="runs/fidelity", help="output folder (default runs/fidelity)")
     p.set_defaults(handler=run)

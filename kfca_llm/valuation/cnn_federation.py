@@ -154,7 +154,9 @@ def train_coalitions(model: StackedCNN, clients: list[ClientData], init: torch.T
             rows = torch.from_numpy(np.flatnonzero(member[:, c]))
             if rows.numel() == 0:
                 continue
-            local = local_training(model, flat[rows], data, client_batches(data.y.numel(), cfg, t, c),
+            # round 0: every coalition starts from init, so the client's local model is the same for all
+            start = flat[rows[:1]] if t == 0 else flat[rows]
+            local = local_training(model, start, data, client_batches(data.y.numel(), cfg, t, c),
                                    cfg.learning_rate)
             new.index_add_(0, rows, local * weights[rows, c, None])
         flat = new

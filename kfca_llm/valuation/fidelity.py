@@ -36,6 +36,8 @@ class FidelityConfig:
     data: str | None = None
     max_examples: int | None = None
     threads: int = 1
+    jobs: int = 1
+    """cases run in this many worker processes at once (each with ``threads`` torch threads)."""
 
 
 def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
@@ -145,6 +147,14 @@ def _warm_up() -> None:
     score_labels({"a": rng.integers(0, 3, 64), "b": rng.integers(0, 3, 64)}, num_labels=3)
 
 
+def _case_in_worker(case: str, cfg: FidelityConfig, images) -> dict:
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    _warm_up()
+    return run_case(case, cfg, images, print)
+
+
 def run_fidelity(cfg: FidelityConfig, out: str | Path, log=print) -> dict:
     """Run every case, write ``fidelity.json``, ``fidelity.csv`` and the figures to ``out``."""
     import torch
@@ -170,11 +180,22 @@ def _run(cfg: FidelityConfig, out: str | Path, log) -> dict:
     _warm_up()
     images = load_images(cfg.data, seed=cfg.seed, max_examples=cfg.max_examples)
     log(f"{images.name}: {len(images.train_y)} training / {len(images.test_y)} test images, "
-        f"{cfg.clients} clients, {cfg.rounds} rounds, {cfg.threads} torch thread(s)")
+        f"{cfg.clients} clients, {cfg.rounds} rounds, {cfg.threads} torch thread(s), {cfg.jobs} job(s)")
     result = {"data": images.name, "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed,
-              "threads": cfg.threads, "cases": {}}
-    for case in cfg.cases:
-        result["cases"][case] = run_case(case, cfg, images, log)
+              "threads": cfg.threads, "jobs": cfg.jobs, "cases": {}}
+    jobs = min(cfg.jobs, len(cfg.cases))
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a fresh interpreter per worker (torch's thread pools do not survive fork)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_case_in_worker, case, cfg, images) for case in cfg.cases]
+            for case, future in zip(cfg.cases, futures):
+                result["cases"][case] = future.result()
+    else:
+        for case in cfg.cases:
+            result["cases"][case] = run_case(case, cfg, images, log)
     result["wall_seconds"] = time.perf_counter() - wall
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
