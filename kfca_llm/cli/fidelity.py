@@ -1,4 +1,5 @@
-"""``kfca-llm fidelity``: reward fidelity of KFCA, CA and Shapley estimators against the exact Shapley value."""
+"""``kfca-llm fidelity``: reward fidelity of KFCA, CA and Shapley estimators against the exact Shapley value,
+the non-IID sweep of the categorical-world condition and the disjoint-classes case where KFCA must fail."""
 
 from __future__ import annotations
 
@@ -6,20 +7,49 @@ import argparse
 
 from ..errors import InputError
 
+SWEEPS = ("noniid", "noniid-llm")  # --case values that run the non-IID sweep instead of the comparison
+DEFAULT_CLIENTS = {"fidelity": 10, "noniid": 5, "noniid-llm": 5}
+DEFAULT_ROUNDS = {"fidelity": 10, "noniid": 10, "noniid-llm": 5}
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from ..valuation.noniid import NonIIDConfig, noniid_table, run_noniid
+
+    clients = args.clients or DEFAULT_CLIENTS[args.case]
+    rounds = args.rounds or DEFAULT_ROUNDS[args.case]
+    if not 2 <= clients <= 10 or rounds < 1:
+        raise InputError(f"the sweep needs 2-10 clients and a positive number of rounds, got {clients}, {rounds}")
+    cfg = NonIIDConfig(clients=clients, rounds=rounds, seed=args.seed, data=args.data, max_examples=args.max_examples,
+                       threads=args.threads)
+    stem = args.case.replace("-", "_")
+    if args.case == "noniid-llm":
+        from ..valuation.topic_task import llm_task
+
+        result = run_noniid(cfg, args.out, task=llm_task(cfg), stem=stem)
+    else:
+        result = run_noniid(cfg, args.out, stem=stem)
+    print(noniid_table(result))
+    print(f"total wall time {result['wall_seconds']:.1f} s; wrote {args.out}/{stem}.json, {stem}.png")
+    return 0
+
 
 def run(args: argparse.Namespace) -> int:
     from ..valuation.cases import CASES
     from ..valuation.fidelity import FidelityConfig, run_fidelity, tables
 
+    if args.case in SWEEPS:
+        return _sweep(args)
     cases = CASES if args.case == "all" else tuple(c.strip() for c in args.case.split(","))
     bad = [c for c in cases if c not in CASES]
     if bad:
-        raise InputError(f"unknown case(s) {bad}; choose from {', '.join(CASES)} or all")
-    if not 2 <= args.clients <= 16:
-        raise InputError(f"--clients must be in [2, 16] (exact SV retrains 2^n - 1 coalitions), got {args.clients}")
-    if args.rounds < 1 or args.threads < 1 or args.jobs < 1:
+        raise InputError(f"unknown case(s) {bad}; choose from {', '.join(CASES)}, all, {' or '.join(SWEEPS)}")
+    clients = args.clients or DEFAULT_CLIENTS["fidelity"]
+    rounds = args.rounds or DEFAULT_ROUNDS["fidelity"]
+    if not 2 <= clients <= 16:
+        raise InputError(f"--clients must be in [2, 16] (exact SV retrains 2^n - 1 coalitions), got {clients}")
+    if rounds < 1 or args.threads < 1 or args.jobs < 1:
         raise InputError("--rounds, --threads and --jobs must be positive")
-    cfg = FidelityConfig(cases=cases, clients=args.clients, rounds=args.rounds, seed=args.seed,
+    cfg = FidelityConfig(cases=cases, clients=clients, rounds=rounds, seed=args.seed,
                          methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), data=args.data,
                          max_examples=args.max_examples, threads=args.threads, jobs=args.jobs)
     result = run_fidelity(cfg, args.out)
@@ -32,18 +62,20 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub) -> None:
     from ..valuation.cases import CASES
     from ..valuation.fidelity import DEFAULT_METHODS
-    from ..valuation.fidelity import __doc__ as description
 
     p = sub.add_parser("fidelity", help="reward fidelity: KFCA, CA and Shapley estimators against exact Shapley",
-                       description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--case", default="all", help=f"one of {', '.join(CASES)}, or all (default)")
-    p.add_argument("--clients", type=int, default=10, help="number of clients (default 10; exact SV is 2^n)")
-    p.add_argument("--rounds", type=int, default=10, help="FedAvg rounds (default 10)")
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--case", default="all",
+                   help=f"one of {', '.join(CASES)}, or all (default); noniid: the Dirichlet sweep and the "
+                        "disjoint-classes case on the digits CNN; noniid-llm: the same on the tiny LLM")
+    p.add_argument("--clients", type=int, default=None,
+                   help="number of clients (default 10; 5 for the sweeps; exact SV is 2^n)")
+    p.add_argument("--rounds", type=int, default=None, help="FedAvg rounds (default 10; 5 for noniid-llm)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS),
                    help="comma-separated methods besides exact SV (default: all)")
     p.add_argument("--data", default=None,
-                   help="local image set: raw MNIST IDX files or a datasets.save_to_disk folder "
+                   help="local image set: raw MNIST IDX files (gzip or not) or a datasets.save_to_disk folder "
                         "(default: scikit-learn's bundled 8x8 digits)")
     p.add_argument("--max-examples", type=int, default=None, help="use only the first N images of --data")
     p.add_argument("--threads", type=int, default=1,
