@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--rounds, --threads and --jobs must be positive")
     cfg = FidelityConfig(cases=cases, clients=clients, rounds=rounds, seed=args.seed,
                          methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), data=args.data,
-                         max_examples=args.max_examples, threads=args.threads, jobs=args.jobs)
+                         max_examples=args.max_examples, protocol=args.protocol, threads=args.threads,
+                         jobs=args.jobs)
     result = run_fidelity(cfg, args.out)
     print(tables(result))
     print(f"total wall time {result['wall_seconds']:.1f} s; wrote {args.out}/fidelity.json, fidelity.csv, "
@@ -78,6 +79,9 @@ def add_parser(sub) -> None:
                    help="local image set: raw MNIST IDX files (gzip or not) or a datasets.save_to_disk folder "
                         "(default: scikit-learn's bundled 8x8 digits)")
     p.add_argument("--max-examples", type=int, default=None, help="use only the first N images of --data")
+    p.add_argument("--protocol", default="auto", choices=("auto", "silos", "split"),
+                   help="clients' data: silos = the paper's MNIST protocol (pairs from 5 silos, 10,840 images each "
+                        "where the silo allows), split = dealt from the pool; auto (default): silos for 28x28 images")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: the many small stacked matmuls gain little from more)")
     p.add_argument("--jobs", type=int, default=1,

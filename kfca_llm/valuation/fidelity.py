@@ -35,9 +35,22 @@ class FidelityConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     data: str | None = None
     max_examples: int | None = None
+    protocol: str = "auto"
+    """client data: "silos" (the paper's MNIST protocol), "split" (dealt from the pool) or "auto": silos for
+    28x28 images, split otherwise (the bundled digits are too few for 10,840-image clients)."""
     threads: int = 1
     jobs: int = 1
     """cases run in this many worker processes at once (each with ``threads`` torch threads)."""
+
+
+def resolve_protocol(protocol: str, images) -> str:
+    from .cases import PROTOCOLS
+
+    if protocol == "auto":
+        return "silos" if tuple(images.train_x.shape[1:]) == (28, 28) else "split"
+    if protocol not in PROTOCOLS:
+        raise InputError(f"unknown protocol {protocol!r}; choose from auto, {', '.join(PROTOCOLS)}")
+    return protocol
 
 
 def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
@@ -45,12 +58,13 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
     import torch
 
     from .cases import make_clients
-    from .cnn_federation import FederationConfig, StackedCNN, run_federation
+    from .cnn_federation import FederationConfig, model_for, run_federation
     from .methods import METHODS, ValuationProblem
 
     fed_cfg = FederationConfig(rounds=cfg.rounds, seed=cfg.seed)
-    clients = make_clients(images, case, cfg.clients, cfg.seed)
-    model = StackedCNN(images.train_x.shape[1:], images.num_classes, fed_cfg.channels)
+    protocol = resolve_protocol(cfg.protocol, images)
+    clients = make_clients(images, case, cfg.clients, cfg.seed, protocol)
+    model = model_for(images.train_x.shape[1:], images.num_classes, fed_cfg.channels)
     init = model.init(cfg.seed)
     start = time.perf_counter()
     record = run_federation(model, clients, init, fed_cfg)
@@ -76,7 +90,8 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
             "seconds": seconds, "coalitions": result.coalitions, **({"extra": result.extra} if result.extra else {}),
         }
     return {
-        "clients": [int(c.y.numel()) for c in clients], "federation_seconds": federation_s,
+        "clients": [int(c.y.numel()) for c in clients], "protocol": protocol, "parameters": model.num_parameters,
+        "federation_seconds": federation_s,
         "exact_sv": {"values": exact.rewards.tolist(), **exact.extra}, "methods": methods,
     }
 
@@ -181,7 +196,8 @@ def _run(cfg: FidelityConfig, out: str | Path, log) -> dict:
     images = load_images(cfg.data, seed=cfg.seed, max_examples=cfg.max_examples)
     log(f"{images.name}: {len(images.train_y)} training / {len(images.test_y)} test images, "
         f"{cfg.clients} clients, {cfg.rounds} rounds, {cfg.threads} torch thread(s), {cfg.jobs} job(s)")
-    result = {"data": images.name, "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed,
+    result = {"data": images.name, "protocol": resolve_protocol(cfg.protocol, images), "clients": cfg.clients,
+              "rounds": cfg.rounds, "seed": cfg.seed,
               "threads": cfg.threads, "jobs": cfg.jobs, "cases": {}}
     jobs = min(cfg.jobs, len(cfg.cases))
     if jobs > 1:

@@ -22,7 +22,7 @@ from ..mechanism import ca_score_matrix, joint_counts, mtpp_payment
 from . import per_round
 from .exact import shapley_from_table
 from .group_testing import shapley_group_testing
-from .cnn_federation import (ClientData, FederationConfig, FederationRecord, StackedCNN, accuracy, coalition_matrix,
+from .cnn_federation import (ClientData, FederationConfig, FederationRecord, StackedModel, accuracy, coalition_matrix,
                          fedavg_weights, predictions, train_coalitions)
 from .sampling import shapley_gtg, shapley_tmc
 from .utility import CachedUtility
@@ -38,13 +38,13 @@ MC_FRACTION, MC_REPEATS = 0.1, 5  # MC KFCA-QP: X = 10% of the coordinates, Y = 
 
 @dataclass(frozen=True)
 class ValuationProblem:
-    model: StackedCNN
+    model: StackedModel
     clients: list[ClientData]
     init: torch.Tensor
     cfg: FederationConfig
     record: FederationRecord
     test_x: torch.Tensor
-    """the test images' convolution patches (``model.patches``), computed once"""
+    """the test inputs as the model reads them (``model.patches``), computed once"""
     test_y: torch.Tensor
 
     @property

@@ -126,9 +126,10 @@ def analyse_round(signals: RoundSignals, num_labels: int, seed: int) -> dict:
                 expected_honest[a] += expected_reward(delta, [0, 1], [0, 1], kfca_score_matrix(2)) / (n - 1)
                 expected_flip[a] += expected_reward(delta, FLIP, [0, 1], kfca_score_matrix(2)) / (n - 1)
     updates = dict(zip(names, signals.updates))
-    honest = score_updates(updates, seed=seed).rewards
-    deviated = [score_updates({**updates, names[i]: flipped_signs(signals.updates, i)}, seed=seed).rewards[names[i]]
-                for i in range(n)]
+    # the payment rule is the subject here, not copy detection (a flipped update can mirror a peer's signs)
+    honest = score_updates(updates, seed=seed, duplicates="flag").rewards
+    deviated = [score_updates({**updates, names[i]: flipped_signs(signals.updates, i)}, seed=seed,
+                              duplicates="flag").rewards[names[i]] for i in range(n)]
     labels = score_labels(dict(zip(names, signals.predictions)), num_labels=num_labels, seed=seed).rewards
     return {"pairs": pairs, "honest_reward": [honest[c] for c in names], "deviation_reward": deviated,
             "honest_expected": expected_honest.tolist(), "deviation_expected": expected_flip.tolist(),
@@ -198,11 +199,11 @@ class SweepTask:
 def digits_task(cfg: NonIIDConfig) -> SweepTask:
     """The paper's small CNN family on the bundled digits (or ``cfg.data``), FedAvg as in the fidelity run."""
     from .cases import load_images
-    from .cnn_federation import ClientData, FederationConfig, StackedCNN, accuracy, predictions, run_federation
+    from .cnn_federation import ClientData, FederationConfig, accuracy, model_for, predictions, run_federation
 
     images = load_images(cfg.data, seed=cfg.seed, max_examples=cfg.max_examples)
     fed = FederationConfig(rounds=cfg.rounds, seed=cfg.seed)
-    model = StackedCNN(images.train_x.shape[1:], images.num_classes, fed.channels)
+    model = model_for(images.train_x.shape[1:], images.num_classes, fed.channels)
     test_x = model.patches(torch.from_numpy(images.test_x[:, None]))
     test_y = torch.from_numpy(images.test_y)
 
