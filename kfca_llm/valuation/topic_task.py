@@ -98,8 +98,10 @@ def llm_task(cfg, rows_per_client: int = ROWS_PER_CLIENT, local_steps: int = LOC
     from ..recipe import load_recipe
     from .noniid import FederationRun, RoundSignals, SweepTask, class_counts
 
-    recipe = load_recipe("tiny", [f"kfca.seed={cfg.seed}", f"train.training-arguments.max-steps={local_steps}",
-                                  f"num-server-rounds={max(cfg.rounds, 1)}"])
+    recipe = load_recipe("tiny", [f"kfca.seed={cfg.seed}", f"train.training-arguments.max-steps={local_steps}"])
+    if cfg.rounds > recipe.num_server_rounds:  # the learning-rate schedule spans the recipe's rounds
+        recipe = load_recipe("tiny", [f"kfca.seed={cfg.seed}", f"train.training-arguments.max-steps={local_steps}",
+                                      f"num-server-rounds={cfg.rounds}"])
     model, tokenizer = load_model_and_tokenizer(recipe)
     pad = tokenizer.pad_token_id
     rows, labels = make_topic_rows(rows_per_client * cfg.clients, cfg.seed)

@@ -139,3 +139,13 @@ def test_fidelity_rejects_bad_options(tmp_path, capsys):
     assert "unknown case" in capsys.readouterr().err
     with pytest.raises(Exception, match="unknown method"):
         run_fidelity(FidelityConfig(cases=("iid",), clients=2, rounds=1, methods=("bogus",)), tmp_path)
+
+
+def test_cases_in_parallel_processes_give_the_same_results(tmp_path):
+    cfg = dict(cases=("iid", "size_skew"), clients=3, rounds=1, methods=("tmc-shapley", "kfca-qp"))
+    serial = run_fidelity(FidelityConfig(**cfg), tmp_path / "serial", log=lambda *a: None)
+    parallel = run_fidelity(FidelityConfig(**cfg, jobs=2), tmp_path / "parallel", log=lambda *a: None)
+    assert parallel["jobs"] == 2
+    for case in cfg["cases"]:
+        for key, m in serial["cases"][case]["methods"].items():
+            assert parallel["cases"][case]["methods"][key]["raw"] == m["raw"], (case, key)

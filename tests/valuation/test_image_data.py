@@ -88,8 +88,27 @@ def test_silo_protocol_follows_the_paper():
         silo_split(labels, 5, "iid", 10, rng)
 
 
-def test_the_papers_cnn_has_21840_parameters():
-    assert StackedMnistCNN().num_parameters == 21_840
+def test_the_papers_cnn_has_21840_parameters_and_computes_each_stacked_model_alone():
+    import torch
+    import torch.nn.functional as F
+
+    from kfca_llm.valuation.cnn_federation import accuracy, predictions
+
+    model = StackedMnistCNN()
+    assert model.num_parameters == 21_840
+    flat = torch.stack([model.init(0), model.init(1), model.init(2)])
+    x = torch.randn(1_100, 1, 28, 28, generator=torch.Generator().manual_seed(0))  # three eval slices of 500
+    y = torch.randint(0, 10, (1_100,), generator=torch.Generator().manual_seed(1))
+    p = model.unflatten(flat)
+    expected = []
+    for k in range(3):  # the PyTorch MNIST CNN (dropout aside), one model at a time
+        h = F.relu(F.max_pool2d(F.conv2d(x, p["conv1_weight"][k], p["conv1_bias"][k]), 2))
+        h = F.relu(F.max_pool2d(F.conv2d(h, p["conv2_weight"][k], p["conv2_bias"][k]), 2)).reshape(-1, 320)
+        h = F.relu(h @ p["fc1_weight"][k] + p["fc1_bias"][k])
+        expected.append((h @ p["fc2_weight"][k] + p["fc2_bias"][k]).argmax(-1))
+    expected = torch.stack(expected)
+    np.testing.assert_array_equal(predictions(model, flat, x), expected.numpy())
+    np.testing.assert_allclose(accuracy(model, flat, x, y), (expected == y).double().mean(-1).numpy(), atol=1e-7)
 
 
 def test_fidelity_on_idx_files_uses_the_papers_protocol_and_cnn(tmp_path, capsys):

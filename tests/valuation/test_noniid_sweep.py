@@ -119,15 +119,17 @@ def test_llm_sweep_and_its_failure_case(tmp_path):
     rows, labels = make_topic_rows(50, seed=0)
     assert np.bincount(labels).tolist() == [10] * len(LABELS)  # balanced
     assert all(row["output"] == LABELS[k] for row, k in zip(rows, labels))
-    cfg = NonIIDConfig(concentrations=(100.0,), rounds=2)
-    result = run_noniid(cfg, tmp_path, task=llm_task(cfg, rows_per_client=16, local_steps=8), stem="llm")
+    # one short round: enough for a client that sees one class to predict only it (the documented run trains
+    # 5 rounds of 30 steps, where overlapping clients also learn the topics)
+    cfg = NonIIDConfig(concentrations=(100.0,), rounds=1)
+    result = run_noniid(cfg, tmp_path, task=llm_task(cfg, rows_per_client=16, local_steps=12), stem="llm")
     assert (tmp_path / "llm.json").is_file()
     level = result["levels"][0]
     assert len(level["rounds"][0]["pairs"]) == 10 and level["summary"]["pairs_hold_every_round"] == 10
     assert level["summary"]["honest_reward"] > 0 > level["summary"]["deviation_reward"]
     failure = result["disjoint"]["summary"]
-    assert failure["own_class_share"] > 0.9
-    assert failure["max_abs_labels_delta"] < 0.01 and failure["max_abs_labels_reward"] < 0.01
+    assert failure["own_class_share"] > 0.9  # each local model answers its own topic
+    assert failure["max_abs_labels_delta"] < 0.01 and failure["max_abs_labels_reward"] < 0.01  # delta, reward -> 0
     assert "cannot work" in result["disjoint"]["verdict"]
     from kfca_llm.modeling import build_byte_tokenizer
     from kfca_llm.recipe import load_recipe
