@@ -80,6 +80,7 @@ class RoundValuer:
         clients = sorted(means[REFERENCE], key=lambda c: -means[REFERENCE][c])
         # a knowledge-free method's values are payments (4 digits); Shapley values are loss differences (5)
         digits = {k: 4 if m.knowledge_free else 5 for k, m in ROUND_METHODS.items()}
+        second_digits = {k: 3 if m.knowledge_free else 2 for k, m in ROUND_METHODS.items()}  # KFCA takes ms
         rows = [[c, self.fixed_attacks.get(c, "honest"),
                  *[f"{means[k][c]:+.{digits[k]}f}" for k in ROUND_METHODS]] for c in clients]
         others = [k for k in ROUND_METHODS if k != REFERENCE]
@@ -89,6 +90,6 @@ class RoundValuer:
         notes = [f"mean 1 - cos to {name[REFERENCE]} per round: "
                  + ", ".join(f"{name[k]} {dist[k]:.4f}" for k in others),
                  "time over all rounds: "
-                 + ", ".join(f"{name[k]} {secs[k]:.{digits[k] - 3}f} s" for k in ROUND_METHODS)]
+                 + ", ".join(f"{name[k]} {secs[k]:.{second_digits[k]}f} s" for k in ROUND_METHODS)]
         return text_table("per-client mean value per round (v = -held-out loss)",
                           ["client", "submits", *name.values()], rows, notes)
