@@ -223,6 +223,7 @@ def digits_task(cfg: NonIIDConfig) -> SweepTask:
 def run_sweep(cfg: NonIIDConfig, task: SweepTask, log=print) -> dict:
     """The Dirichlet sweep and the disjoint-classes failure case on one federation ``task``."""
     name, labels, run = task.name, task.labels, task.run
+    parts = disjoint_partition(labels, cfg.clients)  # checked first: the failure case needs a class per client
     result = {"data": name, "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "levels": []}
     for alpha in cfg.concentrations:
         start = time.perf_counter()
@@ -233,7 +234,6 @@ def run_sweep(cfg: NonIIDConfig, task: SweepTask, log=print) -> dict:
             f"honest {s['honest_reward']:+.4f}, deviator {s['deviation_reward']:+.4f} "
             f"({time.perf_counter() - start:.1f} s)")
         result["levels"].append({"concentration": alpha, **level})
-    parts = disjoint_partition(labels, cfg.clients)
     failure_run = run(parts)
     own = [labels[p[0]] for p in parts]  # client i's only class
     failure = analyse_run(failure_run, cfg.seed)
