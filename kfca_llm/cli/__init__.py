@@ -63,6 +63,9 @@ def _expected(exc: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     _hide_known_third_party_noise()
+    # Python hides a DeprecationWarning raised outside __main__; the command's user should see ours (an old
+    # backend name, for one).
+    warnings.filterwarnings("default", category=DeprecationWarning, module=r"kfca_llm\.")
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     args = build_parser(command).parse_args(argv)

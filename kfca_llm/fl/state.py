@@ -21,10 +21,10 @@ import torch
 
 from ..errors import InputError
 from ..report import write_atomic
+from ..tensors import StateDict
 from .client import load_adapter_state
 from .records import FederationResult, RoundRecord
 
-StateDict = dict[str, torch.Tensor]
 _ROUND_DIR = re.compile(r"^round-(\d{3,})$")
 
 
