@@ -33,6 +33,14 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def auto_jobs(cases: int) -> int:
+    """One process per case, as many as this process may run on at once (the cases are independent)."""
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cases, cpus))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..valuation.cases import CASES
     from ..valuation.fidelity import FidelityConfig, run_fidelity, tables
@@ -47,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
     rounds = args.rounds or DEFAULT_ROUNDS["fidelity"]
     if not 2 <= clients <= 16:
         raise InputError(f"--clients must be in [2, 16] (exact SV retrains 2^n - 1 coalitions), got {clients}")
-    if rounds < 1 or args.threads < 1 or args.jobs < 1:
-        raise InputError("--rounds, --threads and --jobs must be positive")
+    if rounds < 1 or args.threads < 1 or args.jobs < 0:
+        raise InputError("--rounds and --threads must be positive, --jobs positive or 0 (auto)")
     cfg = FidelityConfig(cases=cases, clients=clients, rounds=rounds, seed=args.seed,
                          methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), data=args.data,
                          max_examples=args.max_examples, protocol=args.protocol, threads=args.threads,
-                         jobs=args.jobs)
+                         jobs=args.jobs or auto_jobs(len(cases)))
     result = run_fidelity(cfg, args.out)
     print(tables(result))
     print(f"total wall time {result['wall_seconds']:.1f} s; wrote {args.out}/fidelity.json, fidelity.csv, "
@@ -84,7 +92,8 @@ def add_parser(sub) -> None:
                         "where the silo allows), split = dealt from the pool; auto (default): silos for 28x28 images")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: the many small stacked matmuls gain little from more)")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="cases run in this many processes at once (default 1; 2 halves the wall time on 2 free cores)")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="cases run in this many processes at once (default 0: one per available CPU, at most one "
+                        "per case; results are bit-identical for any value)")
     p.add_argument("--out", default="runs/fidelity", help="output folder (default runs/fidelity)")
     p.set_defaults(handler=run)

@@ -97,7 +97,8 @@ def test_ca_rewards_match_mechanism():
 
 def test_ci_sized_fidelity_run(tmp_path, capsys):
     out = tmp_path / "fid"
-    code = main(["fidelity", "--case", "iid,label_noise", "--clients", "3", "--rounds", "2", "--out", str(out)])
+    code = main(["fidelity", "--case", "iid,label_noise", "--clients", "3", "--rounds", "2", "--jobs", "1",
+                 "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "distance to exact SV" in printed and "total wall time" in printed

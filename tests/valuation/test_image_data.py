@@ -118,7 +118,7 @@ def test_fidelity_on_idx_files_uses_the_papers_protocol_and_cnn(tmp_path, capsys
     _write_mnist(tmp_path / "mnist", 200, 60)
     out = tmp_path / "out"
     assert main(["fidelity", "--data", str(tmp_path / "mnist"), "--case", "iid,label_skew", "--clients", "4",
-                 "--rounds", "1", "--methods", "kfca-qp", "--out", str(out)]) == 0
+                 "--rounds", "1", "--methods", "kfca-qp", "--jobs", "1", "--out", str(out)]) == 0
     result = json.loads((out / "fidelity.json").read_text())
     assert result["protocol"] == "silos"
     for case in result["cases"].values():
