@@ -12,7 +12,7 @@ problem always has the exact solution s_i = a_i + (v(N) - v(empty) - sum_j a_j) 
 the difference equations coincide with it). The number of tests: ``tests`` fixes it (the paper's T);
 otherwise tests are drawn n at a time (a "step", as many utility calls as one permutation of
 TMC-Shapley) until the stopping rule of the paper's comparison (mean relative change over 10 steps
-< 0.05, the rule every estimator here uses) fires, or until the bound of Jia et al. (2023,
+< 0.05, the rule every estimator of the comparison uses) fires, or until the bound of Jia et al. (2023,
 Theorem 4) for an (epsilon, delta)-approximation in l2 norm is reached.
 """
 
