@@ -451,7 +451,9 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
                                        else {})})
                 failures = _rows(conn, FailureRow, "failures", columns={"participant": "node_id"})
                 duplicates = ", 'duplicates', duplicates" if version == 2 else ""
-                old_rounds = {**_OLD_ROUNDS, "settings": _OLD_ROUNDS["settings"].format(duplicates=duplicates)}
+                has_runs = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
+                settings = _OLD_ROUNDS["settings"].format(duplicates=duplicates) if has_runs.fetchone()[0] else "'{}'"
+                old_rounds = {**_OLD_ROUNDS, "settings": settings}
                 rounds = _rows(conn, RoundRow, "rounds", _round_row, old_rounds)
                 runs, participants = [], []
         finally:

@@ -383,16 +383,16 @@ class KFCAStrategy(Strategy):
         layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
         return _Scored(report, digests, layout, task_sha, kept)
 
-    def _select(self, valid: Mapping[str, Message], report: RewardReport | None
+    def _select(self, paid: Mapping[str, Message], report: RewardReport | None
                 ) -> tuple[list[Message], str | None]:
-        """The replies the wrapped strategy aggregates, or why it aggregates none."""
-        replies = [valid[node] for node in sorted(valid)]
+        """The replies the wrapped strategy aggregates (in node-id order), or why it aggregates none."""
+        order = sorted(paid, key=lambda who: str(paid[who].metadata.src_node_id))
         if report is None or self.aggregation == "all":
-            return replies, None
+            return [paid[who] for who in order], None
         if self.aggregation == "exclude-negative":
-            kept = [valid[node] for node in sorted(valid) if report.rewards[node] >= 0.0]
+            kept = [paid[who] for who in order if report.rewards[who] >= 0.0]
             return kept, None if kept else "no reply was paid >= 0; the global arrays are kept"
-        weighted = [self._reweighted(valid[node], report.rewards[node]) for node in sorted(valid)]
+        weighted = [self._reweighted(paid[who], report.rewards[who]) for who in order]
         if not any(weight > 0 for _, weight in weighted):
             return [], "no reply was paid > 0; the global arrays are kept"
         return [message for message, _ in weighted], None
