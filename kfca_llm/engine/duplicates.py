@@ -30,7 +30,13 @@ Rules (``DuplicateRule``), for a pair with disagreement rate ``d`` over the roun
   round as ``d_ck = f + (1 - 2f) d_vk`` (it knows nothing ``v`` does not). The *copy fit*
   ``sum_k (d_ck - d_vk) / (f sum_k (1 - 2 d_vk))`` is therefore 1 for a copy (in its better orientation)
   and far from 1 for two honest clients with shared data, whose disagreements with third parties are about
-  equal (fit near 0). Flagged when the fit reaches ``min_copy_fit`` within ``min_sigma`` standard errors.
+  equal (fit near 0). Flagged when the fit reaches ``min_copy_fit`` within ``min_sigma`` standard errors,
+  asked of at least ``min_witnesses`` third clients that agree with the source beyond chance (with two, an
+  honest pair of a tiny federation fitted the copy model). Two more ways past this test, both measured
+  against the same round: a pair with no witness at all (colluders on one random update agree with nobody
+  else), and a pair differing on at most ``max_relative_disagreement`` (15%) of what the round's median pair
+  differs on (Gaussian noise changes the signs where the source's values are small, where it agrees with
+  others least, so third parties see such a copy as partly independent, fit about 0.5).
   This replaces an earlier fixed floor (pairs differing on at most 5% of the tasks), which let copies with
   more than 5% of their signs changed through.
 
@@ -74,6 +80,8 @@ class DuplicateRule:
     """The excess must clear ``min_excess_correlation`` by this many standard errors of ``rho``."""
     min_copy_fit: float = 0.75
     """Third-party test: the round's other clients see the pair as copy and source (fit 1: signs changed at random)."""
+    max_relative_disagreement: float = 0.15
+    """... or the pair differs on at most this fraction of what the round's median pair differs on."""
     min_witnesses: int = 3
     """The third-party test needs this many other clients agreeing with the source beyond chance (1 - 2d >= 0.03)."""
     min_clients: int = 4
@@ -82,7 +90,7 @@ class DuplicateRule:
     """False for reports whose agreement is not a sign agreement (e.g. categorical labels)."""
 
     def __post_init__(self):
-        for name in ("max_disagreement", "min_excess_correlation", "min_copy_fit"):
+        for name in ("max_disagreement", "min_excess_correlation", "min_copy_fit", "max_relative_disagreement"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise InputError(f"DuplicateRule.{name} must be a number in [0, 1), got {value!r}")
@@ -148,8 +156,12 @@ def find_duplicates(clients: Sequence[str], disagreements: np.ndarray, tasks: in
         # A pair that agrees with nobody else beyond chance (colluders on one random update) has no witness
         # to ask; its private parts are all it has.
         isolated = (witnesses == 0) & (witnesses.T == 0)
+        # Gaussian noise changes the signs where the source's values are small, where it agrees with others
+        # least: third parties see such a copy as partly independent (fit about 0.5), but it stays far closer
+        # to its source than the round's pairs are to each other.
+        close = rate <= rule.max_relative_disagreement * np.median(rate[np.triu_indices(n, 1)])
         near |= ((excess[0] - rule.min_sigma * excess[1] >= rule.min_excess_correlation)
-                 & ((np.maximum(fit, fit.T) >= rule.min_copy_fit) | isolated))
+                 & ((np.maximum(fit, fit.T) >= rule.min_copy_fit) | isolated | close))
     flagged = []
     for i, j in zip(*np.nonzero(np.triu(identical | near, k=1))):
         flagged.append(DuplicatePair(clients[i], clients[j], 1.0 - float(rate[i, j]),
