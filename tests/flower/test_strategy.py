@@ -344,3 +344,61 @@ def test_a_version_1_ledger_is_read_but_not_appended_to(tmp_path):
     assert (row.reward, row.unadjusted_reward, row.duplicate_group, row.peers) == (0.25, 0.25, None, ("8",))
     with pytest.raises(InputError, match="schema version 1.*new ledger file"):
         KFCAStrategy(ledger=old)
+
+
+def declaring(kind: str, name: str):
+    """A numpy node whose replies declare the participant ``name`` (as a node config ``participant`` would)."""
+    from kfca_llm.flower import declare_participant
+
+    answer = numpy_node(kind)
+
+    def reply(message):
+        out = answer(message)
+        declare_participant(out.content, {"participant": name})
+        return out
+
+    return reply
+
+
+def test_declared_identities_keep_a_restarted_nodes_balance_and_refuse_a_second_claimant(tmp_path):
+    """Nodes 1-4 declare org-1..org-4; node 9 claims org-1 as well. Round 2: org-1's SuperNode restarted and
+    replies from node 11. Round 3: the impostor's reply arrives first, but org-1 was last paid from node 11."""
+    ledger = tmp_path / "rewards.sqlite"
+    nodes = {n: declaring("honest" if n != 4 else "flip", f"org-{n}") for n in (1, 2, 3, 4)}
+    impostor, restarted = declaring("honest", "org-1"), declaring("honest", "org-1")
+    rounds = [{**nodes, 9: impostor},                                              # node 1 replies first
+              {11: restarted, **{n: nodes[n] for n in (2, 3, 4)}, 9: impostor},  # node 1 is gone
+              {9: impostor, **{n: nodes[n] for n in (2, 3, 4)}, 11: restarted}]  # the impostor replies first
+    paid_from, refused = [], []
+    for t, grid_nodes in enumerate(rounds, start=1):
+        strategy = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=ledger, identity="declared", resume=t > 1)
+        strategy.start(grid=LocalGrid(grid_nodes), initial_arrays=initial_arrays(), num_rounds=1)
+        assert sorted(strategy.rewards[t]) == [f"name:org-{n}" for n in (1, 2, 3, 4)]
+        paid_from.append(strategy.node_ids[t]["name:org-1"])
+        refused += [(t, node) for node, reason in strategy.failures[t] if "a second live node claiming it" in reason]
+    assert paid_from == ["1", "11", "11"] and refused == [(1, "9"), (2, "9"), (3, "9")]
+    contents = read_ledger(ledger)
+    assert len({r.run_id for r in contents.rounds}) == 1  # one run, resumed twice
+    nodes_used = {}
+    for row in contents.rewards:
+        nodes_used.setdefault(row.participant, []).append(row.node_id)
+    assert nodes_used["name:org-1"] == ["1", "11", "11"] and nodes_used["name:org-2"] == ["2"] * 3
+    assert contents.totals()["name:org-1"] == sum(r.reward for r in contents.rewards if r.participant == "name:org-1")
+    assert {p.participant: p.first_node_id for p in contents.participants}["name:org-1"] == "1"
+    # Undeclared replies have no identity under "declared": refused, never paid.
+    strategy = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=None, identity="declared")
+    strategy.start(grid=LocalGrid({**nodes, 5: numpy_node("honest")}), initial_arrays=initial_arrays(), num_rounds=1)
+    assert "no participant identity" in dict(strategy.failures[1])["5"] and len(strategy.rewards[1]) == 4
+
+
+def test_public_key_identities_refuse_a_name_pinned_to_another_key(tmp_path):
+    ledger = tmp_path / "rewards.sqlite"
+    nodes = {n: declaring("honest", f"org-{n}") for n in (1, 2, 3)}
+    first = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=ledger, identity="public-key")
+    first.start(grid=LocalGrid(nodes), initial_arrays=initial_arrays(), num_rounds=1)
+    assert {p.participant: p.label for p in read_ledger(ledger).participants} == {pid(n): f"org-{n}" for n in nodes}
+    # Node 7, another key, declares org-1: the name is pinned to node 1's key.
+    later = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=ledger, identity="public-key", resume=True)
+    later.start(grid=LocalGrid({**nodes, 7: declaring("honest", "org-1")}), initial_arrays=initial_arrays(),
+                num_rounds=1)
+    assert "pinned on first sight" in dict(later.failures[2])["7"] and pid(7) not in later.rewards[2]
