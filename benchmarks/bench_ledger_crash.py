@@ -66,7 +66,11 @@ def trial(folder: Path, rng: random.Random, run_seconds: float) -> dict:
     proc.wait(timeout=60)
     committed = len(read_ledger(ledger).rounds) if ledger.exists() else 0
     problems = complete_rounds_only(ledger) if ledger.exists() else []
-    verified = verify_ledger(ledger).ok if ledger.exists() else True
+    after_kill = verify_ledger(ledger) if ledger.exists() else None
+    verified = after_kill is None or after_kill.ok
+    if not verified:
+        problems += after_kill.chain_errors + [f"round {r.round}: {r.status} {r.detail} {r.rows}"
+                                               for r in after_kill.rounds if r.status == "mismatch"]
     # Restart and finish the run.
     subprocess.run([sys.executable, str(SERVER), str(ledger), "--rounds", str(ROUNDS), "--keep-signs", "--resume"],
                    cwd=SERVER.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,

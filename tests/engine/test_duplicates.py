@@ -294,6 +294,33 @@ def test_reference_difference_in_the_wider_dtype(tmp_path):
         assert report.tasks["tasks"] == n
 
 
+def test_a_gaussian_noise_copy_of_a_strong_client_is_caught_by_its_closeness():
+    """Noise changes the signs where the source is small, where it agrees with others least: third parties see
+    the copy as partly independent (copy fit below 0.75), but it differs from its source on far less than the
+    round's median pair does."""
+    fit_alone = 0
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        weight = rng.uniform(0.2, 0.95, size=(10, 1))
+        updates = weight * rng.standard_normal(COORDS) + np.sqrt(1 - weight ** 2) * rng.standard_normal((10, COORDS))
+        top = int(np.argmax(weight))
+        copied = np.vstack([updates, updates[top] + 0.1 * rng.standard_normal(COORDS)])
+        assert groups_of(copied) == [(f"c{top:02d}", "c10")], seed
+        fit_alone += groups_of(copied, DuplicateRule(max_relative_disagreement=0.0)) != []
+    assert fit_alone <= 2  # the third-party test alone misses most of them
+
+
+def test_colluders_that_agree_with_nobody_else_need_no_witness():
+    """Two colluders on one random update, each with noise half its size (they differ on about 20% of the
+    tasks): no third client agrees with them beyond chance, so their private parts alone decide."""
+    for seed in range(4):
+        updates = honest_round(5, seed)
+        shared = np.random.default_rng(100 + seed).standard_normal(COORDS)
+        noisy = shared + 0.5 * np.random.default_rng(200 + seed).standard_normal((2, COORDS))
+        assert groups_of(np.vstack([updates, noisy]), DuplicateRule(max_relative_disagreement=0.0)) == [
+            ("c05", "c06")], seed
+
+
 def _refine_loadings_numpy(rho, lam):
     """The fixed point as numpy calls (how it was first written): the compiled loop must equal it bit for bit."""
     n = lam.size
