@@ -38,7 +38,7 @@ from ..mechanism import check_penalty
 from ..packer import SignPacker
 from ..partition import check_bonus_fraction, check_seed
 from ..report import RewardReport
-from .audit import scoring_settings, sha256_hex, sign_report_sha256, update_sha256, words_bytes
+from .audit import scoring_settings, sha256_hex, update_sha256, words_bytes
 from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_identity_mode,
                        check_participant_name, pinned_conflict, resolve)
 from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path
