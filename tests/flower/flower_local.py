@@ -71,7 +71,10 @@ class LocalGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         messages = list(messages)
         self.sent.extend(messages)
-        return [self.nodes[m.metadata.dst_node_id](m) for m in messages]
+        # Replies "arrive" in the order the nodes were given (FedAvg samples the nodes in a random order).
+        order = list(self.nodes)
+        return [self.nodes[m.metadata.dst_node_id](m)
+                for m in sorted(messages, key=lambda m: order.index(m.metadata.dst_node_id))]
 
 
 def initial_arrays(seed: int = 0) -> ArrayRecord:
