@@ -2,7 +2,7 @@
 # Both create or reuse the virtual environment below and install what they need.
 VENV ?= .venv
 PYTHON ?= python3
-# The CPU build of torch (found on this machine's disk); set TORCH_SPEC to pick another build.
+# The torch the suite runs with (2.13.0, a CPU build); set TORCH_SPEC to pick another build.
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 

@@ -5,7 +5,7 @@ Baselines:
   naive  - the float comparison (sign(a) == sign(b)).sum() over every unordered pair of clients, tensor
            by tensor (its temporaries stay in cache when tensors are small) and, "naive flat", over each
            client's whole update as one vector (concatenated outside the timing: no cache to flatter it)
-Engine: kfca_llm.score_updates (pack + counts + report), backend "numpy", penalty "expected"; and
+Engine: kfca_llm.score_updates (pack + counts + report), backend "cpu", penalty "expected"; and
 "sampled" (the paper's Algorithm 1 draws), interleaved with it: sampled_over_expected.
 Memory: growth of the resident set (sampled every 0.5 ms) while score_checkpoints reads
 safetensors files of the same updates in a fresh process, against the packed bits plus the
@@ -100,14 +100,14 @@ def main() -> None:
     floor = engine = sampled = pack = pack_per_client = score = float("inf")
     for _ in range(args.repeat):
         floor = min(floor, best_of(lambda: [t.sum() for sd in updates.values() for t in sd.values()], 1))
-        engine = min(engine, best_of(lambda: kfca_llm.score_updates(updates, backend="numpy"), 1))
+        engine = min(engine, best_of(lambda: kfca_llm.score_updates(updates, backend="cpu"), 1))
         if not args.skip_sampled:
-            sampled = min(sampled, best_of(lambda: kfca_llm.score_updates(updates, backend="numpy",
+            sampled = min(sampled, best_of(lambda: kfca_llm.score_updates(updates, backend="cpu",
                                                                          penalty="sampled"), 1))
-        packer = kfca_llm.SignPacker(shapes, list(updates), backend="numpy")
+        packer = kfca_llm.SignPacker(shapes, list(updates), backend="cpu")
         pack = min(pack, best_of(lambda: packer.add_clients(updates), 1))
         score = min(score, best_of(packer.score, 1))
-        streamed = kfca_llm.SignPacker(shapes, list(updates), backend="numpy")
+        streamed = kfca_llm.SignPacker(shapes, list(updates), backend="cpu")
         pack_per_client = min(pack_per_client, best_of(lambda: [streamed.add_many(c, sd) for c, sd in updates.items()],
                                                        1))
     load = os.getloadavg()

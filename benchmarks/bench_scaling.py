@@ -63,7 +63,7 @@ def _labels(n: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def _packed(updates) -> kfca_llm.SignPacker:
     first = next(iter(updates.values()))
-    packer = kfca_llm.SignPacker({"update": tuple(first.shape)}, list(updates), backend="numpy")
+    packer = kfca_llm.SignPacker({"update": tuple(first.shape)}, list(updates), backend="cpu")
     for client, update in updates.items():
         packer.add(client, "update", update)
     return packer
@@ -110,7 +110,7 @@ def ca_d(labels, peers=None) -> list[float]:
 
 
 METHODS = {
-    "KFCA-QP": ("qp", lambda data, p: kfca_llm.score_updates(data, peers=p, backend="numpy"), False),
+    "KFCA-QP": ("qp", lambda data, p: kfca_llm.score_updates(data, peers=p, backend="cpu"), False),
     "KFCA-QP counts": ("qp", kfca_qp_counts, False),
     "CA-QP": ("qp", ca_qp, True),
     "KFCA-D": ("d", lambda data, p: kfca_llm.score_labels(data, num_labels=LABELS, peers=p), False),
@@ -163,11 +163,11 @@ def adapter_rows(clients, peers, dtype, repeat, max_seconds):
     base = {k: torch.randn(shapes[k], generator=g).to(dtype) for k in names}
     noise = {k: torch.randn(shapes[k], generator=g).to(dtype) for k in names}
     for size in (64, 1 << 21):  # load both builds of the packing kernel for this dtype outside the timing
-        warm = kfca_llm.SignPacker({"w": (size,)}, ["a", "b"], backend="numpy")
+        warm = kfca_llm.SignPacker({"w": (size,)}, ["a", "b"], backend="cpu")
         warm.add_many("a", {"w": torch.randn(size).to(dtype)})
     rows, stopped = [], set()
     for n in clients:
-        packer = kfca_llm.SignPacker(shapes, [f"c{i:04d}" for i in range(n)], backend="numpy")
+        packer = kfca_llm.SignPacker(shapes, [f"c{i:04d}" for i in range(n)], backend="cpu")
         pack_seconds = 0.0
         for i, client in enumerate(packer.clients):
             update = {k: base[k] + noise[k].roll(i * 7919) for k in names}  # distinct, cheap to make

@@ -153,7 +153,7 @@ def main(argv=None) -> None:
     # Correctness guard: the packed words and counts agree with the CPU backend in smoke runs.
     if args.smoke:
         from kfca_llm.engine import get_backend
-        cpu = get_backend("numpy")
+        cpu = get_backend("cpu")
         cpu_buffers = cpu.allocate(n, layout)
         for client, tensors in enumerate(updates):
             for k, values in enumerate(tensors):

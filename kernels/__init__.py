@@ -1,4 +1,11 @@
-"""Triton kernels, installed as ``kfca_llm.kernels``: sign packing and popcount agreement.
+"""Every compute kernel of the project, installed as ``kfca_llm.kernels``: one folder per operation.
+
+``sign_pack/``, ``pair_counts/``, ``sampled_penalty/`` and ``labels/`` each hold the numpy reference
+(``reference.py``), the numba CPU kernel (``cpu.py``) and, where there is one, the Triton kernel
+(``triton.py``) side by side; they agree bit for bit (``tests/kernels/``). ``intrinsics/`` holds what
+the kernels of one family share (the partition hash, popcount), ``numba_setup.py`` the numba settings.
+Kernels take raw buffers, integers and keys and return integers; they import nothing of ``kfca_llm``
+but its contract (``partition``, ``errors``). The backends of ``kfca_llm.engine`` launch them.
 
 This folder is never a top-level ``kernels`` package: that name belongs to Hugging Face's
 ``kernels``, which transformers and bitsandbytes import. When Python runs from the repository root

@@ -11,13 +11,12 @@ import torch
 
 from .checkpoints import check_same_tensors, client_paths, open_adapter
 from .engine.duplicates import DuplicateRule, check_duplicate_policy, find_duplicates
-from .engine.labels import (compact_labels, label_disagreements, label_pair_counts, label_penalty_histograms,
-                            label_sampled_matches)
-from .engine.stats import PairPayment
+from .engine.labels import LabelRound
+from .engine.stats import PairPayment, label_pair_payments
 from .errors import InputError
-from .mechanism import check_penalty, scoring_partition
+from .mechanism import check_num_labels
 from .packer import SignPacker
-from .partition import check_seed, partition_classes, peer_pairs
+from .partition import check_penalty, check_seed, peer_pairs
 from .report import RewardReport
 
 FLAT_UPDATE_NAME = "update"
@@ -147,18 +146,38 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
     seed = check_seed(seed)
     check_penalty(penalty)
     check_duplicate_policy(duplicates)
+    clients, rows = _label_rows(labels, num_labels)
+    index_pairs = peer_pairs(len(clients), peers, seed)
+    if (len(index_pairs) + 1) * num_labels ** 2 > MAX_REPORT_CELLS:
+        raise InputError(f"{len(index_pairs)} pairs x {num_labels}^2 labels is too large a report (one L x L delta "
+                         "matrix per pair); use fewer labels, peers or clients")
+    round_labels = LabelRound(rows, num_labels, seed=seed, bonus_fraction=bonus_fraction)
+    groups = find_duplicates(clients, round_labels.disagreements(), round_labels.n_tasks,
+                             DuplicateRule(excess_correlation=False))
+    counts = round_labels.round_counts(index_pairs, penalty)
+    payments, bonuses, penalties = (v.tolist() for v in label_pair_payments(counts))
+    keys = [(clients[i], clients[j]) for i, j in index_pairs.tolist()]
+    terms = {key: PairPayment(*values) for key, *values in zip(keys, payments, bonuses, penalties)}
+    return RewardReport.from_pairs(
+        terms, dict(zip(keys, counts.joints)), seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
+        backend="labels", labels=tuple(str(k) for k in range(num_labels)), tasks={"tasks": round_labels.n_tasks},
+        duplicates=groups, duplicate_policy=duplicates,
+    )
+
+
+def _label_rows(labels: Mapping[str, object], num_labels: int) -> tuple[list[str], list[np.ndarray]]:
+    """(client ids in sorted order, their label arrays), every one checked: 1-D integers in [0, num_labels)."""
     if not isinstance(labels, Mapping) or len(labels) < 2:
         raise InputError("labels must map at least two client ids to label arrays")
     as_str = {str(c): v for c, v in labels.items()}
     if len(as_str) != len(labels):
         raise InputError(f"client ids collide once converted to strings: {list(labels)}")
-    if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
-        raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
+    check_num_labels(num_labels)
     if num_labels > MAX_LABELS:
         raise InputError(f"num_labels {num_labels} is above {MAX_LABELS}: the report holds an L x L delta "
                          "matrix per scored pair; group the labels or score the examples in smaller label sets")
     clients = sorted(as_str)
-    reports = {}
+    rows = []
     for client in clients:
         r = np.asarray(as_str[client])
         if r.ndim != 1 or r.size == 0:
@@ -167,36 +186,8 @@ def score_labels(labels: Mapping[str, object], *, num_labels: int, peers: int | 
             raise InputError(f"labels must be integers, got dtype {r.dtype}", client=client)
         if r.min() < 0 or r.max() >= num_labels:
             raise InputError(f"labels must lie in [0, {num_labels})", client=client)
-        reports[client] = r
-    sizes = {r.size for r in reports.values()}
+        rows.append(r)
+    sizes = {r.size for r in rows}
     if len(sizes) != 1:
         raise InputError(f"every client must label the same tasks; got lengths {sorted(sizes)}")
-    index_pairs = peer_pairs(len(clients), peers, seed)
-    n_pairs = len(index_pairs)
-    if (n_pairs + 1) * num_labels ** 2 > MAX_REPORT_CELLS:
-        raise InputError(f"{n_pairs} pairs x {num_labels}^2 labels is too large a report (one L x L delta matrix "
-                         "per pair); use fewer labels, peers or clients")
-    n_tasks = sizes.pop()
-    part = scoring_partition(n_tasks, seed=seed, bonus_fraction=bonus_fraction)
-    n_bonus, m1, m2 = part.bonus.size, part.penalty_1.size, part.penalty_2.size
-    stacked = compact_labels([reports[c] for c in clients], num_labels)
-    groups = find_duplicates(clients, label_disagreements(stacked), n_tasks, DuplicateRule(excess_correlation=False))
-    classes = partition_classes(np.arange(n_tasks), seed, bonus_fraction)
-    # Integer counts in one pass per pair; the divisions are mechanism.mtpp_terms's, so the floats are its own.
-    joint_arrays, bonus_agreements = label_pair_counts(stacked, classes, index_pairs, num_labels)
-    if penalty == "expected":
-        frequencies = label_penalty_histograms(stacked, classes, num_labels)
-        penalty_sums = np.einsum("pl,pl->p", frequencies[index_pairs[:, 0], 0], frequencies[index_pairs[:, 1], 1])
-        penalties = penalty_sums / (m1 * m2)
-    else:
-        penalties = label_sampled_matches(stacked, part.bonus, part.penalty_1, part.penalty_2, index_pairs,
-                                          seed) / n_bonus
-    bonuses = bonus_agreements / n_bonus
-    keys = [(clients[i], clients[j]) for i, j in index_pairs.tolist()]
-    terms = {key: PairPayment(b - p, b, p) for key, b, p in zip(keys, bonuses.tolist(), penalties.tolist())}
-    joints = dict(zip(keys, joint_arrays))
-    return RewardReport.from_pairs(
-        terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, backend="labels",
-        labels=tuple(str(k) for k in range(num_labels)), tasks={"tasks": n_tasks},
-        duplicates=groups, duplicate_policy=duplicates,
-    )
+    return clients, rows

@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
+from .tensors import StateDict
 
 if TYPE_CHECKING:
     import torch
 
-StateDict = dict[str, "torch.Tensor"]
 AttackFn = Callable[..., StateDict]
 
 

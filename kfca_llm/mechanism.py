@@ -12,28 +12,14 @@ the same task k.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
-
 import numpy as np
 
 from .engine.stats import PairPayment, delta_from_joint
 from .errors import InputError
-from .partition import (BONUS, PENALTY_1, PENALTY_2, check_bonus_fraction, check_seed, partition_classes,
-                        penalty_ranks)
+from .partition import MAX_TASKS, check_penalty, penalty_ranks, scoring_partition
 
-PENALTY_MODES = ("expected", "sampled")
-_MAX_TASKS = 1 << 32  # task index must fit the uint32 partition hash
-
-
-def check_penalty(penalty: str) -> str:
-    """``penalty`` if it names one of ``PENALTY_MODES``, else an ``InputError`` listing them."""
-    if penalty not in PENALTY_MODES:
-        raise InputError(f"penalty must be one of {PENALTY_MODES}, got {penalty!r}")
-    return penalty
-
-
-def _check_num_labels(num_labels: int) -> int:
+def check_num_labels(num_labels: int) -> int:
+    """``num_labels`` as an int if it is an integer >= 2, else an ``InputError``."""
     if isinstance(num_labels, bool) or not isinstance(num_labels, (int, np.integer)) or num_labels < 2:
         raise InputError(f"num_labels must be an integer >= 2, got {num_labels!r}")
     return int(num_labels)
@@ -56,7 +42,7 @@ def _check_reports(r1, r2, num_labels: int) -> tuple[np.ndarray, np.ndarray]:
         raise InputError(f"reports cover different numbers of tasks ({out[0].size} vs {out[1].size})")
     if out[0].size == 0:
         raise InputError("reports must cover at least one shared task")
-    if out[0].size > _MAX_TASKS:
+    if out[0].size > MAX_TASKS:
         raise InputError(f"at most 2**32 tasks are supported, got {out[0].size}")
     return out[0], out[1]
 
@@ -81,7 +67,7 @@ def _check_label_map(f, num_labels: int, name: str) -> np.ndarray:
 
 def joint_counts(r1, r2, num_labels: int) -> np.ndarray:
     """int64 (L, L) table: how many tasks have report a from client 1 and b from client 2."""
-    num_labels = _check_num_labels(num_labels)
+    num_labels = check_num_labels(num_labels)
     a, b = _check_reports(r1, r2, num_labels)
     return np.bincount(a * num_labels + b, minlength=num_labels * num_labels).reshape(num_labels, num_labels)
 
@@ -104,7 +90,7 @@ def categorical_world(delta) -> bool:
 
 def kfca_score_matrix(num_labels: int) -> np.ndarray:
     """KFCA score (Definition 3.2): S(r1, r2) = 1{r1 == r2}, i.e. the identity matrix."""
-    return np.eye(_check_num_labels(num_labels), dtype=np.float64)
+    return np.eye(check_num_labels(num_labels), dtype=np.float64)
 
 
 def ca_score_matrix(delta) -> np.ndarray:
@@ -114,51 +100,6 @@ def ca_score_matrix(delta) -> np.ndarray:
     server must see the joint reports before it can score them.
     """
     return (_check_square(delta, "delta") > 0).astype(np.float64)
-
-
-@dataclass(frozen=True)
-class TaskPartition:
-    """Disjoint task index sets (increasing order) of the MTPP mechanism."""
-
-    bonus: np.ndarray
-    """int64 indices of the bonus tasks M_b."""
-    penalty_1: np.ndarray
-    """int64 indices of the first client's penalty tasks M_1."""
-    penalty_2: np.ndarray
-    """int64 indices of the peer's penalty tasks M_2."""
-
-
-def task_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5) -> TaskPartition:
-    """Seeded bonus / M_1 / M_2 split of tasks 0..num_tasks-1.
-
-    Uses ``partition.partition_classes`` on the task indices, so it is exactly the partition the
-    packed engine applies when task k is coordinate k.
-    """
-    if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)) or not 0 <= num_tasks <= _MAX_TASKS:
-        raise InputError(f"num_tasks must be an integer in [0, 2**32], got {num_tasks!r}")
-    return _cached_partition(int(num_tasks), check_seed(seed), check_bonus_fraction(bonus_fraction))
-
-
-def scoring_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5) -> TaskPartition:
-    """``task_partition``, refused when a set is empty (no payment can be formed from it)."""
-    part = task_partition(num_tasks, seed=seed, bonus_fraction=bonus_fraction)
-    n_bonus, m1, m2 = part.bonus.size, part.penalty_1.size, part.penalty_2.size
-    if min(n_bonus, m1, m2) == 0:
-        raise InputError(
-            f"{num_tasks} tasks are too few to form non-empty bonus and penalty sets "
-            f"(bonus {n_bonus}, M_1 {m1}, M_2 {m2}) with seed {seed} and bonus_fraction {bonus_fraction}"
-        )
-    return part
-
-
-@lru_cache(maxsize=8)
-def _cached_partition(num_tasks: int, seed: int, bonus_fraction: float) -> TaskPartition:
-    """One partition per round, not one per scored pair (read-only arrays: callers share them)."""
-    classes = partition_classes(np.arange(num_tasks, dtype=np.int64), seed, bonus_fraction)
-    sets = [np.flatnonzero(classes == c).astype(np.int64) for c in (BONUS, PENALTY_1, PENALTY_2)]
-    for indices in sets:
-        indices.flags.writeable = False
-    return TaskPartition(*sets)
 
 
 def mtpp_payment(r1, r2, score_matrix, *, seed: int = 0, bonus_fraction: float = 0.5,

@@ -21,9 +21,9 @@ from .engine.duplicates import DuplicateGroup, DuplicateRule, check_duplicate_po
 from .engine.layout import Layout
 from .engine.stats import PairPayment, joint_tables, pair_payments
 from .errors import InputError
-from .mechanism import check_penalty
-from .partition import check_bonus_fraction, check_seed, peer_pairs
+from .partition import check_bonus_fraction, check_penalty, check_seed, peer_pairs
 from .report import RewardReport
+from .tensors import is_float
 
 SIGN_LABELS = ("negative", "non-negative")
 
@@ -32,7 +32,7 @@ def resolve_backend(backend: str, device) -> Backend:
     """``auto``: Triton when the data lives on a CUDA device, the CPU backend otherwise."""
     if backend == "auto":
         on_cuda = device is not None and torch.device(device).type == "cuda"
-        backend = "triton" if on_cuda else "numpy"
+        backend = "triton" if on_cuda else "cpu"
     return get_backend(backend)
 
 
@@ -98,7 +98,7 @@ class SignPacker:
         shape = tuple(tensor.shape)
         if shape != slot.shape:
             raise InputError(f"shape {shape} differs from the shared shape {slot.shape}", client=client, tensor=name)
-        if not _is_float(tensor):
+        if not is_float(tensor):
             raise InputError(f"dtype {tensor.dtype} is not a floating-point type", client=client, tensor=name)
         if tensor.dtype not in PACKABLE_DTYPES:
             raise InputError(f"dtype {tensor.dtype} is not supported; use float16, bfloat16, float32 or float64 "
@@ -216,9 +216,3 @@ def _check_device(device):
         return torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise InputError(f"device {device!r} is not a torch device ({exc})") from None
-
-
-def _is_float(tensor) -> bool:
-    if isinstance(tensor, torch.Tensor):
-        return tensor.is_floating_point()
-    return isinstance(tensor, np.ndarray) and np.issubdtype(tensor.dtype, np.floating)

@@ -1,8 +1,9 @@
-"""Seeded, counter-based task partition and penalty draws shared by every backend.
+"""Seeded, counter-based task partition and penalty draws shared by every kernel and backend.
 
-Every backend (numpy/numba on the CPU, Triton on the GPU, the naive reference) derives the
-bonus/penalty partition and the sampled penalty tasks from the functions below, so that the
-same seed gives bit-identical integer statistics everywhere.
+Every implementation (the numpy references, the numba kernels on the CPU, the Triton kernels on the
+GPU, the label mechanism) derives the bonus/penalty partition and the sampled penalty tasks from the
+functions below, so that the same seed gives bit-identical integer statistics everywhere. The
+checks of a round's parameters (seed, bonus fraction, penalty mode) live here too.
 
 Contract (all arithmetic on uint32, wrapping, unless said otherwise):
 
@@ -21,6 +22,10 @@ Contract (all arithmetic on uint32, wrapping, unless said otherwise):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal, get_args
+
 import numpy as np
 
 from .errors import InputError
@@ -29,6 +34,12 @@ PARTITION_SALT = 0x243F6A88
 PENALTY_SALT = 0xB7E15162
 DRAW2_SALT = 0x9E3779B9
 MAX_CLIENTS = 1 << 16
+MAX_TASKS = 1 << 32  # a task index must fit the uint32 hash
+
+# How a pair's penalty is computed: "expected", the exact expectation over M_1 x M_2 (from counts);
+# "sampled", the paper's draws (Algorithm 1), one (p1, p2) per bonus task, regenerated from counters.
+Penalty = Literal["expected", "sampled"]
+PENALTY_MODES: tuple[str, ...] = get_args(Penalty)
 
 BONUS, PENALTY_1, PENALTY_2 = 0, 1, 2
 
@@ -66,6 +77,13 @@ def check_bonus_fraction(bonus_fraction: float) -> float:
     if not 0.0 < f < 1.0:
         raise InputError(f"bonus_fraction must lie strictly between 0 and 1, got {bonus_fraction!r}")
     return f
+
+
+def check_penalty(penalty: str) -> str:
+    """``penalty`` if it names one of ``PENALTY_MODES``, else an ``InputError`` listing them."""
+    if penalty not in PENALTY_MODES:
+        raise InputError(f"penalty must be one of {PENALTY_MODES}, got {penalty!r}")
+    return penalty
 
 
 def partition_key(seed: int) -> int:
@@ -112,6 +130,51 @@ def partition_classes(coords: np.ndarray, seed: int, bonus_fraction: float) -> n
     out[u < np.uint32(t_m1)] = PENALTY_1
     out[u < np.uint32(t_bonus)] = BONUS
     return out
+
+
+@dataclass(frozen=True)
+class TaskPartition:
+    """Disjoint task index sets (increasing order) of the MTPP mechanism."""
+
+    bonus: np.ndarray
+    """int64 indices of the bonus tasks M_b."""
+    penalty_1: np.ndarray
+    """int64 indices of the first client's penalty tasks M_1."""
+    penalty_2: np.ndarray
+    """int64 indices of the peer's penalty tasks M_2."""
+
+
+def task_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5) -> TaskPartition:
+    """Seeded bonus / M_1 / M_2 split of tasks 0..num_tasks-1.
+
+    Uses ``partition_classes`` on the task indices, so it is exactly the partition the packed engine
+    applies when task k is coordinate k.
+    """
+    if isinstance(num_tasks, bool) or not isinstance(num_tasks, (int, np.integer)) or not 0 <= num_tasks <= MAX_TASKS:
+        raise InputError(f"num_tasks must be an integer in [0, 2**32], got {num_tasks!r}")
+    return _cached_partition(int(num_tasks), check_seed(seed), check_bonus_fraction(bonus_fraction))
+
+
+def scoring_partition(num_tasks: int, *, seed: int = 0, bonus_fraction: float = 0.5) -> TaskPartition:
+    """``task_partition``, refused when a set is empty (no payment can be formed from it)."""
+    part = task_partition(num_tasks, seed=seed, bonus_fraction=bonus_fraction)
+    n_bonus, m1, m2 = part.bonus.size, part.penalty_1.size, part.penalty_2.size
+    if min(n_bonus, m1, m2) == 0:
+        raise InputError(
+            f"{num_tasks} tasks are too few to form non-empty bonus and penalty sets "
+            f"(bonus {n_bonus}, M_1 {m1}, M_2 {m2}) with seed {seed} and bonus_fraction {bonus_fraction}"
+        )
+    return part
+
+
+@lru_cache(maxsize=8)
+def _cached_partition(num_tasks: int, seed: int, bonus_fraction: float) -> TaskPartition:
+    """One partition per round, not one per scored pair (read-only arrays: callers share them)."""
+    classes = partition_classes(np.arange(num_tasks, dtype=np.int64), seed, bonus_fraction)
+    sets = [np.flatnonzero(classes == c).astype(np.int64) for c in (BONUS, PENALTY_1, PENALTY_2)]
+    for indices in sets:
+        indices.flags.writeable = False
+    return TaskPartition(*sets)
 
 
 def penalty_ranks(bonus_coords: np.ndarray, seed: int, i: int, j: int, m1: int, m2: int):

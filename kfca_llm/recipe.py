@@ -27,6 +27,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
 
 from .attacks import resolve_attack, resolve_attacks
 from .errors import InputError
+from .partition import Penalty
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,10 +36,8 @@ else:  # pragma: no cover - exercised only on Python 3.10
 
 Domain = Literal["general-nlp", "finance", "medical", "code"]
 PromptFormat = Literal["alpaca", "chat-template"]
-Penalty = Literal["expected", "sampled"]
 DOMAINS: tuple[str, ...] = Domain.__args__
 PROMPT_FORMATS: tuple[str, ...] = PromptFormat.__args__
-PENALTIES: tuple[str, ...] = Penalty.__args__
 # "honest": FedAvg over the honest clients' updates only, so attacks change rewards but not the model
 # trajectory (the paper's setting: rewards are measured against the same honest run);
 # "all": FedAvg over every submitted update, attacks included (what an unguarded server would do).
@@ -341,5 +340,6 @@ def clients_per_round(recipe: Recipe) -> int:
 
 
 def examples_per_step(recipe: Recipe) -> int:
+    """Examples per optimizer step: the micro-batch times the gradient accumulation steps."""
     ta = recipe.train.training_arguments
     return ta.per_device_train_batch_size * ta.gradient_accumulation_steps

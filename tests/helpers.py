@@ -34,3 +34,20 @@ def save_tiny_model(path, config_cls, seed: int, **dims) -> None:
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
+
+
+def counter_words(n_clients: int, n_words: int, sparse_task: bool = False):
+    """(sign words [n_clients, n_words], task words [n_words]) as int32, from the partition hash itself
+    (no library generator whose stream could change)."""
+    import numpy as np
+
+    from kfca_llm.partition import mix32
+
+    index = np.arange(n_words, dtype=np.uint32)
+    task = mix32(index ^ np.uint32(0x5678)) | mix32(index ^ np.uint32(0x9ABC))
+    task[mix32(index ^ np.uint32(0x1111)) < np.uint32(2**32 // 10)] = 0
+    if sparse_task:  # blocks of the compaction with fewer members than one 32-bit word
+        task &= np.uint32(1) << (mix32(index) & np.uint32(31))
+        task[mix32(index ^ np.uint32(0x2222)) > np.uint32(2**32 // 300)] = 0
+    signs = mix32(np.arange(n_clients * n_words, dtype=np.uint32) ^ np.uint32(0x1234)).reshape(n_clients, n_words)
+    return (signs & task).view(np.int32), task.view(np.int32)

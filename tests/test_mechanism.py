@@ -9,8 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kfca_llm.engine import naive
-from kfca_llm.engine.stats import delta_from_joint, pair_payment
+from kfca_llm.engine.stats import RoundCounts, delta_from_joint, pair_payment
 from kfca_llm.errors import InputError
 from kfca_llm.mechanism import (
     ca_score_matrix,
@@ -19,9 +18,11 @@ from kfca_llm.mechanism import (
     expected_reward,
     kfca_score_matrix,
     mtpp_payment,
-    task_partition,
 )
-from kfca_llm.partition import partition_classes
+from kfca_llm.kernels.pair_counts.reference import binary_gram
+from kfca_llm.kernels.sampled_penalty.reference import sampled_matches
+from kfca_llm.kernels.sign_pack.reference import pack_signs
+from kfca_llm.partition import partition_classes, task_partition
 from kfca_llm.theory import signal_delta
 
 FAST = settings(max_examples=25, deadline=None)
@@ -228,11 +229,11 @@ def test_matches_packed_engine_exactly(d, seed, bonus_fraction, data_seed):
     part = task_partition(d, seed=seed, bonus_fraction=bonus_fraction)
     assume(min(part.bonus.size, part.penalty_1.size, part.penalty_2.size) > 0)
 
-    packed = [naive.pack_signs(v) for v in x]
+    packed = [pack_signs(v) for v in x]
     sign_words = np.stack([neg for neg, _ in packed])
     task_words = packed[0][1] | packed[1][1]
-    counts = naive.round_counts(sign_words, task_words, seed, bonus_fraction)
-    matches = naive.sampled_matches(sign_words, task_words, seed, bonus_fraction, np.array([[0, 1]]))
+    counts = RoundCounts(*binary_gram(sign_words, task_words, seed, bonus_fraction))
+    matches = sampled_matches(sign_words, task_words, seed, bonus_fraction, np.array([[0, 1]]))
 
     neg1, neg2 = ((v < 0).astype(np.int64) for v in x)
     s = kfca_score_matrix(2)

@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "fidelity": "reward fidelity: KFCA, CA and Shapley estimators against exact Shapley",
     "ledger": "print the balances per participant of a KFCA reward ledger (SQLite)",
     "verify": "verify a KFCA reward ledger: hash chain and recomputed rounds",
+    "check": "check rewards against expectations (the attack ordering; JUnit XML for CI)",
 }
 
 
@@ -64,6 +65,9 @@ def _expected(exc: BaseException) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     _hide_known_third_party_noise()
+    # Python hides a DeprecationWarning raised outside __main__; the command's user should see ours (an old
+    # backend name, for one).
+    warnings.filterwarnings("default", category=DeprecationWarning, module=r"kfca_llm\.")
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     args = build_parser(command).parse_args(argv)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..partition import PENALTY_MODES
 from . import DESCRIPTION
 
 
@@ -34,10 +35,11 @@ def add_parser(subparsers) -> None:
     score.add_argument("--peers", type=int, default=None,
                        help="peers sampled per client (default: every other client)")
     score.add_argument("--seed", type=int, default=0, help="seed of the task partition and draws")
-    score.add_argument("--penalty", choices=("expected", "sampled"), default="expected",
+    score.add_argument("--penalty", choices=PENALTY_MODES, default="expected",
                        help="expected: exact expectation of the penalty (default); sampled: the paper's draws")
     score.add_argument("--bonus-fraction", type=float, default=0.5, help="fraction of tasks used as bonus tasks")
-    score.add_argument("--backend", choices=("auto", "numpy", "triton"), default="auto")
+    score.add_argument("--backend", choices=("auto", "cpu", "triton", "numpy"), default="auto",
+                       help="auto: triton for CUDA devices, cpu otherwise; numpy: the old name of cpu (deprecated)")
     score.add_argument("--duplicates", choices=("flag", "split", "zero"), default="zero",
                        help="clients whose reports are copies of each other: zero (groups are paid nothing, "
                             "default; the JSON keeps the unadjusted rewards for review), split (each group is "

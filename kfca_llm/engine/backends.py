@@ -3,11 +3,12 @@
 A backend owns the packed buffers of one scoring round and three operations on them: pack one
 tensor of one client, count the integer statistics (``RoundCounts``) and, for the paper's sampled
 penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
-integers of ``kfca_llm.engine.naive``.
+integers of the numpy references (``kfca_llm.kernels.<operation>.reference``).
 """
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from .stats import RoundCounts
 
 
 class BackendUnavailable(RuntimeError):
-    """The backend cannot run on this machine; the message says why (no silent fallback)."""
+    """The backend cannot run where it was asked for (no triton, no GPU); the message says why (no silent fallback)."""
 
 
 @dataclass
@@ -86,11 +87,16 @@ class Backend(ABC):
 
 _REGISTRY: dict[str, Callable[[], Backend]] = {}
 _INSTANCES: dict[str, Backend] = {}
+# Old name -> current name; the old one still works, with a DeprecationWarning.
+_RENAMED = {"numpy": "cpu"}
 
 
-def register_backend(name: str, factory: Callable[[], Backend]) -> None:
+def register_backend(name: str, factory: Callable[[], Backend]) -> Callable[[], Backend] | None:
+    """Register (or replace) a backend; returns the factory it replaces, if any."""
+    previous = _REGISTRY.get(name)
     _REGISTRY[name] = factory
     _INSTANCES.pop(name, None)
+    return previous
 
 
 def available_backends() -> tuple[str, ...]:
@@ -98,9 +104,13 @@ def available_backends() -> tuple[str, ...]:
 
 
 def get_backend(name: str) -> Backend:
-    """Backend by name; a backend that cannot run here raises with the reason, never falls back."""
-    if name not in _REGISTRY:
+    """Backend by name; a backend that cannot run raises with the reason, never falls back."""
+    if not isinstance(name, str) or name not in _REGISTRY and name not in _RENAMED:
         raise InputError(f"unknown backend {name!r}; choose one of {('auto',) + available_backends()}")
+    if name not in _REGISTRY:
+        warnings.warn(f"backend {name!r} is now called {_RENAMED[name]!r}; the old name will be removed",
+                      DeprecationWarning, stacklevel=2)
+        name = _RENAMED[name]
     if name not in _INSTANCES:
         _INSTANCES[name] = _REGISTRY[name]()
     return _INSTANCES[name]

@@ -59,7 +59,7 @@ import numpy as np
 from numba import prange
 
 from ..errors import InputError
-from .numba_setup import configure_numba, serial_and_parallel
+from ..kernels.numba_setup import configure_numba, serial_and_parallel
 from .stats import RoundCounts
 
 configure_numba()  # before the cache=True kernels below are defined

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
+from ..kernels.intrinsics import WORD_BITS
 
-WORD_BITS = 32
 MAX_COORDS = 1 << 32
 
 

@@ -121,3 +121,27 @@ def deltas_from_joints(joints: np.ndarray) -> np.ndarray:
         raise InputError("no tasks to estimate a delta matrix from")
     p = joints / totals[:, None, None]
     return p - p.sum(axis=2)[:, :, None] * p.sum(axis=1)[:, None, :]
+
+
+@dataclass(frozen=True)
+class LabelCounts:
+    """Integer statistics of one KFCA-D round over its ordered pairs (``RoundCounts`` for labels)."""
+
+    sizes: np.ndarray
+    """int64 [3]: number of tasks in the bonus set, M_1 and M_2."""
+    joints: np.ndarray
+    """int64 [P, L, L]: (label of the client, label of the peer) over all tasks, per pair."""
+    bonus_agreements: np.ndarray
+    """int64 [P]: bonus tasks where the two labels agree."""
+    penalty_matches: np.ndarray
+    """int64 [P]: penalty task pairs (p1 in M_1, p2 in M_2) where the client's label at p1 equals the peer's
+    at p2: all of M_1 x M_2 (the expected penalty) or the sampled draws."""
+    penalty_pairs: int
+    """How many penalty task pairs ``penalty_matches`` counts over: |M_1| |M_2| or the number of draws."""
+
+
+def label_pair_payments(counts: LabelCounts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(payment, bonus agreement, penalty agreement) float64 [P]: integers divided once, as ``pair_payments``."""
+    bonus = counts.bonus_agreements / int(counts.sizes[BONUS])
+    penalty = counts.penalty_matches / counts.penalty_pairs
+    return bonus - penalty, bonus, penalty

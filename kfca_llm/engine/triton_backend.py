@@ -1,4 +1,6 @@
-"""GPU backend ("triton"): torch buffers on the device, Triton kernels from ``kfca_llm.kernels``.
+"""GPU backend ("triton"): torch buffers on the device, the Triton kernels of ``kfca_llm.kernels``
+(``<operation>/triton.py``). The registry imports this module only when the backend is first asked for
+(``kfca_llm.engine``): triton is optional (Linux only) and slow to import.
 
 Tensors stream in one at a time (a CPU tensor is copied to the device, packed, and can be freed);
 only 1 bit per coordinate per client plus the shared task mask stay resident. Without a CUDA
@@ -13,6 +15,9 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..kernels.pair_counts import triton as pair_counts
+from ..kernels.sampled_penalty import triton as sampled_penalty
+from ..kernels.sign_pack import triton as sign_pack
 from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
 from .backends import Backend, BackendUnavailable, PackedBuffers
 from .layout import Layout
@@ -27,19 +32,11 @@ class TritonBackend(Backend):
     name = "triton"
 
     def __init__(self):
-        try:
-            import triton  # noqa: F401
-        except ImportError as error:
-            raise BackendUnavailable(f"the triton backend needs the 'triton' package: {error}") from error
         if not torch.cuda.is_available() and not _interpreter_enabled():
             raise BackendUnavailable(
                 "the triton backend needs a CUDA device (torch.cuda.is_available() is False); "
                 "set TRITON_INTERPRET=1 before importing triton to run its kernels on the CPU "
-                "(slow, for tests), or use backend='numpy'")
-        from ..kernels import agreement, sign_pack  # kfca_llm.kernels, imported lazily
-
-        self._agreement = agreement
-        self._sign_pack = sign_pack
+                "(slow, for tests), or use backend='cpu'")
 
     def _device(self, device) -> torch.device:
         if device is None:
@@ -72,8 +69,8 @@ class TritonBackend(Backend):
         if not isinstance(values, torch.Tensor):
             raise InputError(f"expected a torch tensor or numpy array, got {type(values).__name__}",
                              tensor=slot.name)
-        if values.dtype not in self._sign_pack.SUPPORTED_DTYPES:
-            raise InputError(f"dtype {values.dtype} is not one of {self._sign_pack.SUPPORTED_DTYPES}",
+        if values.dtype not in sign_pack.SUPPORTED_DTYPES:
+            raise InputError(f"dtype {values.dtype} is not one of {sign_pack.SUPPORTED_DTYPES}",
                              tensor=slot.name)
         if values.numel() != slot.numel:
             raise InputError(f"expected {slot.numel} values, got {values.numel()}", tensor=slot.name)
@@ -82,7 +79,7 @@ class TritonBackend(Backend):
 
     def pack(self, buffers: PackedBuffers, client: int, tensor: int, values) -> None:
         values = self._device_tensor(buffers, tensor, values)
-        self._sign_pack.sign_pack(values, buffers.signs, buffers.task, buffers.nonfinite,
+        sign_pack.sign_pack(values, buffers.signs, buffers.task, buffers.nonfinite,
                                   client=client, tensor=tensor, word_offset=buffers.layout.slots[tensor].word_offset)
 
     def pack_many(self, buffers: PackedBuffers, client: int, items) -> None:
@@ -92,7 +89,7 @@ class TritonBackend(Backend):
             values = self._device_tensor(buffers, tensor, values)
             groups.setdefault(values.dtype, []).append((tensor, values))
         for group in groups.values():
-            self._sign_pack.sign_pack_many(
+            sign_pack.sign_pack_many(
                 [v for _, v in group], buffers.signs, buffers.task, buffers.nonfinite, client=client,
                 tensors=[t for t, _ in group], word_offsets=[buffers.layout.slots[t].word_offset for t, _ in group])
 
@@ -102,7 +99,7 @@ class TritonBackend(Backend):
     def round_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
                      pairs: np.ndarray | None = None) -> RoundCounts:
         # The tiled kernel counts every pair in one pass (a superset of ``pairs``).
-        gram, sizes = self._agreement.binary_gram(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction))
+        gram, sizes = pair_counts.binary_gram(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction))
         return RoundCounts(gram.cpu().numpy(), sizes.cpu().numpy())
 
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
@@ -112,7 +109,7 @@ class TritonBackend(Backend):
         if pairs.size and (pairs.min() < 0 or pairs.max() >= n_clients):
             raise InputError(f"pair indices must lie in [0, {n_clients})")
         try:
-            matches = self._agreement.sampled_matches(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction),
+            matches = sampled_penalty.sampled_matches(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction),
                                                       pairs, pair_keys(seed, pairs), DRAW2_SALT)
         except ValueError as error:  # the kernels know no client or tensor: this round has too few tasks
             raise InputError(str(error)) from error

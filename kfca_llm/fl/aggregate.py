@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..errors import InputError
-
-StateDict = dict[str, torch.Tensor]
+from ..tensors import StateDict
 
 
 def fedavg(global_state: Mapping[str, torch.Tensor],

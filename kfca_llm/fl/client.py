@@ -18,10 +18,9 @@ from typing import Any
 import torch
 
 from ..errors import InputError
-from ..recipe import Recipe, lr_for_round
+from ..recipe import Recipe, examples_per_step, lr_for_round
+from ..tensors import StateDict
 from .seeds import derive_seed
-
-StateDict = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,7 @@ def local_steps(recipe: Recipe, num_examples: int) -> int:
     ta = recipe.train.training_arguments
     if ta.max_steps > 0:
         return ta.max_steps
-    per_step = ta.per_device_train_batch_size * ta.gradient_accumulation_steps
-    return max(1, math.ceil(num_examples / per_step)) * ta.num_train_epochs
+    return max(1, math.ceil(num_examples / examples_per_step(recipe))) * ta.num_train_epochs
 
 
 def warmup_steps(recipe: Recipe, steps: int) -> int:
@@ -131,7 +129,7 @@ def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequ
     torch.manual_seed(derive_seed(seed, 0))  # dropout: the same for this client on any process
     steps = local_steps(recipe, len(examples))
     micro, accumulation = ta.per_device_train_batch_size, ta.gradient_accumulation_steps
-    per_step = micro * accumulation
+    per_step = examples_per_step(recipe)
     order = example_order(len(examples), steps * per_step, g)
     probe = [examples[i] for i in order[:per_step]]
     loss_before = _probe_loss(model, probe, pad_token_id, device)

@@ -29,6 +29,7 @@ import torch
 from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
 from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
+from ..tensors import StateDict
 from .aggregate import fedavg
 from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client
 from .distributed import Processes
@@ -36,8 +37,6 @@ from .records import FederationResult, RoundRecord
 from .scoring import Submission, score_round
 from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
 from .state import last_complete_round, load_checkpoint, save_checkpoint, save_client_updates
-
-StateDict = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

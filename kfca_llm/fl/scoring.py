@@ -17,15 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from ..api import score_updates
 from ..errors import InputError
 from ..recipe import KfcaConfig
+from ..tensors import StateDict
 from .records import PairRecord
 from .seeds import derive_seed
-
-StateDict = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

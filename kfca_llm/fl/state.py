@@ -21,11 +21,11 @@ import torch
 
 from ..errors import InputError
 from ..report import write_atomic
+from ..tensors import StateDict
 from .client import load_adapter_state
 from ..recipe import Recipe
 from .records import FederationResult, RoundRecord
 
-StateDict = dict[str, torch.Tensor]
 _ROUND_DIR = re.compile(r"^round-(\d{3,})$")
 
 

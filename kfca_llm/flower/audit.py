@@ -30,6 +30,7 @@ import numpy as np
 
 from ..engine.duplicates import DuplicateRule
 from ..errors import InputError
+from ..tensors import is_float
 from .ledger import (GENESIS, SCORED, LedgerContents, RewardRow, RoundRow, chain_hash, read_ledger, sha256_hex,
                      signs_path)
 
@@ -60,7 +61,7 @@ def update_sha256(update: Mapping[str, np.ndarray]) -> str:
     """The ledger's digest of an update (its floating-point arrays), recomputed from the update itself."""
     from ..packer import SignPacker
 
-    scored = {name: np.asarray(a) for name, a in update.items() if np.issubdtype(np.asarray(a).dtype, np.floating)}
+    scored = {name: np.asarray(a) for name, a in update.items() if is_float(np.asarray(a))}
     if not scored:
         raise InputError("the update holds no floating-point array")
     packer = SignPacker({name: a.shape for name, a in scored.items()}, ["audited", "unused"])

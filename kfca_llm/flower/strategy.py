@@ -30,14 +30,14 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from .. import __version__
-from ..engine import available_backends, get_backend
+from ..engine import get_backend
 from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError
 from ..fl.seeds import KFCA, derive_seed
-from ..mechanism import check_penalty
 from ..packer import SignPacker
-from ..partition import check_bonus_fraction, check_seed
+from ..partition import check_bonus_fraction, check_penalty, check_seed
 from ..report import RewardReport
+from ..tensors import is_float
 from .audit import scoring_settings, sha256_hex, update_sha256, words_bytes
 from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_identity_mode,
                        check_participant_name, pinned_conflict, resolve)
@@ -47,10 +47,6 @@ AGGREGATION_MODES = ("all", "exclude-negative", "reward-weighted")
 REWARD_METRIC_PREFIX = "kfca.reward."
 
 __all__ = ["AGGREGATION_MODES", "KFCAStrategy", "REWARD_METRIC_PREFIX", "update_sha256"]
-
-
-def _is_float(array: np.ndarray) -> bool:
-    return np.issubdtype(array.dtype, np.floating)
 
 
 def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
@@ -63,10 +59,8 @@ def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledg
     check_seed(seed)
     check_penalty(penalty)
     check_bonus_fraction(bonus_fraction)
-    if backend not in ("auto", *available_backends()):
-        raise InputError(f"unknown backend {backend!r}; choose one of {('auto', *available_backends())}")
     if backend != "auto":
-        get_backend(backend)  # a backend that cannot run here says why now, not in round 1
+        get_backend(backend)  # an unknown backend, or one that cannot run, says why now, not in round 1
     if ledger is not None and not isinstance(ledger, (str, os.PathLike)):
         raise InputError(f"ledger must be a file path or None, got {type(ledger).__name__}")
     check_duplicate_policy(duplicates)
@@ -300,11 +294,11 @@ class KFCAStrategy(Strategy):
                 return f"array {name!r} cannot be read as a numpy array: {exc}"
             if array.shape != expected.shape:
                 return f"array {name!r}: shape {array.shape} differs from the sent shape {expected.shape}"
-            if _is_float(expected) and not _is_float(array):
+            if is_float(expected) and not is_float(array):
                 return f"array {name!r}: dtype {array.dtype} is not a floating-point type"
             if array.dtype != expected.dtype:
                 return f"array {name!r}: dtype {array.dtype} differs from the sent dtype {expected.dtype}"
-            if _is_float(array) and not np.isfinite(array).all():
+            if is_float(array) and not np.isfinite(array).all():
                 return f"array {name!r} holds NaN or Inf values"
         return None
 
@@ -362,7 +356,7 @@ class KFCAStrategy(Strategy):
     def _score(self, server_round: int, paid: Mapping[str, Message],
                sent_numpy: dict[int, dict[str, np.ndarray]]) -> _Scored:
         first = next(iter(paid.values())).metadata.src_node_id
-        shapes = {name: a.shape for name, a in self._sent_arrays(first, sent_numpy).items() if _is_float(a)}
+        shapes = {name: a.shape for name, a in self._sent_arrays(first, sent_numpy).items() if is_float(a)}
         packer = SignPacker(shapes, list(paid), backend=self.backend)
         for participant, reply in paid.items():
             sent = self._sent_arrays(reply.metadata.src_node_id, sent_numpy)

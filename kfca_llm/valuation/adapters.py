@@ -16,12 +16,12 @@ import torch
 
 from ..api import score_updates
 from ..errors import InputError
+from ..tensors import StateDict
 from .exact import shapley_exact
 from .fidelity import distances, normalise, spearman
 from .sampling import shapley_gtg
 from .utility import CachedUtility
 
-StateDict = dict[str, torch.Tensor]
 GTG_TRUNCATION = 0.001  # relative to |v(N)|: losses are O(1), so stop a permutation within 0.1%
 
 

@@ -14,7 +14,9 @@ from kfca_llm.cli import main
 from kfca_llm import SignPacker
 from kfca_llm.engine import DuplicateRule, disagreement_counts, find_duplicates
 from kfca_llm.engine.duplicates import _REFINE_LOADINGS
-from kfca_llm.engine.naive import pack_signs, round_counts
+from kfca_llm.engine.stats import RoundCounts
+from kfca_llm.kernels.pair_counts.reference import binary_gram
+from kfca_llm.kernels.sign_pack.reference import pack_signs
 
 COORDS = 20_000
 
@@ -155,7 +157,7 @@ def test_colluding_pair_with_one_shared_random_update_is_caught():
 def test_disagreements_come_from_the_gram_counts():
     updates = honest_round(4, 3, coords=999)
     signs, tasks = zip(*(pack_signs(u) for u in updates))
-    counts = round_counts(np.stack(signs), np.bitwise_or.reduce(np.stack(tasks)), seed=5, bonus_fraction=0.3)
+    counts = RoundCounts(*binary_gram(np.stack(signs), np.bitwise_or.reduce(np.stack(tasks)), seed=5, bonus_fraction=0.3))
     negative = updates < 0
     expected = (negative[:, None, :] != negative[None, :, :]).sum(axis=2)
     np.testing.assert_array_equal(disagreement_counts(counts), expected)

@@ -1,14 +1,15 @@
-"""Counting kernels and the Triton backend: integers bit-identical to the naive and numpy backends."""
+"""The Triton backend: words, counts and draws bit-identical to the numpy references and the CPU backend."""
 
 import numpy as np
 import pytest
 import torch
 from conftest import random_updates
 
-from kfca_llm.engine import Layout, get_backend, naive
+from kfca_llm.engine import Layout, get_backend
 from kfca_llm.errors import InputError
-from kfca_llm.kernels.agreement import binary_gram, sampled_matches
-from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params
+from kfca_llm.kernels.pair_counts.reference import binary_gram
+from kfca_llm.kernels.sampled_penalty.reference import sampled_matches
+from kfca_llm.kernels.sign_pack.reference import pack_signs
 
 # Odd lengths on purpose: padding bits, tensors that start mid-way through nothing, one-element tensors.
 SHAPES = {"a.lora_A": (3, 11), "b.lora_B": (33,), "c.bias": (1,), "d.lora_A": (31,), "e.lora_B": (32, 40),
@@ -29,18 +30,18 @@ def _all_pairs(n):
 
 
 @pytest.mark.parametrize("n_clients", [2, 5, 17])
-def test_backend_words_counts_and_draws_match_naive_and_numpy(n_clients, rng):
+def test_backend_words_counts_and_draws_match_reference_and_cpu(n_clients, rng):
     layout = Layout.from_shapes(SHAPES)
     updates = random_updates(rng, n_clients, SHAPES, zero_tensor="f.zero")
     triton_backend, triton_buffers = _pack("triton", updates, layout)
-    numpy_backend, numpy_buffers = _pack("numpy", updates, layout)
+    cpu_backend, cpu_buffers = _pack("cpu", updates, layout)
     signs, task = triton_backend.host_words(triton_buffers)
-    numpy_signs, numpy_task = numpy_backend.host_words(numpy_buffers)
-    np.testing.assert_array_equal(signs, numpy_signs)
-    np.testing.assert_array_equal(task, numpy_task)
+    cpu_signs, cpu_task = cpu_backend.host_words(cpu_buffers)
+    np.testing.assert_array_equal(signs, cpu_signs)
+    np.testing.assert_array_equal(task, cpu_task)
     for client, update in enumerate(updates):
         for slot in layout.slots:
-            ref_signs, _ = naive.pack_signs(update[slot.name].double().numpy())
+            ref_signs, _ = pack_signs(update[slot.name].double().numpy())
             np.testing.assert_array_equal(signs[client, slot.word_offset:slot.word_offset + slot.n_words], ref_signs)
     zero = layout.slot("f.zero")
     assert not task[zero.word_offset:zero.word_offset + zero.n_words].any()
@@ -48,33 +49,13 @@ def test_backend_words_counts_and_draws_match_naive_and_numpy(n_clients, rng):
     pairs = _all_pairs(n_clients)
     for seed, fraction in [(0, 0.5), (int(rng.integers(2**32)), 0.3), (2**32 - 1, 0.8)]:
         counts = triton_backend.round_counts(triton_buffers, seed, fraction)
-        ref = naive.round_counts(signs, task, seed, fraction)
-        np.testing.assert_array_equal(counts.gram, ref.gram)
-        np.testing.assert_array_equal(counts.sizes, ref.sizes)
-        np.testing.assert_array_equal(counts.gram, numpy_backend.round_counts(numpy_buffers, seed, fraction).gram)
+        ref_gram, ref_sizes = binary_gram(signs, task, seed, fraction)
+        np.testing.assert_array_equal(counts.gram, ref_gram)
+        np.testing.assert_array_equal(counts.sizes, ref_sizes)
+        np.testing.assert_array_equal(counts.gram, cpu_backend.round_counts(cpu_buffers, seed, fraction).gram)
         matches = triton_backend.sampled_matches(triton_buffers, seed, fraction, pairs)
-        np.testing.assert_array_equal(matches, naive.sampled_matches(signs, task, seed, fraction, pairs))
-        np.testing.assert_array_equal(matches, numpy_backend.sampled_matches(numpy_buffers, seed, fraction, pairs))
-
-
-@pytest.mark.parametrize("n_clients", [2, 3, 16, 33])
-def test_kernels_on_random_words_match_naive(n_clients, rng):
-    """Dense random words (all clients, every tile pair when n > 16) over a few thousand words."""
-    n_words = int(rng.integers(900, 2600))
-    task = rng.integers(-2**31, 2**31, size=n_words, dtype=np.int64).astype(np.int32)
-    task[rng.random(n_words) < 0.1] = -1  # some all-task words, incl. lane 31
-    signs = rng.integers(-2**31, 2**31, size=(n_clients, n_words), dtype=np.int64).astype(np.int32) & task
-    seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
-    params = partition_params(seed, fraction)
-    gram, sizes = binary_gram(torch.from_numpy(signs), torch.from_numpy(task), *params)
-    ref = naive.round_counts(signs, task, seed, fraction)
-    np.testing.assert_array_equal(gram.numpy(), ref.gram)
-    np.testing.assert_array_equal(sizes.numpy(), ref.sizes)
-    pairs = rng.integers(0, n_clients, size=(40, 2))
-    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    matches = sampled_matches(torch.from_numpy(signs), torch.from_numpy(task), *params, pairs,
-                              pair_keys(seed, pairs), DRAW2_SALT)
-    np.testing.assert_array_equal(matches.numpy(), naive.sampled_matches(signs, task, seed, fraction, pairs))
+        np.testing.assert_array_equal(matches, sampled_matches(signs, task, seed, fraction, pairs))
+        np.testing.assert_array_equal(matches, cpu_backend.sampled_matches(cpu_buffers, seed, fraction, pairs))
 
 
 def test_nonfinite_is_reported_per_client_and_tensor(rng):
@@ -108,8 +89,8 @@ def test_pack_accepts_numpy_and_rejects_bad_input(rng):
     backend.pack(buffers, 0, 0, values)
     backend.pack(buffers, 1, 0, values.astype(np.float16).T)
     signs, task = backend.host_words(buffers)
-    np.testing.assert_array_equal(signs[0], naive.pack_signs(values)[0])
-    np.testing.assert_array_equal(signs[1], naive.pack_signs(values.astype(np.float16).T)[0])
+    np.testing.assert_array_equal(signs[0], pack_signs(values)[0])
+    np.testing.assert_array_equal(signs[1], pack_signs(values.astype(np.float16).T)[0])
     with pytest.raises(InputError, match="35 values"):
         backend.pack(buffers, 0, 0, np.ones(34, dtype=np.float32))
     with pytest.raises(InputError, match="dtype"):

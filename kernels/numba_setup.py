@@ -1,17 +1,21 @@
-"""numba settings of the CPU engine: where compiled kernels are cached, and which threads run them.
+"""numba settings of the CPU kernels: where compiled kernels are cached, and which threads run them.
 
-**Cache** (``cache=True``): compiled once, reused by every process. numba writes next to the source (``engine/__pycache__``) or, when the package is installed read-only,
-in the user's cache folder (``~/.cache/numba``). Where neither is writable (a read-only image whose
-HOME is not writable either) numba refuses to import a cached function at all; we then point it at a
-per-user folder in the temporary directory. ``NUMBA_CACHE_DIR`` set by the user always wins.
+Every module that defines ``cache=True`` kernels (``kernels/*/cpu.py``, ``kfca_llm/engine/duplicates.py``)
+calls ``configure_numba()`` first.
 
-**Threads**: numba's default threading layer here is OpenMP, whose workers keep spinning after a
-parallel kernel returns; in a federation, where every round scores and then trains with torch, they
-took the cores from torch's own threads (the tiny demo: 161 s with OpenMP against 41 s with the
-workqueue layer on the same busy 2-core machine). The engine's kernels are a few coarse parallel loops
-per call, for which numba's own ``workqueue`` layer is as good, and its workers sleep when idle. Waking
-them costs 0.2-0.5 ms a launch on the 2-core CI machine, so a round is packed in one launch and small
-inputs take single-threaded builds (``serial_and_parallel``).
+**Cache** (``cache=True``): compiled once, reused by every process. numba writes next to the source
+(the module's ``__pycache__``) or, when the package is installed read-only, in the user's cache folder
+(``~/.cache/numba``). Where neither is writable (a read-only image whose HOME is not writable either)
+numba refuses to import a cached function at all; we then point it at a per-user folder in the
+temporary directory. ``NUMBA_CACHE_DIR`` set by the user always wins.
+
+**Threads**: where OpenMP is available, numba's default threading layer is OpenMP, whose workers keep
+spinning after a parallel kernel returns; in a federation, where every round scores and then trains
+with torch, they took the cores from torch's own threads (the tiny demo: 161 s with OpenMP against
+41 s with the workqueue layer on the same busy 2-core machine). The kernels are a few coarse parallel
+loops per call, for which numba's own ``workqueue`` layer is as good, and its workers sleep when idle.
+Waking them costs 0.2-0.5 ms a launch on a 2-core CI machine, so a round is packed in one launch and
+small inputs take single-threaded builds (``serial_and_parallel``).
 ``NUMBA_THREADING_LAYER`` set by the user always wins.
 """
 
@@ -59,7 +63,7 @@ def serial_and_parallel(function):
     """(single-threaded, multi-threaded) compiled builds of one kernel, indexed by ``parallel``.
 
     Small inputs take the first: waking the thread pool costs more than their whole pass (0.2-0.5 ms
-    per launch on the 2-core CI machine, milliseconds on a busy one). The copy has its own name so the
+    per launch on a 2-core CI machine, milliseconds on a busy one). The copy has its own name so the
     two never share a cache entry.
     """
     from numba import njit

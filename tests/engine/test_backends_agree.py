@@ -1,4 +1,4 @@
-"""End to end: every reward from backend="triton" equals (==) the one from backend="numpy"."""
+"""End to end: every reward from backend="triton" equals (==) the one from backend="cpu"."""
 
 import numpy as np
 import pytest
@@ -22,22 +22,22 @@ def _assert_same_report(a, b):
     assert a.pairwise == b.pairwise
     assert a.bonus_agreement == b.bonus_agreement and a.penalty_agreement == b.penalty_agreement
     assert a.tasks == b.tasks
-    assert a.backend == "triton" and b.backend == "numpy"
+    assert a.backend == "triton" and b.backend == "cpu"
 
 
 @pytest.mark.parametrize("penalty", ["expected", "sampled"])
 @pytest.mark.parametrize("peers", [None, 2])
-def test_rewards_equal_numpy_backend(penalty, peers, rng):
+def test_rewards_equal_cpu_backend(penalty, peers, rng):
     updates = _clients(rng, 6)
     seed = int(rng.integers(2**32))
     fraction = float(rng.uniform(0.2, 0.8))
     kwargs = dict(peers=peers, seed=seed, penalty=penalty, bonus_fraction=fraction)
     report = kfca_llm.score_updates(updates, backend="triton", **kwargs)
-    _assert_same_report(report, kfca_llm.score_updates(updates, backend="numpy", **kwargs))
+    _assert_same_report(report, kfca_llm.score_updates(updates, backend="cpu", **kwargs))
     assert len(set(report.rewards.values())) > 1  # random clients do not all tie
 
 
-def test_checkpoints_and_explicit_pairs_equal_numpy_backend(rng, tmp_path):
+def test_checkpoints_and_explicit_pairs_equal_cpu_backend(rng, tmp_path):
     updates = _clients(rng, 3)
     paths = {}
     for client, update in updates.items():
@@ -46,7 +46,7 @@ def test_checkpoints_and_explicit_pairs_equal_numpy_backend(rng, tmp_path):
     a, b, c = sorted(updates)
     kwargs = dict(seed=11, penalty="sampled", pairs=[(a, b), (c, a)])
     _assert_same_report(kfca_llm.score_checkpoints(paths, backend="triton", **kwargs),
-                        kfca_llm.score_checkpoints(paths, backend="numpy", **kwargs))
+                        kfca_llm.score_checkpoints(paths, backend="cpu", **kwargs))
 
 
 def test_nonfinite_update_is_rejected_naming_client_and_tensor(rng):

@@ -1,17 +1,6 @@
-"""Agreement counts over packed sign words: binary Gram matrices and the sampled penalty draws.
+"""The paper's sampled penalty on the GPU (Triton): matches of the seeded (p1, p2) draws per ordered pair.
 
-Partition: the class of coordinate ``c = 32 * w + lane`` is derived inside the kernels from the
-counter hash of ``kfca_llm.partition`` (``u = mix32(c ^ key)``, bonus if ``u < t_bonus``, M_1 if
-``u < t_m1``, else M_2), so no index array of size d is ever built; a set's member word is that
-class's lanes AND-ed with the task mask. The kernels take those integers (and the pairs' draw keys)
-as they are: ``kfca_llm.partition.partition_params`` and ``pair_keys`` derive them from a seed.
-
-``binary_gram`` ("expected" penalty and everything else): each program walks a contiguous range
-of words; per chunk it loads the words of a tile of client rows and a tile of client columns once
-and counts ``popcount(s_i & s_j & set)`` for every pair of the two tiles and all three sets.
-Clients are split into tiles of at most 16 and only tile pairs with ``tj >= ti`` run (n <= 16: one
-tile, one pass over the words). Every program writes its own int64 partial counts, which torch sums
-on the device in int64: no float, no atomics, so the result is deterministic and exact.
+The partition is derived inside the kernels as in ``kfca_llm.kernels.pair_counts.triton``.
 
 ``sampled_matches`` (the paper's per-bonus-task draws): finding the rank-th member of M_1 (M_2)
 is a select over a bitstream, which is slow when done per draw. Instead, once per call, each
@@ -30,137 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .popcount import as_uint32, mix32, popcount32
+from ..intrinsics.triton import as_uint32, coordinates, mix32, on_interpreter, program_cap, round_params
 
-_MAX_TILE = 16
 _MAX_GRID_Y = 65535
-
-
-def _on_interpreter(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu"
-
-
-def _program_cap(t: torch.Tensor) -> int:
-    """Persistent-grid size: a few programs per SM on a GPU; few, long programs in the interpreter."""
-    if _on_interpreter(t):
-        return 16
-    return 4 * torch.cuda.get_device_properties(t.device).multi_processor_count
-
-
-def _round_params(key: int, t_bonus: int, t_m1: int, device, m1: int = 0, m2: int = 0,
-                  draw2_salt: int = 0) -> torch.Tensor:
-    """[partition key, t_bonus, t_m1, m1, m2, draw2 salt] as int64 on the device (loaded, never specialized)."""
-    return torch.tensor([key, t_bonus, t_m1, m1, m2, draw2_salt], dtype=torch.int64, device=device)
-
-
-@triton.jit
-def _coordinates(words):
-    """Task coordinates [BW, 32] (uint32) of the bits of the given word indices."""
-    lanes = tl.arange(0, 32)
-    return (words.to(tl.uint32) << 5)[:, None] | lanes.to(tl.uint32)[None, :]
-
-
-@triton.jit
-def _lanes_to_words(bits):
-    """Pack a [BW, 32] boolean tile into [BW] int32 words (bit lane of each word)."""
-    lanes = tl.arange(0, 32)
-    return tl.sum(bits.to(tl.int32) << lanes[None, :], axis=1)
-
-
-@triton.jit
-def _count_pairs(row_words, col_words, set_words):
-    """[T, T] int64: popcount(row_i & col_j & set) summed over the chunk's words."""
-    both = row_words[:, None, :] & col_words[None, :, :] & set_words[None, None, :]
-    return tl.sum(popcount32(as_uint32(both)).to(tl.int32), axis=2).to(tl.int64)
-
-
-@triton.jit
-def _gram_kernel(signs_ptr, task_ptr, params_ptr, partial_ptr, sizes_ptr, n_clients, n_words,
-                 blocks_per_program, N_TILES: tl.constexpr, TILE: tl.constexpr,
-                 BLOCK_WORDS: tl.constexpr):
-    pid = tl.program_id(0)
-    tile_pair = tl.program_id(1)
-    ti = tile_pair // N_TILES
-    tj = tile_pair % N_TILES
-    if tj >= ti:
-        key = tl.load(params_ptr).to(tl.uint32)
-        t_bonus = tl.load(params_ptr + 1)
-        t_m1 = tl.load(params_ptr + 2)
-        rows = ti * TILE + tl.arange(0, TILE)
-        cols = tj * TILE + tl.arange(0, TILE)
-        row_base = rows.to(tl.int64) * n_words
-        col_base = cols.to(tl.int64) * n_words
-        acc_bonus = tl.zeros((TILE, TILE), dtype=tl.int64)
-        acc_m1 = tl.zeros((TILE, TILE), dtype=tl.int64)
-        acc_m2 = tl.zeros((TILE, TILE), dtype=tl.int64)
-        size_bonus = tl.zeros((), dtype=tl.int64)
-        size_m1 = tl.zeros((), dtype=tl.int64)
-        size_m2 = tl.zeros((), dtype=tl.int64)
-        for k in range(blocks_per_program):
-            words = (pid * blocks_per_program + k) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
-            in_range = words < n_words
-            task = tl.load(task_ptr + words, mask=in_range, other=0)
-            u = mix32(_coordinates(words) ^ key).to(tl.int64)
-            bonus = _lanes_to_words(u < t_bonus) & task
-            m1 = _lanes_to_words((u >= t_bonus) & (u < t_m1)) & task
-            m2 = _lanes_to_words(u >= t_m1) & task
-            row_words = tl.load(signs_ptr + row_base[:, None] + words[None, :],
-                                mask=(rows[:, None] < n_clients) & in_range[None, :], other=0)
-            col_words = tl.load(signs_ptr + col_base[:, None] + words[None, :],
-                                mask=(cols[:, None] < n_clients) & in_range[None, :], other=0)
-            acc_bonus += _count_pairs(row_words, col_words, bonus)
-            acc_m1 += _count_pairs(row_words, col_words, m1)
-            acc_m2 += _count_pairs(row_words, col_words, m2)
-            size_bonus += tl.sum(popcount32(as_uint32(bonus)).to(tl.int32)).to(tl.int64)
-            size_m1 += tl.sum(popcount32(as_uint32(m1)).to(tl.int32)).to(tl.int64)
-            size_m2 += tl.sum(popcount32(as_uint32(m2)).to(tl.int32)).to(tl.int64)
-        tile = tl.arange(0, TILE)[:, None] * TILE + tl.arange(0, TILE)[None, :]
-        out = partial_ptr + (tile_pair * tl.num_programs(0) + pid).to(tl.int64) * (3 * TILE * TILE)
-        tl.store(out + tile, acc_bonus)
-        tl.store(out + TILE * TILE + tile, acc_m1)
-        tl.store(out + 2 * TILE * TILE + tile, acc_m2)
-        if tile_pair == 0:
-            tl.store(sizes_ptr + pid * 3, size_bonus)
-            tl.store(sizes_ptr + pid * 3 + 1, size_m1)
-            tl.store(sizes_ptr + pid * 3 + 2, size_m2)
-
-
-def _gram_config(n_clients: int, signs: torch.Tensor) -> tuple[int, int]:
-    """(tile, words per chunk): tile^2 * words pair-words per chunk (4096 on a GPU fit in registers)."""
-    tile = min(max(2, triton.next_power_of_2(n_clients)), _MAX_TILE)
-    if _on_interpreter(signs):
-        return tile, min((1 << 18) // (tile * tile), 4096)
-    return tile, max(4096 // (tile * tile), 16)
-
-
-def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
-                t_m1: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gram int64 [3, n, n], sizes int64 [3]) on the device: co-negative counts per task set."""
-    n_clients, n_words = signs.shape
-    params = _round_params(key, t_bonus, t_m1, signs.device)
-    tile, block_words = _gram_config(n_clients, signs)
-    n_tiles = triton.cdiv(n_clients, tile)
-    n_blocks = triton.cdiv(n_words, block_words)
-    per_program = triton.cdiv(n_blocks, min(n_blocks, _program_cap(signs)))
-    n_programs = triton.cdiv(n_blocks, per_program)
-    partial = torch.zeros((n_tiles * n_tiles, n_programs, 3, tile, tile), dtype=torch.int64,
-                          device=signs.device)
-    size_partial = torch.empty((n_programs, 3), dtype=torch.int64, device=signs.device)
-    _gram_kernel[(n_programs, n_tiles * n_tiles)](
-        signs, task, params, partial, size_partial, n_clients, n_words, per_program,
-        N_TILES=n_tiles, TILE=tile, BLOCK_WORDS=block_words, num_warps=8)
-    per_tile = partial.sum(dim=1)
-    padded = n_tiles * tile
-    gram = torch.zeros((3, padded, padded), dtype=torch.int64, device=signs.device)
-    for ti in range(n_tiles):
-        for tj in range(ti, n_tiles):
-            counts = per_tile[ti * n_tiles + tj]
-            gram[:, ti * tile:(ti + 1) * tile, tj * tile:(tj + 1) * tile] = counts
-            gram[:, tj * tile:(tj + 1) * tile, ti * tile:(ti + 1) * tile] = counts.transpose(1, 2)
-    return gram[:, :n_clients, :n_clients], size_partial.sum(dim=0)
-
-
-# ----------------------------------------------------------------------------- sampled penalty
 
 
 @triton.jit
@@ -171,7 +32,7 @@ def _penalty_lanes(words, task, params_ptr):
     t_m1 = tl.load(params_ptr + 2)
     lanes = tl.arange(0, 32)
     is_task = ((task[:, None] >> lanes[None, :]) & 1) != 0
-    u = mix32(_coordinates(words) ^ key).to(tl.int64)
+    u = mix32(coordinates(words) ^ key).to(tl.int64)
     return is_task & (u >= t_bonus) & (u < t_m1), is_task & (u >= t_m1)
 
 
@@ -256,7 +117,7 @@ def _sampled_kernel(task_ptr, params_ptr, plane1_ptr, plane2_ptr, pairs_ptr, key
     for k in range(blocks_per_program):
         words = (pid * blocks_per_program + k) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
         task = tl.load(task_ptr + words, mask=words < n_words, other=0)
-        coords = _coordinates(words)
+        coords = coordinates(words)
         is_bonus = (((task[:, None] >> lanes[None, :]) & 1) != 0) & (
             mix32(coords ^ key).to(tl.int64) < t_bonus)
         u1 = mix32(coords ^ pair_key)
@@ -274,8 +135,8 @@ def penalty_planes(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: i
                    t_m1: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(plane1 int32 [n, ceil(m1/32)], plane2 int32 [n, ceil(m2/32)], m1, m2): compacted signs."""
     n_clients, n_words = signs.shape
-    params = _round_params(key, t_bonus, t_m1, signs.device)
-    block_words = 1024 if _on_interpreter(signs) else 64
+    params = round_params(key, t_bonus, t_m1, signs.device)
+    block_words = 1024 if on_interpreter(signs) else 64
     n_blocks = triton.cdiv(n_words, block_words)
     counts = torch.empty((2, n_blocks), dtype=torch.int64, device=signs.device)
     _penalty_count_kernel[(n_blocks,)](task, params, counts, n_words, n_blocks,
@@ -305,12 +166,12 @@ def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: 
     plane1, plane2, m1, m2 = penalty_planes(signs, task, key, t_bonus, t_m1)
     if m1 == 0 or m2 == 0:
         raise ValueError(f"too few informative coordinates to form non-empty penalty sets (M_1 {m1}, M_2 {m2})")
-    params = _round_params(key, t_bonus, t_m1, device, m1, m2, draw2_salt)
+    params = round_params(key, t_bonus, t_m1, device, m1, m2, draw2_salt)
     pair_tensor = torch.tensor(pairs_list, dtype=torch.int32, device=device)
     keys = torch.as_tensor([int(k) for k in pair_keys], dtype=torch.int64, device=device)
-    block_words = 1024 if _on_interpreter(signs) else 32
+    block_words = 1024 if on_interpreter(signs) else 32
     n_blocks = triton.cdiv(n_words, block_words)
-    per_program = triton.cdiv(n_blocks, min(n_blocks, _program_cap(signs)))
+    per_program = triton.cdiv(n_blocks, min(n_blocks, program_cap(signs)))
     n_programs = triton.cdiv(n_blocks, per_program)
     partial = torch.empty((len(pairs_list), n_programs), dtype=torch.int64, device=device)
     for base in range(0, len(pairs_list), _MAX_GRID_Y):

@@ -1,0 +1,8 @@
+"""The sampled penalty (the paper's Algorithm 1): per ordered pair, matches of one (p1, p2) draw per bonus task.
+
+The draws are regenerated from counters (``kfca_llm.partition``: ranks into M_1 and M_2 hashed from
+the bonus task and the pair's key), so every implementation counts the same draws.
+
+``reference.py`` (numpy, the definition), ``cpu.py`` (numba), ``triton.py`` (GPU). Both compiled
+implementations first compact each client's signs on M_1 and M_2 into bitstreams ("planes").
+"""

@@ -1,0 +1,84 @@
+"""The sampled penalty: the CPU and Triton kernels count the reference's draws, pair by pair."""
+
+import numpy as np
+import pytest
+import torch
+from helpers import counter_words
+
+from kfca_llm.kernels.sampled_penalty import cpu, reference
+from kfca_llm.kernels.sampled_penalty.triton import sampled_matches
+from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params
+
+
+def _cpu_matches(signs, task, seed, fraction, pairs):
+    key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(seed, fraction))
+    bonus_coords, plane1, plane2, m1, m2 = cpu.penalty_planes(signs.view(np.uint32), task.view(np.uint32), key,
+                                                              t_bonus, t_m1)
+    return cpu.draw_matches(bonus_coords, plane1, plane2, pairs, pair_keys(seed, pairs), DRAW2_SALT, m1, m2)
+
+
+def _triton_matches(signs, task, seed, fraction, pairs):
+    return sampled_matches(torch.from_numpy(signs), torch.from_numpy(task), *partition_params(seed, fraction), pairs,
+                           pair_keys(seed, pairs), DRAW2_SALT).numpy()
+
+
+KERNELS = {"cpu": _cpu_matches, "triton": _triton_matches}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("n_clients", [2, 3, 16, 33])
+def test_draws_on_random_words_match_reference(kernel, n_clients, rng):
+    n_words = int(rng.integers(900, 2600))
+    task = rng.integers(-2**31, 2**31, size=n_words, dtype=np.int64).astype(np.int32)
+    task[rng.random(n_words) < 0.1] = -1  # some all-task words, incl. lane 31
+    signs = rng.integers(-2**31, 2**31, size=(n_clients, n_words), dtype=np.int64).astype(np.int32) & task
+    seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
+    pairs = rng.integers(0, n_clients, size=(40, 2))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    np.testing.assert_array_equal(KERNELS[kernel](signs, task, seed, fraction, pairs),
+                                  reference.sampled_matches(signs, task, seed, fraction, pairs))
+
+
+def test_cpu_draws_are_the_draws_of_the_per_draw_kernel():
+    """Pinned: what the per-draw kernel (before the compacted planes) returned on these words.
+
+    40,000 words span several compaction blocks and draw chunks, so every block edge is crossed.
+    """
+    signs, task = counter_words(5, 40_000)
+    pairs = np.array([(i, j) for i in range(5) for j in range(5) if i != j])
+    pinned = {
+        (0, 0.5): [215060, 216076, 216244, 214774, 215369, 215780, 215479, 216120, 215791, 215411, 215233, 215468,
+                   215637, 215294, 214958, 214971, 215792, 215549, 215655, 215156],
+        (987654321, 0.3): [128494, 128600, 128773, 128916, 128987, 128754, 128826, 128729, 128604, 128576, 128793,
+                           128965, 129298, 128768, 129077, 128967, 128718, 128654, 128774, 128867],
+    }
+    for (seed, fraction), matches in pinned.items():
+        assert _cpu_matches(signs, task, seed, fraction, pairs).tolist() == matches
+
+
+def test_cpu_draws_with_sparse_blocks_match_reference():
+    signs, task = counter_words(4, 3 * 4096 + 77, sparse_task=True)
+    pairs = np.array([(0, 1), (1, 0), (2, 3), (3, 1), (0, 3)])
+    for seed, fraction in [(5, 0.5), (2**32 - 1, 0.2)]:
+        np.testing.assert_array_equal(_cpu_matches(signs, task, seed, fraction, pairs),
+                                      reference.sampled_matches(signs, task, seed, fraction, pairs))
+
+
+def test_plane_compaction_by_byte_table_equals_pext(monkeypatch):
+    """CPUs without BMI2 compact the penalty planes by a byte table; it must give the planes pext gives."""
+    from types import FunctionType
+
+    from numba import njit
+
+    kernel = cpu._penalty_planes_kernel
+    table_globals = dict(kernel.__globals__, _compress_bits=cpu._table_compress)
+    by_table = njit(FunctionType(kernel.__code__, table_globals, "planes_by_table"))
+    signs, task = counter_words(5, 3 * 4096 + 77)
+    key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(9, 0.4))
+    args = (signs.view(np.uint32), task.view(np.uint32), key, t_bonus, t_m1)
+    expected = cpu.penalty_planes(*args)  # pext where the CPU has BMI2
+    monkeypatch.setattr(cpu, "_PLANES", (by_table, by_table))
+    got = cpu.penalty_planes(*args)
+    for a, b in zip(expected, got):
+        np.testing.assert_array_equal(a, b)
+    assert expected[1].any() and expected[2].any()
