@@ -76,3 +76,27 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     assert all(by_name[k]["vector_loads"] >= v[0] for k, v in words.items())
     tails = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_tails_kernel")}
     assert len(tails) == 4 and all(scalar > 0 for _, scalar in tails.values())
+
+
+def test_scaling_benchmark_smoke(tmp_path):
+    figure = tmp_path / "scaling.png"
+    printed = _run(["benchmarks/bench_scaling.py", "--smoke", "--figure", str(figure)], tmp_path)
+    rows = {line.split("|")[1].strip() + " p=" + line.split("|")[2].strip() for line in printed.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")}
+    expected = {f"{m} p={p}" for m in ("KFCA-QP", "KFCA-QP counts", "KFCA-D") for p in ("1", "2", "5", "all")}
+    assert rows == expected | {"CA-QP p=all", "CA-D p=all"}
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_overhead_benchmark_small(tmp_path):
+    printed = _run(["benchmarks/bench_overhead.py", "--calls", "2"], tmp_path)
+    cases = re.findall(r"^(2 clients x 5,280 \(flat\)|tiny recipe: .*?)\s+(expected|sampled)\s+\d+us", printed, re.M)
+    assert len(cases) == 4 and {c[1] for c in cases} == {"expected", "sampled"}
+
+
+def test_robustness_benchmark_synthetic_part(tmp_path):
+    printed = _run(["benchmarks/bench_robustness.py", "--seeds", "2", "--rounds", "0"], tmp_path)
+    # no false positive; copies with 1%, 5%, 10%, 20% of signs flipped, the Gaussian-noise copies and the
+    # colluding pair caught (in the full run the 20%-noise copy is caught in about half the rounds)
+    assert "| 4 | 0/2 | 2/2 | 2/2 | 2/2 | 2/2 | 2/2 | 2/2 | 2/2 |" in printed
+    assert "Honest rounds with any pair flagged: 0 of 12." in printed
