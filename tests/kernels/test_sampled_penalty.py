@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import KERNELS_INTERPRETED
 from helpers import counter_words
 
 from kfca_llm.kernels.sampled_penalty import cpu, reference
@@ -18,8 +19,9 @@ def _cpu_matches(signs, task, seed, fraction, pairs):
 
 
 def _triton_matches(signs, task, seed, fraction, pairs):
-    return sampled_matches(torch.from_numpy(signs), torch.from_numpy(task), *partition_params(seed, fraction), pairs,
-                           pair_keys(seed, pairs), DRAW2_SALT).numpy()
+    device = "cpu" if KERNELS_INTERPRETED else "cuda"  # compiled kernels get CUDA tensors (conftest's device)
+    return sampled_matches(torch.from_numpy(signs).to(device), torch.from_numpy(task).to(device),
+                           *partition_params(seed, fraction), pairs, pair_keys(seed, pairs), DRAW2_SALT).cpu().numpy()
 
 
 KERNELS = {"cpu": _cpu_matches, "triton": _triton_matches}
