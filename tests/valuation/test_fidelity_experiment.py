@@ -14,8 +14,8 @@ from kfca_llm.api import score_labels  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.mechanism import ca_score_matrix, delta_matrix, mtpp_payment  # noqa: E402
 from kfca_llm.valuation.cases import load_images, make_clients  # noqa: E402
-from kfca_llm.valuation.cnn_federation import (FederationConfig, StackedCNN, accuracy, run_federation,  # noqa: E402
-                                           train_coalitions)
+from kfca_llm.valuation.cnn_federation import (FederationConfig, StackedCNN, accuracy, model_for,  # noqa: E402
+                                               run_federation, train_coalitions)
 from kfca_llm.valuation.fidelity import FidelityConfig, run_fidelity, tables  # noqa: E402
 from kfca_llm.valuation.methods import ca_rewards  # noqa: E402
 
@@ -150,3 +150,20 @@ def test_cases_in_parallel_processes_give_the_same_results(tmp_path):
     for case in cfg["cases"]:
         for key, m in serial["cases"][case]["methods"].items():
             assert parallel["cases"][case]["methods"][key]["raw"] == m["raw"], (case, key)
+
+
+def test_clients_of_one_silo_are_not_paid_as_copies():
+    """The label-skew case pairs clients on the same two digits: their updates agree on 83-92% of about 1,350
+    tasks, and the third parties' copy fit of such a pair is 0.0-0.45 with a standard error of about 0.2. A copy
+    rule that asked the fit only to come within three standard errors of a copy's flagged every pair in the
+    first round and paid honest clients nothing; the fit must stay clear of honest twins to flag."""
+    from kfca_llm import score_updates
+
+    digits = load_images(seed=0)  # the whole bundled set, as the experiment uses it
+    clients = make_clients(digits, "label_skew", 10, seed=0)
+    model = model_for(digits.train_x.shape[1:], digits.num_classes, FederationConfig().channels)
+    record = run_federation(model, clients, model.init(0), FederationConfig(rounds=4, seed=0))
+    names = [f"client-{i}" for i in range(10)]
+    for t, updates in enumerate(record.updates):
+        report = score_updates(dict(zip(names, updates)), seed=t, duplicates="flag")
+        assert report.duplicates == (), (t, [g.clients for g in report.duplicates])
