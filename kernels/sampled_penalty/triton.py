@@ -1,155 +1,205 @@
 """The paper's sampled penalty on the GPU (Triton): matches of the seeded (p1, p2) draws per ordered pair.
 
-The partition is derived inside the kernels as in ``kfca_llm.kernels.pair_counts.triton``.
+The partition is derived inside the kernels as in ``kfca_llm.kernels.pair_counts.triton``. Finding the
+rank-th member of M_1 (M_2) is a select over a bitstream, slow when done per draw. So, once per call,
+each client's sign bits at the members of M_1 (M_2) are compacted, in increasing coordinate order, into
+a bitstream ``plane[i]`` of ``m // 32 + 1`` words: client i's sign at the rank-th member is bit
+``rank % 32`` of ``plane[i][rank // 32]``, one lookup per draw. Three launches and one host sync:
 
-``sampled_matches`` (the paper's per-bonus-task draws): finding the rank-th member of M_1 (M_2)
-is a select over a bitstream, which is slow when done per draw. Instead, once per call, each
-client's sign bits at the members of M_1 (M_2) are compacted, in increasing coordinate order,
-into a bitstream ``plane[i]`` of ``ceil(m / 32)`` words, so that the sign of client ``i`` at the
-rank-th member is simply bit ``rank % 32`` of ``plane[i][rank // 32]``: one gather per draw.
-Building the planes takes two launches plus a device cumsum (per-block member counts; then each
-program compresses its block's bits per client, pext-style, and ORs the result at its bit offset
-with at most two atomic ORs per source word; OR commutes, so it is deterministic). Memory: the two
-planes hold n * (m1 + m2) / 32 int32 words, less than the sign buffer itself.
+1. ``_set_sizes_kernel``: bonus, M_1 and M_2 members per block of words; a device cumsum gives each
+   block's offsets and the totals (the one sync) size the buffers.
+2. ``_planes_kernel``: per block of words, the partition hashed once for all clients; the block's bonus
+   coordinates go to one list (the draws then run over bonus tasks only), and every client's compacted
+   bits are assembled into whole words in registers. A block owns the words its bits fill; only its
+   first and last word can hold a neighbour's bits too: one atomic OR each per client and plane (OR
+   commutes: deterministic).
+3. ``_draws_kernel``: a persistent grid over the bonus list. For each group of ``PAIRS`` ordered pairs a
+   program loads a block of bonus tasks once and draws a [PAIRS, BLOCK] tile: two hashes, two rank
+   products (``umulhi``), two lookups per draw; one atomic add per pair, group and program. All programs
+   walk the groups in the same order, so the planes being read at any time are those of a few pairs
+   (they stay in L2 while the whole round's planes need not).
+
+The work is fixed by the contract (``kfca_llm.partition``): one draw per bonus task and ordered pair,
+each two random single-bit lookups in rows far larger than a GPU's L1. Memory: the bonus list (4 bytes
+per bonus task) and the two planes (n * (m1 + m2) / 32 words, less than the sign buffer).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from ..intrinsics.triton import as_uint32, coordinates, mix32, on_interpreter, program_cap, round_params
 
-_MAX_GRID_Y = 65535
+_PAIRS = 4  # ordered pairs per draw tile: their 2 x 4 plane rows are what the programs read at a time
+
+
+def _plane_tile(t: torch.Tensor) -> tuple[int, int]:
+    """(words per block, clients per step) of the size and plane kernels.
+
+    The interpreter prefers few programs doing wide numpy operations; a GPU many small programs.
+    """
+    return (64, 32) if on_interpreter(t) else (32, 1)
+
+
+def _draw_block(t: torch.Tensor) -> int:
+    """Bonus tasks per draw tile and pair."""
+    return 1024 if on_interpreter(t) else 256
 
 
 @triton.jit
-def _penalty_lanes(words, task, params_ptr):
-    """Member lanes [BW, 32] of M_1 and M_2 (task coordinates only) of the given words."""
+def _member_lanes(words, task, params_ptr):
+    """Lanes [BW, 32] of the bonus set, M_1 and M_2 (task coordinates only) of the given words."""
     key = tl.load(params_ptr).to(tl.uint32)
     t_bonus = tl.load(params_ptr + 1)
     t_m1 = tl.load(params_ptr + 2)
     lanes = tl.arange(0, 32)
     is_task = ((task[:, None] >> lanes[None, :]) & 1) != 0
     u = mix32(coordinates(words) ^ key).to(tl.int64)
-    return is_task & (u >= t_bonus) & (u < t_m1), is_task & (u >= t_m1)
+    return is_task & (u < t_bonus), is_task & (u >= t_bonus) & (u < t_m1), is_task & (u >= t_m1)
 
 
 @triton.jit
-def _penalty_count_kernel(task_ptr, params_ptr, counts_ptr, n_words, n_blocks,
-                          BLOCK_WORDS: tl.constexpr):
+def _lane_count(lanes):
+    return tl.sum(tl.sum(lanes.to(tl.int32), axis=1), axis=0).to(tl.int64)
+
+
+@triton.jit
+def _set_sizes_kernel(task_ptr, params_ptr, sizes_ptr, n_words, n_blocks, BLOCK_WORDS: tl.constexpr):
     block = tl.program_id(0)
     words = block * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
     task = tl.load(task_ptr + words, mask=words < n_words, other=0)
-    in_m1, in_m2 = _penalty_lanes(words, task, params_ptr)
-    tl.store(counts_ptr + block, tl.sum(tl.sum(in_m1.to(tl.int32), axis=1), axis=0).to(tl.int64))
-    tl.store(counts_ptr + n_blocks + block,
-             tl.sum(tl.sum(in_m2.to(tl.int32), axis=1), axis=0).to(tl.int64))
+    in_bonus, in_m1, in_m2 = _member_lanes(words, task, params_ptr)
+    tl.store(sizes_ptr + block, _lane_count(in_bonus))
+    tl.store(sizes_ptr + n_blocks + block, _lane_count(in_m1))
+    tl.store(sizes_ptr + 2 * n_blocks + block, _lane_count(in_m2))
 
 
 @triton.jit
-def _or_compressed(plane_ptr, sign_lanes, member_lanes, dest_bit, valid):
-    """OR each word's member sign bits, compressed (pext), at bit ``dest_bit`` of ``plane``."""
-    rank = tl.cumsum(member_lanes, axis=1) - member_lanes
-    compressed = as_uint32(tl.sum((sign_lanes & member_lanes) << rank, axis=1))
-    shift = (dest_bit & 31).to(tl.uint32)
-    word = dest_bit >> 5
+def _exclusive_lane_ranks(member):
+    """Per member lane [BW, 32] (int32 0/1): members before it in the block, in coordinate order."""
+    per_word = tl.sum(member, axis=1)
+    return (tl.cumsum(per_word, axis=0) - per_word)[:, None] + tl.cumsum(member, axis=1) - member
+
+
+@triton.jit
+def _write_compacted(plane_rows, sign_lanes, member, start, row_ok, BLOCK_WORDS: tl.constexpr):
+    """Write the block's member sign bits of each client row, compacted, at bit ``start`` of its plane row.
+
+    ``plane_rows`` [C] row pointers, ``sign_lanes`` [C, BW, 32], ``member`` [BW, 32] (shared by the
+    clients). Each source word's members (pext-style, ``compressed``) land at a bit offset that grows by
+    at most 32 per word, so they fill at most two consecutive output words (``low``, ``high``); the
+    block's output (at most BLOCK_WORDS + 1 words) is assembled in registers: bits being disjoint, a sum
+    is an OR.
+    """
+    per_word = tl.sum(member, axis=1)
+    in_word = tl.cumsum(member, axis=1) - member
+    compressed = as_uint32(tl.sum((sign_lanes & member[None, :, :]) << in_word[None, :, :], axis=2))
+    first_bit = (start & 31).to(tl.int32)
+    bit = first_bit + tl.cumsum(per_word, axis=0) - per_word
+    word = bit >> 5
+    shift = (bit & 31).to(tl.uint32)[None, :]
     low = compressed << shift
-    high = tl.where(shift > 0, compressed >> ((32 - shift) & 31), 0)
-    tl.atomic_or(plane_ptr + word, low.to(tl.int32, bitcast=True), mask=valid & (low != 0))
-    tl.atomic_or(plane_ptr + word + 1, high.to(tl.int32, bitcast=True), mask=valid & (high != 0))
+    high = tl.where(shift > 0, compressed >> ((32 - shift) & 31), tl.zeros_like(compressed))
+    out = tl.arange(0, 2 * BLOCK_WORDS)
+    to_low = (word[:, None] == out[None, :])[None, :, :]
+    to_high = (word[:, None] + 1 == out[None, :])[None, :, :]
+    zero = tl.zeros((1, BLOCK_WORDS, 2 * BLOCK_WORDS), dtype=tl.uint32)
+    assembled = tl.sum(tl.where(to_low, low[:, :, None], zero) + tl.where(to_high, high[:, :, None], zero), axis=1)
+    values = assembled.to(tl.int32, bitcast=True)
+    last = (first_bit + tl.sum(per_word, axis=0) - 1) >> 5  # -1 when the block has no member
+    targets = plane_rows[:, None] + (start >> 5) + out[None, :]
+    row_ok = row_ok[:, None]
+    tl.store(targets, values, mask=row_ok & (out > 0)[None, :] & (out < last)[None, :])
+    edge = ((out == 0) | (out == last)) & (out <= last)
+    tl.atomic_or(targets, values, mask=row_ok & edge[None, :] & (values != 0))
 
 
 @triton.jit
-def _compact_kernel(signs_ptr, task_ptr, params_ptr, offsets_ptr, plane1_ptr, plane2_ptr,
-                    n_clients, n_words, n_blocks, plane1_words, plane2_words,
-                    BLOCK_WORDS: tl.constexpr):
+def _planes_kernel(signs_ptr, task_ptr, params_ptr, offsets_ptr, plane1_ptr, plane2_ptr, bonus_ptr,
+                   n_clients, n_words, n_blocks, plane1_words, plane2_words, BLOCK_WORDS: tl.constexpr,
+                   CLIENTS: tl.constexpr):
     block = tl.program_id(0)
     words = block * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
     in_range = words < n_words
     task = tl.load(task_ptr + words, mask=in_range, other=0)
-    in_m1, in_m2 = _penalty_lanes(words, task, params_ptr)
-    m1_lanes = in_m1.to(tl.int32)
-    m2_lanes = in_m2.to(tl.int32)
-    count1 = tl.sum(m1_lanes, axis=1)
-    count2 = tl.sum(m2_lanes, axis=1)
-    dest1 = tl.load(offsets_ptr + block) + (tl.cumsum(count1, axis=0) - count1).to(tl.int64)
-    dest2 = tl.load(offsets_ptr + n_blocks + block) + (tl.cumsum(count2, axis=0) - count2).to(tl.int64)
+    in_bonus, in_m1, in_m2 = _member_lanes(words, task, params_ptr)
+    bonus = in_bonus.to(tl.int32)
+    bonus_index = tl.load(offsets_ptr + block) + _exclusive_lane_ranks(bonus).to(tl.int64)
+    tl.store(bonus_ptr + bonus_index, coordinates(words).to(tl.int32, bitcast=True), mask=in_bonus)
+    m1 = in_m1.to(tl.int32)
+    m2 = in_m2.to(tl.int32)
+    start1 = tl.load(offsets_ptr + n_blocks + block)
+    start2 = tl.load(offsets_ptr + 2 * n_blocks + block)
     lanes = tl.arange(0, 32)
-    # Row pointers advance by one row per client (no 32-bit row * stride product).
-    sign_row = signs_ptr
-    plane1_row = plane1_ptr
-    plane2_row = plane2_ptr
-    for _ in range(n_clients):
-        sign_words = tl.load(sign_row + words, mask=in_range, other=0)
-        sign_lanes = (sign_words[:, None] >> lanes[None, :]) & 1
-        _or_compressed(plane1_row, sign_lanes, m1_lanes, dest1, in_range)
-        _or_compressed(plane2_row, sign_lanes, m2_lanes, dest2, in_range)
-        sign_row += n_words
-        plane1_row += plane1_words
-        plane2_row += plane2_words
+    for first in range(0, n_clients, CLIENTS):
+        rows = first + tl.arange(0, CLIENTS)
+        row_ok = rows < n_clients
+        rows = rows.to(tl.int64)
+        sign_words = tl.load(signs_ptr + rows[:, None] * n_words + words[None, :],
+                             mask=row_ok[:, None] & in_range[None, :], other=0)
+        sign_lanes = (sign_words[:, :, None] >> lanes[None, None, :]) & 1
+        _write_compacted(plane1_ptr + rows * plane1_words, sign_lanes, m1, start1, row_ok, BLOCK_WORDS)
+        _write_compacted(plane2_ptr + rows * plane2_words, sign_lanes, m2, start2, row_ok, BLOCK_WORDS)
 
 
 @triton.jit
-def _draw_signs(plane_ptr, rank):
-    """Sign bit (0/1, int32) at the rank-th member, from a compacted plane."""
-    words = tl.load(plane_ptr + (rank >> 5), mask=rank >= 0, other=0)
-    return ((as_uint32(words) >> (rank & 31).to(tl.uint32)) & 1).to(tl.int32)
-
-
-@triton.jit
-def _sampled_kernel(task_ptr, params_ptr, plane1_ptr, plane2_ptr, pairs_ptr, keys_ptr, partial_ptr,
-                    pair_base, n_words, plane1_words, plane2_words, blocks_per_program,
-                    BLOCK_WORDS: tl.constexpr):
-    pid = tl.program_id(0)
-    pair = pair_base + tl.program_id(1)
-    i = tl.load(pairs_ptr + 2 * pair).to(tl.int64)
-    j = tl.load(pairs_ptr + 2 * pair + 1).to(tl.int64)
-    pair_key = tl.load(keys_ptr + pair).to(tl.uint32)
-    key = tl.load(params_ptr).to(tl.uint32)
-    t_bonus = tl.load(params_ptr + 1)
-    m1 = tl.load(params_ptr + 3).to(tl.uint64)
-    m2 = tl.load(params_ptr + 4).to(tl.uint64)
+def _draws_kernel(bonus_ptr, plane1_ptr, plane2_ptr, pairs_ptr, keys_ptr, params_ptr, matches_ptr,
+                  n_bonus, n_groups, plane1_words, plane2_words, BLOCK: tl.constexpr, PAIRS: tl.constexpr):
+    program = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    m1 = tl.load(params_ptr + 3).to(tl.uint32)
+    m2 = tl.load(params_ptr + 4).to(tl.uint32)
     draw2_salt = tl.load(params_ptr + 5).to(tl.uint32)
-    lanes = tl.arange(0, 32)
-    matches = tl.zeros((), dtype=tl.int64)
-    for k in range(blocks_per_program):
-        words = (pid * blocks_per_program + k) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
-        task = tl.load(task_ptr + words, mask=words < n_words, other=0)
-        coords = coordinates(words)
-        is_bonus = (((task[:, None] >> lanes[None, :]) & 1) != 0) & (
-            mix32(coords ^ key).to(tl.int64) < t_bonus)
-        u1 = mix32(coords ^ pair_key)
-        u2 = mix32(u1 ^ draw2_salt)
-        rank1 = tl.where(is_bonus, ((u1.to(tl.uint64) * m1) >> 32).to(tl.int64), -1)
-        rank2 = tl.where(is_bonus, ((u2.to(tl.uint64) * m2) >> 32).to(tl.int64), -1)
-        sign1 = _draw_signs(plane1_ptr + i * plane1_words, rank1)
-        sign2 = _draw_signs(plane2_ptr + j * plane2_words, rank2)
-        hit = is_bonus & (sign1 == sign2)
-        matches += tl.sum(tl.sum(hit.to(tl.int32), axis=1), axis=0).to(tl.int64)
-    tl.store(partial_ptr + pair.to(tl.int64) * tl.num_programs(0) + pid, matches)
+    n_blocks = (n_bonus + BLOCK - 1) // BLOCK
+    for group in range(n_groups):
+        pair = group * PAIRS + tl.arange(0, PAIRS)
+        row1 = plane1_ptr + tl.load(pairs_ptr + 2 * pair).to(tl.int64) * plane1_words
+        row2 = plane2_ptr + tl.load(pairs_ptr + 2 * pair + 1).to(tl.int64) * plane2_words
+        pair_key = as_uint32(tl.load(keys_ptr + pair))
+        matches = tl.zeros((PAIRS,), dtype=tl.int64)
+        for block in range(program, n_blocks, n_programs):
+            task_index = block * BLOCK + tl.arange(0, BLOCK)
+            # The list is padded to whole blocks: an unmasked (vector) load; padding is never counted.
+            coords = as_uint32(tl.load(bonus_ptr + task_index))
+            u1 = mix32(coords[None, :] ^ pair_key[:, None])
+            u2 = mix32(u1 ^ draw2_salt)
+            rank1 = tl.umulhi(u1, m1)  # (u1 * m1) >> 32: always < m1, so every lookup is in its row
+            rank2 = tl.umulhi(u2, m2)
+            sign1 = as_uint32(tl.load(row1[:, None] + (rank1 >> 5))) >> (rank1 & 31)
+            sign2 = as_uint32(tl.load(row2[:, None] + (rank2 >> 5))) >> (rank2 & 31)
+            hit = (((sign1 ^ sign2) & 1) == 0) & (task_index < n_bonus)[None, :]
+            matches += tl.sum(hit.to(tl.int32), axis=1).to(tl.int64)
+        tl.atomic_add(matches_ptr + pair, matches)
 
 
-def penalty_planes(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
-                   t_m1: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(plane1 int32 [n, ceil(m1/32)], plane2 int32 [n, ceil(m2/32)], m1, m2): compacted signs."""
+def penalty_planes(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int):
+    """(bonus int32 [>= n_bonus], n_bonus, plane1 int32 [n, m1 // 32 + 1], plane2, m1, m2) on the device.
+
+    ``bonus[:n_bonus]`` are the bonus tasks in increasing order (the list is zero-padded to whole draw
+    blocks); bit r of ``plane1[i]`` is client i's sign at the r-th member of M_1.
+    """
     n_clients, n_words = signs.shape
-    params = round_params(key, t_bonus, t_m1, signs.device)
-    block_words = 1024 if on_interpreter(signs) else 64
-    n_blocks = triton.cdiv(n_words, block_words)
-    counts = torch.empty((2, n_blocks), dtype=torch.int64, device=signs.device)
-    _penalty_count_kernel[(n_blocks,)](task, params, counts, n_words, n_blocks,
-                                       BLOCK_WORDS=block_words, num_warps=4)
-    ends = torch.cumsum(counts, dim=1)
-    m1, m2 = (int(v) for v in ends[:, -1].tolist())  # one host sync: sizes pick the plane lengths
-    offsets = (ends - counts).contiguous()
-    w1, w2 = max(triton.cdiv(m1, 32), 1), max(triton.cdiv(m2, 32), 1)
-    plane1 = torch.zeros((n_clients, w1), dtype=torch.int32, device=signs.device)
-    plane2 = torch.zeros((n_clients, w2), dtype=torch.int32, device=signs.device)
-    _compact_kernel[(n_blocks,)](signs, task, params, offsets, plane1, plane2, n_clients, n_words,
-                                 n_blocks, w1, w2, BLOCK_WORDS=block_words, num_warps=4)
-    return plane1, plane2, m1, m2
+    device = signs.device
+    params = round_params(key, t_bonus, t_m1, device)
+    block_words, clients = _plane_tile(signs)
+    n_blocks = max((n_words + block_words - 1) // block_words, 1)
+    sizes = torch.empty((3, n_blocks), dtype=torch.int64, device=device)
+    _set_sizes_kernel[(n_blocks,)](task, params, sizes, n_words, n_blocks, BLOCK_WORDS=block_words, num_warps=4)
+    ends = torch.cumsum(sizes, dim=1)
+    n_bonus, m1, m2 = (int(v) for v in ends[:, -1].tolist())  # the one host sync: sizes pick the buffers
+    offsets = (ends - sizes).contiguous()
+    draw_block = _draw_block(signs)
+    bonus = torch.zeros(max((n_bonus + draw_block - 1) // draw_block, 1) * draw_block, dtype=torch.int32,
+                        device=device)
+    plane1 = torch.zeros((n_clients, m1 // 32 + 1), dtype=torch.int32, device=device)
+    plane2 = torch.zeros((n_clients, m2 // 32 + 1), dtype=torch.int32, device=device)
+    _planes_kernel[(n_blocks,)](signs, task, params, offsets, plane1, plane2, bonus, n_clients, n_words, n_blocks,
+                                plane1.shape[1], plane2.shape[1], BLOCK_WORDS=block_words, CLIENTS=clients,
+                                num_warps=4)
+    return bonus, n_bonus, plane1, plane2, m1, m2
 
 
 def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
@@ -158,25 +208,26 @@ def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: 
 
     ``pair_keys[k]`` is the draw key of ``pairs[k]``. Raises ``ValueError`` when M_1 or M_2 is empty.
     """
-    pairs_list = [(int(i), int(j)) for i, j in pairs]
-    n_clients, n_words = signs.shape
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     device = signs.device
-    if not pairs_list:
+    n_pairs = len(pairs)
+    if not n_pairs:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    plane1, plane2, m1, m2 = penalty_planes(signs, task, key, t_bonus, t_m1)
+    bonus, n_bonus, plane1, plane2, m1, m2 = penalty_planes(signs, task, key, t_bonus, t_m1)
     if m1 == 0 or m2 == 0:
         raise ValueError(f"too few informative coordinates to form non-empty penalty sets (M_1 {m1}, M_2 {m2})")
     params = round_params(key, t_bonus, t_m1, device, m1, m2, draw2_salt)
-    pair_tensor = torch.tensor(pairs_list, dtype=torch.int32, device=device)
-    keys = torch.as_tensor([int(k) for k in pair_keys], dtype=torch.int64, device=device)
-    block_words = 1024 if on_interpreter(signs) else 32
-    n_blocks = triton.cdiv(n_words, block_words)
-    per_program = triton.cdiv(n_blocks, min(n_blocks, program_cap(signs)))
-    n_programs = triton.cdiv(n_blocks, per_program)
-    partial = torch.empty((len(pairs_list), n_programs), dtype=torch.int64, device=device)
-    for base in range(0, len(pairs_list), _MAX_GRID_Y):
-        count = min(_MAX_GRID_Y, len(pairs_list) - base)
-        _sampled_kernel[(n_programs, count)](
-            task, params, plane1, plane2, pair_tensor, keys, partial, base, n_words,
-            plane1.shape[1], plane2.shape[1], per_program, BLOCK_WORDS=block_words, num_warps=4)
-    return partial.sum(dim=1)
+    n_groups = (n_pairs + _PAIRS - 1) // _PAIRS
+    # Padding pairs (client 0 with itself, key 0) only fill the last group; their counts are dropped.
+    pair_table = np.zeros((n_groups * _PAIRS, 2), dtype=np.int32)
+    pair_table[:n_pairs] = pairs
+    key_table = np.zeros(n_groups * _PAIRS, dtype=np.uint32)
+    key_table[:n_pairs] = np.asarray(pair_keys, dtype=np.int64).reshape(-1)
+    matches = torch.zeros(n_groups * _PAIRS, dtype=torch.int64, device=device)
+    draw_block = _draw_block(signs)
+    n_programs = max(min(bonus.numel() // draw_block, program_cap(signs)), 1)
+    _draws_kernel[(n_programs,)](bonus, plane1, plane2, torch.from_numpy(pair_table).to(device),
+                                 torch.from_numpy(key_table.view(np.int32)).to(device), params, matches, n_bonus,
+                                 n_groups, plane1.shape[1], plane2.shape[1], BLOCK=draw_block, PAIRS=_PAIRS,
+                                 num_warps=4)
+    return matches[:n_pairs]

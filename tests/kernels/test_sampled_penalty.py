@@ -6,6 +6,7 @@ import torch
 from helpers import counter_words
 
 from kfca_llm.kernels.sampled_penalty import cpu, reference
+from kfca_llm.kernels.sampled_penalty import triton as triton_penalty
 from kfca_llm.kernels.sampled_penalty.triton import sampled_matches
 from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params
 
@@ -82,3 +83,43 @@ def test_plane_compaction_by_byte_table_equals_pext(monkeypatch):
     for a, b in zip(expected, got):
         np.testing.assert_array_equal(a, b)
     assert expected[1].any() and expected[2].any()
+
+
+def _random_words(rng, n_clients, n_words):
+    task = rng.integers(-2**31, 2**31, size=n_words, dtype=np.int64).astype(np.int32)
+    task[rng.random(n_words) < 0.1] = -1
+    task[rng.random(n_words) < 0.1] = 0  # blocks of the compaction with few or no members
+    signs = rng.integers(-2**31, 2**31, size=(n_clients, n_words), dtype=np.int64).astype(np.int32) & task
+    return signs, task
+
+
+@pytest.mark.parametrize("n_words", [1, 31, 64, 65, 200, 3 * 64 + 17])
+def test_triton_planes_and_bonus_list_equal_the_cpu_ones(n_words, rng):
+    """Bit for bit: the compacted planes (every block edge, whole and partial words) and the bonus list."""
+    for n_clients, sparse in [(2, False), (5, True), (33, False)]:
+        if sparse:
+            signs, task = counter_words(n_clients, n_words, sparse_task=True)
+        else:
+            signs, task = _random_words(rng, n_clients, n_words)
+        key, t_bonus, t_m1 = partition_params(int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95)))
+        bonus, n_bonus, plane1, plane2, m1, m2 = triton_penalty.penalty_planes(
+            torch.from_numpy(signs), torch.from_numpy(task), key, t_bonus, t_m1)
+        expected = cpu.penalty_planes(signs.view(np.uint32), task.view(np.uint32), *(np.uint32(v) for v in
+                                                                                    (key, t_bonus, t_m1)))
+        np.testing.assert_array_equal(bonus.numpy()[:n_bonus].view(np.uint32), expected[0])
+        np.testing.assert_array_equal(plane1.numpy().view(np.uint32), expected[1])
+        np.testing.assert_array_equal(plane2.numpy().view(np.uint32), expected[2])
+        assert (m1, m2) == expected[3:]
+
+
+def test_triton_draws_for_every_client_count_match_reference(rng):
+    """2 to 34 clients (draw tiles of 4 pairs: every remainder), odd sizes, seeds, bonus fractions."""
+    for n_clients in range(2, 35):
+        signs, task = _random_words(rng, n_clients, int(rng.integers(20, 300)))
+        seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
+        pairs = np.array([(i, j) for i in range(n_clients) for j in range(n_clients) if i != j])
+        if len(pairs) > 45:  # a random subset, duplicates included, of every length modulo 4
+            pairs = pairs[rng.integers(0, len(pairs), size=40 + n_clients % 5)]
+        np.testing.assert_array_equal(_triton_matches(signs, task, seed, fraction, pairs),
+                                      reference.sampled_matches(signs, task, seed, fraction, pairs),
+                                      err_msg=f"{n_clients} clients")
