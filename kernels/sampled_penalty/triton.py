@@ -31,7 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..intrinsics.triton import as_uint32, coordinates, mix32, on_interpreter, program_cap, round_params
+from ..intrinsics.triton import (as_uint32, coordinates, lanes_to_words, mix32, on_interpreter, popcount32, program_cap,
+                                 round_params)
 
 _PAIRS = 4  # ordered pairs per draw tile: their 2 x 4 plane rows are what the programs read at a time
 
@@ -85,31 +86,67 @@ def _exclusive_lane_ranks(member):
 
 
 @triton.jit
-def _write_compacted(plane_rows, sign_lanes, member, start, row_ok, BLOCK_WORDS: tl.constexpr):
-    """Write the block's member sign bits of each client row, compacted, at bit ``start`` of its plane row.
+def _compress_stage(mask, mk, SHIFT: tl.constexpr):
+    """One stage of Hacker's Delight's ``compress`` (7-4): the bits it moves right by SHIFT."""
+    mp = mk ^ (mk << 1)  # parallel suffix of mk
+    mp = mp ^ (mp << 2)
+    mp = mp ^ (mp << 4)
+    mp = mp ^ (mp << 8)
+    mp = mp ^ (mp << 16)
+    move = mp & mask
+    return move, (mask ^ move) | (move >> SHIFT), mk & ~mp
 
-    ``plane_rows`` [C] row pointers, ``sign_lanes`` [C, BW, 32], ``member`` [BW, 32] (shared by the
-    clients). Each source word's members (pext-style, ``compressed``) land at a bit offset that grows by
-    at most 32 per word, so they fill at most two consecutive output words (``low``, ``high``); the
-    block's output (at most BLOCK_WORDS + 1 words) is assembled in registers: bits being disjoint, a sum
-    is an OR.
+
+@triton.jit
+def _plane_layout(member_words, start, BLOCK_WORDS: tl.constexpr):
+    """Everything about one block's compaction into a plane that is the same for every client.
+
+    ``member_words`` [BW] uint32: the members of M_1 (or M_2) per word. Returns the five move masks of
+    ``compress`` (computed once, applied to every client's words), each word's left shift, and the
+    one-hot maps of its low and high parts onto the block's output words (at most BW + 1): each word's
+    members land at a bit offset that grows by at most 32 per word, so they fill at most two
+    consecutive output words. ``last``: the block's last output word (-1 when it has no member).
     """
-    per_word = tl.sum(member, axis=1)
-    in_word = tl.cumsum(member, axis=1) - member
-    compressed = as_uint32(tl.sum((sign_lanes & member[None, :, :]) << in_word[None, :, :], axis=2))
+    move1, mask, mk = _compress_stage(member_words, ~member_words << 1, 1)
+    move2, mask, mk = _compress_stage(mask, mk, 2)
+    move4, mask, mk = _compress_stage(mask, mk, 4)
+    move8, mask, mk = _compress_stage(mask, mk, 8)
+    move16, mask, mk = _compress_stage(mask, mk, 16)
+    per_word = popcount32(member_words).to(tl.int32)
     first_bit = (start & 31).to(tl.int32)
     bit = first_bit + tl.cumsum(per_word, axis=0) - per_word
     word = bit >> 5
-    shift = (bit & 31).to(tl.uint32)[None, :]
-    low = compressed << shift
-    high = tl.where(shift > 0, compressed >> ((32 - shift) & 31), tl.zeros_like(compressed))
     out = tl.arange(0, 2 * BLOCK_WORDS)
-    to_low = (word[:, None] == out[None, :])[None, :, :]
-    to_high = (word[:, None] + 1 == out[None, :])[None, :, :]
+    to_low = word[:, None] == out[None, :]
+    to_high = word[:, None] + 1 == out[None, :]
+    last = (first_bit + tl.sum(per_word, axis=0) - 1) >> 5
+    return move1, move2, move4, move8, move16, (bit & 31).to(tl.uint32), to_low, to_high, last
+
+
+@triton.jit
+def _write_compacted(plane_rows, signs, member_words, layout, start, row_ok, BLOCK_WORDS: tl.constexpr):
+    """Write the members' sign bits of each client row of ``signs`` [C, BW] (uint32), compacted, at bit
+    ``start`` of its plane row (``plane_rows`` [C] pointers); bits being disjoint, sums are ORs."""
+    move1, move2, move4, move8, move16, shift, to_low, to_high, last = layout
+    x = signs & member_words[None, :]
+    t = x & move1[None, :]
+    x = (x ^ t) | (t >> 1)
+    t = x & move2[None, :]
+    x = (x ^ t) | (t >> 2)
+    t = x & move4[None, :]
+    x = (x ^ t) | (t >> 4)
+    t = x & move8[None, :]
+    x = (x ^ t) | (t >> 8)
+    t = x & move16[None, :]
+    x = (x ^ t) | (t >> 16)
+    shift = shift[None, :]
+    low = x << shift
+    high = tl.where(shift > 0, x >> ((32 - shift) & 31), tl.zeros_like(x))
     zero = tl.zeros((1, BLOCK_WORDS, 2 * BLOCK_WORDS), dtype=tl.uint32)
-    assembled = tl.sum(tl.where(to_low, low[:, :, None], zero) + tl.where(to_high, high[:, :, None], zero), axis=1)
+    assembled = tl.sum(tl.where(to_low[None, :, :], low[:, :, None], zero)
+                       + tl.where(to_high[None, :, :], high[:, :, None], zero), axis=1)
     values = assembled.to(tl.int32, bitcast=True)
-    last = (first_bit + tl.sum(per_word, axis=0) - 1) >> 5  # -1 when the block has no member
+    out = tl.arange(0, 2 * BLOCK_WORDS)
     targets = plane_rows[:, None] + (start >> 5) + out[None, :]
     row_ok = row_ok[:, None]
     tl.store(targets, values, mask=row_ok & (out > 0)[None, :] & (out < last)[None, :])
@@ -126,23 +163,22 @@ def _planes_kernel(signs_ptr, task_ptr, params_ptr, offsets_ptr, plane1_ptr, pla
     in_range = words < n_words
     task = tl.load(task_ptr + words, mask=in_range, other=0)
     in_bonus, in_m1, in_m2 = _member_lanes(words, task, params_ptr)
-    bonus = in_bonus.to(tl.int32)
-    bonus_index = tl.load(offsets_ptr + block) + _exclusive_lane_ranks(bonus).to(tl.int64)
+    bonus_index = tl.load(offsets_ptr + block) + _exclusive_lane_ranks(in_bonus.to(tl.int32)).to(tl.int64)
     tl.store(bonus_ptr + bonus_index, coordinates(words).to(tl.int32, bitcast=True), mask=in_bonus)
-    m1 = in_m1.to(tl.int32)
-    m2 = in_m2.to(tl.int32)
+    m1 = as_uint32(lanes_to_words(in_m1))
+    m2 = as_uint32(lanes_to_words(in_m2))
     start1 = tl.load(offsets_ptr + n_blocks + block)
     start2 = tl.load(offsets_ptr + 2 * n_blocks + block)
-    lanes = tl.arange(0, 32)
+    layout1 = _plane_layout(m1, start1, BLOCK_WORDS)
+    layout2 = _plane_layout(m2, start2, BLOCK_WORDS)
     for first in range(0, n_clients, CLIENTS):
         rows = first + tl.arange(0, CLIENTS)
         row_ok = rows < n_clients
         rows = rows.to(tl.int64)
-        sign_words = tl.load(signs_ptr + rows[:, None] * n_words + words[None, :],
-                             mask=row_ok[:, None] & in_range[None, :], other=0)
-        sign_lanes = (sign_words[:, :, None] >> lanes[None, None, :]) & 1
-        _write_compacted(plane1_ptr + rows * plane1_words, sign_lanes, m1, start1, row_ok, BLOCK_WORDS)
-        _write_compacted(plane2_ptr + rows * plane2_words, sign_lanes, m2, start2, row_ok, BLOCK_WORDS)
+        signs = as_uint32(tl.load(signs_ptr + rows[:, None] * n_words + words[None, :],
+                                  mask=row_ok[:, None] & in_range[None, :], other=0))
+        _write_compacted(plane1_ptr + rows * plane1_words, signs, m1, layout1, start1, row_ok, BLOCK_WORDS)
+        _write_compacted(plane2_ptr + rows * plane2_words, signs, m2, layout2, start2, row_ok, BLOCK_WORDS)
 
 
 @triton.jit
@@ -159,7 +195,9 @@ def _draws_kernel(bonus_ptr, plane1_ptr, plane2_ptr, pairs_ptr, keys_ptr, params
         row1 = plane1_ptr + tl.load(pairs_ptr + 2 * pair).to(tl.int64) * plane1_words
         row2 = plane2_ptr + tl.load(pairs_ptr + 2 * pair + 1).to(tl.int64) * plane2_words
         pair_key = as_uint32(tl.load(keys_ptr + pair))
-        matches = tl.zeros((PAIRS,), dtype=tl.int64)
+        # Per-lane counts (< 2**24: a lane counts at most one draw per block of its program): the tile is
+        # reduced once per group, not per block.
+        hits = tl.zeros((PAIRS, BLOCK), dtype=tl.int32)
         for block in range(program, n_blocks, n_programs):
             task_index = block * BLOCK + tl.arange(0, BLOCK)
             # The list is padded to whole blocks: an unmasked (vector) load; padding is never counted.
@@ -170,9 +208,8 @@ def _draws_kernel(bonus_ptr, plane1_ptr, plane2_ptr, pairs_ptr, keys_ptr, params
             rank2 = tl.umulhi(u2, m2)
             sign1 = as_uint32(tl.load(row1[:, None] + (rank1 >> 5))) >> (rank1 & 31)
             sign2 = as_uint32(tl.load(row2[:, None] + (rank2 >> 5))) >> (rank2 & 31)
-            hit = (((sign1 ^ sign2) & 1) == 0) & (task_index < n_bonus)[None, :]
-            matches += tl.sum(hit.to(tl.int32), axis=1).to(tl.int64)
-        tl.atomic_add(matches_ptr + pair, matches)
+            hits += ((((sign1 ^ sign2) & 1) == 0) & (task_index < n_bonus)[None, :]).to(tl.int32)
+        tl.atomic_add(matches_ptr + pair, tl.sum(hits, axis=1).to(tl.int64))
 
 
 def penalty_planes(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int):
