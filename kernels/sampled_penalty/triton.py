@@ -212,54 +212,207 @@ def _draws_kernel(bonus_ptr, plane1_ptr, plane2_ptr, pairs_ptr, keys_ptr, params
         tl.atomic_add(matches_ptr + pair, tl.sum(hits, axis=1).to(tl.int64))
 
 
-def penalty_planes(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int):
+@triton.jit
+def _columns_kernel(signs_ptr, task_ptr, params_ptr, offsets_ptr, column1_ptr, column2_ptr, bonus_words_ptr,
+                    n_clients, n_words, n_blocks, BLOCK_WORDS: tl.constexpr, COLUMN_WORDS: tl.constexpr):
+    """Per block of words: its bonus words, and at each member of M_1 (M_2) every client's sign bit in one
+    column of COLUMN_WORDS words, stored at the member's rank (each rank written once: no atomics)."""
+    block = tl.program_id(0)
+    words = block * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+    in_range = words < n_words
+    task = tl.load(task_ptr + words, mask=in_range, other=0)
+    in_bonus, in_m1, in_m2 = _member_lanes(words, task, params_ptr)
+    tl.store(bonus_words_ptr + words, lanes_to_words(in_bonus), mask=in_range)
+    rank1 = tl.load(offsets_ptr + n_blocks + block) + _exclusive_lane_ranks(in_m1.to(tl.int32)).to(tl.int64)
+    rank2 = tl.load(offsets_ptr + 2 * n_blocks + block) + _exclusive_lane_ranks(in_m2.to(tl.int32)).to(tl.int64)
+    lanes = tl.arange(0, 32)
+    for column_word in tl.static_range(COLUMN_WORDS):
+        column = tl.zeros((BLOCK_WORDS, 32), dtype=tl.int32)
+        sign_row = signs_ptr + tl.full((), column_word * 32, tl.int64) * n_words
+        for bit in range(0, tl.minimum(n_clients - column_word * 32, 32)):
+            sign_words = tl.load(sign_row + words, mask=in_range, other=0)
+            column |= ((sign_words[:, None] >> lanes[None, :]) & 1) << bit
+            sign_row += n_words
+        tl.store(column1_ptr + rank1 * COLUMN_WORDS + column_word, column, mask=in_m1)
+        tl.store(column2_ptr + rank2 * COLUMN_WORDS + column_word, column, mask=in_m2)
+
+
+@triton.jit
+def _client_bits(columns, client, COLUMN_WORDS: tl.constexpr):
+    """Bit 0: the given client's sign in each column ([TW, 32, COLUMN_WORDS] -> [TW, 32], uint32)."""
+    if COLUMN_WORDS == 1:
+        selected = tl.sum(columns, axis=2)  # one word per column: nothing to select
+    else:
+        selected = tl.sum(tl.where(tl.arange(0, COLUMN_WORDS)[None, None, :] == client >> 5, columns, 0), axis=2)
+    return as_uint32(selected) >> (client & 31).to(tl.uint32)
+
+
+@triton.jit
+def _shared_draws_kernel(bonus_words_ptr, column1_ptr, column2_ptr, groups_ptr, table_ptr, params_ptr,
+                         matches_ptr, n_words, n_tiles, TILE_WORDS: tl.constexpr, COLUMN_WORDS: tl.constexpr):
+    """Draws shared between the pairs of a group (their keys agree above the span of the coordinates).
+
+    A tile is 32 * TILE_WORDS consecutive values v of the group's block: each is hashed once
+    (``u1 = mix32(v)``, ``u2``, both ranks) and its two columns (every client's sign at the drawn members)
+    are loaded once. Then, for each pair of the group, v is the draw of bonus task ``c = v ^ key``: the
+    tile maps onto an aligned block of coordinates (``key`` permutes the words and the bits within
+    them), so the pair reads its bonus words in whole blocks and counts, per lane, bonus & (sign_i ==
+    sign_j). Tiles no pair of the group has coordinates in are skipped.
+    """
+    group = tl.program_id(0)
+    base = tl.load(groups_ptr + 3 * group)
+    first = tl.load(groups_ptr + 3 * group + 1)
+    stop = tl.load(groups_ptr + 3 * group + 2)
+    m1 = tl.load(params_ptr + 3).to(tl.uint32)
+    m2 = tl.load(params_ptr + 4).to(tl.uint32)
+    draw2_salt = tl.load(params_ptr + 5).to(tl.uint32)
+    lanes = tl.arange(0, 32)
+    cw = tl.arange(0, COLUMN_WORDS)
+    n_tile_coords = (n_words + TILE_WORDS - 1) // TILE_WORDS
+    for tile in range(tl.program_id(1), n_tiles, tl.num_programs(1)):
+        used = 0
+        for p in range(first, stop):
+            # The pair's coordinates for this tile: n_tiles is a power of two, the key's higher bits cancel.
+            pair_tile = tile ^ (((tl.load(table_ptr + 3 * p + 2) >> 5) // TILE_WORDS) & (n_tiles - 1))
+            used += (pair_tile < n_tile_coords).to(tl.int32)
+        if used > 0:
+            value_words = (base >> 5) + tile * TILE_WORDS + tl.arange(0, TILE_WORDS)
+            values = (value_words.to(tl.uint32) << 5)[:, None] | lanes.to(tl.uint32)[None, :]
+            u1 = mix32(values)
+            u2 = mix32(u1 ^ draw2_salt)
+            rank1 = tl.umulhi(u1, m1).to(tl.int64)
+            rank2 = tl.umulhi(u2, m2).to(tl.int64)
+            columns1 = tl.load(column1_ptr + (rank1 * COLUMN_WORDS)[:, :, None] + cw[None, None, :])
+            columns2 = tl.load(column2_ptr + (rank2 * COLUMN_WORDS)[:, :, None] + cw[None, None, :])
+            for p in range(first, stop):
+                i = tl.load(table_ptr + 3 * p)
+                j = tl.load(table_ptr + 3 * p + 1)
+                pair_key = tl.load(table_ptr + 3 * p + 2)
+                coord_words = value_words ^ (pair_key >> 5)  # the key's bits above the span cancel
+                in_words = coord_words < n_words
+                bonus = as_uint32(tl.load(bonus_words_ptr + coord_words, mask=in_words, other=0))
+                bonus_bit = bonus[:, None] >> (lanes ^ (pair_key & 31).to(tl.int32)).to(tl.uint32)[None, :]
+                differ = _client_bits(columns1, i, COLUMN_WORDS) ^ _client_bits(columns2, j, COLUMN_WORDS)
+                hits = (bonus_bit & ~differ & 1).to(tl.int32)
+                tl.atomic_add(matches_ptr + p, tl.sum(tl.sum(hits, axis=1), axis=0).to(tl.int64),
+                              mask=tl.sum(in_words.to(tl.int32), axis=0) > 0)
+
+
+def _set_offsets(signs: torch.Tensor, task: torch.Tensor, params: torch.Tensor, block_words: int):
+    """(offsets int64 [3, n_blocks]: bonus, M_1 and M_2 members before each block; n_bonus, m1, m2)."""
+    n_words = signs.shape[1]
+    n_blocks = max((n_words + block_words - 1) // block_words, 1)
+    sizes = torch.empty((3, n_blocks), dtype=torch.int64, device=signs.device)
+    _set_sizes_kernel[(n_blocks,)](task, params, sizes, n_words, n_blocks, BLOCK_WORDS=block_words, num_warps=4)
+    ends = torch.cumsum(sizes, dim=1)
+    n_bonus, m1, m2 = (int(v) for v in ends[:, -1].tolist())  # the one host sync: sizes pick the buffers
+    return (ends - sizes).contiguous(), n_bonus, m1, m2
+
+
+def penalty_planes(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int, sizes=None):
     """(bonus int32 [>= n_bonus], n_bonus, plane1 int32 [n, m1 // 32 + 1], plane2, m1, m2) on the device.
 
     ``bonus[:n_bonus]`` are the bonus tasks in increasing order (the list is zero-padded to whole draw
-    blocks); bit r of ``plane1[i]`` is client i's sign at the r-th member of M_1.
+    blocks); bit r of ``plane1[i]`` is client i's sign at the r-th member of M_1. ``sizes``: what
+    ``_set_offsets`` returned for these words, if already known.
     """
     n_clients, n_words = signs.shape
     device = signs.device
     params = round_params(key, t_bonus, t_m1, device)
     block_words, clients = _plane_tile(signs)
-    n_blocks = max((n_words + block_words - 1) // block_words, 1)
-    sizes = torch.empty((3, n_blocks), dtype=torch.int64, device=device)
-    _set_sizes_kernel[(n_blocks,)](task, params, sizes, n_words, n_blocks, BLOCK_WORDS=block_words, num_warps=4)
-    ends = torch.cumsum(sizes, dim=1)
-    n_bonus, m1, m2 = (int(v) for v in ends[:, -1].tolist())  # the one host sync: sizes pick the buffers
-    offsets = (ends - sizes).contiguous()
+    offsets, n_bonus, m1, m2 = sizes or _set_offsets(signs, task, params, block_words)
     draw_block = _draw_block(signs)
     bonus = torch.zeros(max((n_bonus + draw_block - 1) // draw_block, 1) * draw_block, dtype=torch.int32,
                         device=device)
     plane1 = torch.zeros((n_clients, m1 // 32 + 1), dtype=torch.int32, device=device)
     plane2 = torch.zeros((n_clients, m2 // 32 + 1), dtype=torch.int32, device=device)
-    _planes_kernel[(n_blocks,)](signs, task, params, offsets, plane1, plane2, bonus, n_clients, n_words, n_blocks,
-                                plane1.shape[1], plane2.shape[1], BLOCK_WORDS=block_words, CLIENTS=clients,
-                                num_warps=4)
+    _planes_kernel[(offsets.shape[1],)](signs, task, params, offsets, plane1, plane2, bonus, n_clients, n_words,
+                                        offsets.shape[1], plane1.shape[1], plane2.shape[1], BLOCK_WORDS=block_words,
+                                        CLIENTS=clients, num_warps=4)
     return bonus, n_bonus, plane1, plane2, m1, m2
 
 
+def penalty_columns(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int, sizes=None):
+    """(bonus words int32 [n_words], column1 int32 [m1, CW], column2 [m2, CW], m1, m2) on the device.
+
+    Bit b of word ``bonus_words[w]``: coordinate 32 w + b is a bonus task. Bit i % 32 of
+    ``column1[r, i // 32]``: client i's sign at the r-th member of M_1 (CW = ceil(n / 32) words per rank).
+    """
+    n_clients, n_words = signs.shape
+    device = signs.device
+    params = round_params(key, t_bonus, t_m1, device)
+    block_words, _ = _plane_tile(signs)
+    offsets, _, m1, m2 = sizes or _set_offsets(signs, task, params, block_words)
+    column_words = 1 << max(n_clients - 1, 1).bit_length() - 5 if n_clients > 32 else 1
+    bonus_words = torch.empty(n_words, dtype=torch.int32, device=device)
+    column1 = torch.empty((max(m1, 1), column_words), dtype=torch.int32, device=device)
+    column2 = torch.empty((max(m2, 1), column_words), dtype=torch.int32, device=device)
+    _columns_kernel[(offsets.shape[1],)](signs, task, params, offsets, column1, column2, bonus_words, n_clients,
+                                         n_words, offsets.shape[1], BLOCK_WORDS=block_words,
+                                         COLUMN_WORDS=column_words, num_warps=4)
+    return bonus_words, column1, column2, m1, m2
+
+
+def _shared_groups(keys: np.ndarray, n_words: int, tile_bits: int):
+    """Pairs grouped by their key's bits above ``span_bits``: (span_bits, order, group starts, bases).
+
+    A pair draws for bonus task c from ``mix32(c ^ key)``: as c runs over the coordinates [0, 2**span_bits),
+    ``v = c ^ key`` runs over the aligned block of 2**span_bits values that the key's high bits name. Pairs
+    whose keys share those bits hash and look up the same values v: the shared kernel does each once.
+    """
+    span_bits = max((32 * n_words - 1).bit_length(), tile_bits)
+    high = keys.astype(np.int64) >> span_bits
+    order = np.argsort(high, kind="stable")
+    starts = np.flatnonzero(np.r_[True, np.diff(high[order]) != 0])
+    return span_bits, order, np.r_[starts, len(order)], high[order][starts] << span_bits
+
+
+def _shared_tile_words(t: torch.Tensor, column_words: int) -> int:
+    """Words (of 32 hashed values) per tile of the shared kernel: on a GPU, two [tile, 32, column_words]
+    tiles of columns held in registers by 4 warps without spilling."""
+    return 512 if on_interpreter(t) else 128 // column_words
+
+
+def shared_draws_pay_off(n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: int) -> bool:
+    """Whether hashing and looking up each shared value once (``_shared_draws_kernel``) costs fewer random
+    lookups than drawing per pair: the values each group of pairs covers (at most its block, at most its
+    pairs' coordinates) against the draws, one lookup pair each either way."""
+    span_bits, _, bounds, _ = _shared_groups(keys, n_words, 0)
+    per_group = np.diff(bounds)
+    values = np.minimum(per_group * 32 * n_words, 1 << span_bits).sum()
+    return int(values) < n_pairs * n_bonus
+
+
 def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
-                    pairs, pair_keys, draw2_salt: int) -> torch.Tensor:
+                    pairs, pair_keys, draw2_salt: int, shared: bool | None = None) -> torch.Tensor:
     """int64 [P] on the device: matches of the seeded (p1, p2) draws of each ordered pair (i, j).
 
-    ``pair_keys[k]`` is the draw key of ``pairs[k]``. Raises ``ValueError`` when M_1 or M_2 is empty.
+    ``pair_keys[k]`` is the draw key of ``pairs[k]``. ``shared``: draw with values shared between pairs
+    (``_shared_draws_kernel``) or per pair (``_draws_kernel``); None chooses the one with fewer random
+    lookups. Raises ``ValueError`` when M_1 or M_2 is empty.
     """
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    keys = np.asarray(pair_keys, dtype=np.int64).reshape(-1)
     device = signs.device
     n_pairs = len(pairs)
     if not n_pairs:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    bonus, n_bonus, plane1, plane2, m1, m2 = penalty_planes(signs, task, key, t_bonus, t_m1)
+    sizes = _set_offsets(signs, task, round_params(key, t_bonus, t_m1, device), _plane_tile(signs)[0])
+    _, n_bonus, m1, m2 = sizes
     if m1 == 0 or m2 == 0:
         raise ValueError(f"too few informative coordinates to form non-empty penalty sets (M_1 {m1}, M_2 {m2})")
     params = round_params(key, t_bonus, t_m1, device, m1, m2, draw2_salt)
+    if shared is None:
+        shared = shared_draws_pay_off(n_pairs, n_bonus, keys, signs.shape[1])
+    if shared:
+        return _shared_matches(signs, task, (key, t_bonus, t_m1), sizes, params, pairs, keys)
+    bonus, n_bonus, plane1, plane2, m1, m2 = penalty_planes(signs, task, key, t_bonus, t_m1, sizes)
     n_groups = (n_pairs + _PAIRS - 1) // _PAIRS
     # Padding pairs (client 0 with itself, key 0) only fill the last group; their counts are dropped.
     pair_table = np.zeros((n_groups * _PAIRS, 2), dtype=np.int32)
     pair_table[:n_pairs] = pairs
     key_table = np.zeros(n_groups * _PAIRS, dtype=np.uint32)
-    key_table[:n_pairs] = np.asarray(pair_keys, dtype=np.int64).reshape(-1)
+    key_table[:n_pairs] = keys
     matches = torch.zeros(n_groups * _PAIRS, dtype=torch.int64, device=device)
     draw_block = _draw_block(signs)
     n_programs = max(min(bonus.numel() // draw_block, program_cap(signs)), 1)
@@ -268,3 +421,23 @@ def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: 
                                  n_groups, plane1.shape[1], plane2.shape[1], BLOCK=draw_block, PAIRS=_PAIRS,
                                  num_warps=4)
     return matches[:n_pairs]
+
+
+def _shared_matches(signs, task, partition, sizes, params, pairs, keys) -> torch.Tensor:
+    device = signs.device
+    n_words = signs.shape[1]
+    bonus_words, column1, column2, _, _ = penalty_columns(signs, task, *partition, sizes)
+    tile_words = _shared_tile_words(signs, column1.shape[1])
+    span_bits, order, bounds, bases = _shared_groups(keys, n_words, (tile_words * 32 - 1).bit_length())
+    # Per group: first value of its block, first and last + 1 pair (in ``order``).
+    groups = torch.from_numpy(np.stack([bases, bounds[:-1], bounds[1:]], axis=1).astype(np.int64)).to(device)
+    table = torch.from_numpy(np.concatenate([pairs[order], keys[order, None]], axis=1).astype(np.int64)).to(device)
+    matches = torch.zeros(len(keys), dtype=torch.int64, device=device)
+    tiles = (1 << span_bits) // (32 * tile_words)
+    per_group = max(min(tiles, program_cap(signs) // len(bases)), 1)
+    _shared_draws_kernel[(len(bases), per_group)](
+        bonus_words, column1, column2, groups, table, params, matches, n_words, tiles,
+        TILE_WORDS=tile_words, COLUMN_WORDS=column1.shape[1], num_warps=4)
+    out = torch.empty_like(matches)
+    out[torch.from_numpy(order).to(device)] = matches
+    return out

@@ -18,12 +18,21 @@ def _cpu_matches(signs, task, seed, fraction, pairs):
     return cpu.draw_matches(bonus_coords, plane1, plane2, pairs, pair_keys(seed, pairs), DRAW2_SALT, m1, m2)
 
 
-def _triton_matches(signs, task, seed, fraction, pairs):
+def _triton_matches(signs, task, seed, fraction, pairs, shared=None, keys=None):
+    keys = pair_keys(seed, pairs) if keys is None else keys
     return sampled_matches(torch.from_numpy(signs), torch.from_numpy(task), *partition_params(seed, fraction), pairs,
-                           pair_keys(seed, pairs), DRAW2_SALT).numpy()
+                           keys, DRAW2_SALT, shared=shared).numpy()
 
 
-KERNELS = {"cpu": _cpu_matches, "triton": _triton_matches}
+def _triton_shared(signs, task, seed, fraction, pairs):
+    return _triton_matches(signs, task, seed, fraction, pairs, shared=True)
+
+
+def _triton_per_pair(signs, task, seed, fraction, pairs):
+    return _triton_matches(signs, task, seed, fraction, pairs, shared=False)
+
+
+KERNELS = {"cpu": _cpu_matches, "triton": _triton_per_pair, "triton-shared": _triton_shared}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -112,14 +121,47 @@ def test_triton_planes_and_bonus_list_equal_the_cpu_ones(n_words, rng):
         assert (m1, m2) == expected[3:]
 
 
-def test_triton_draws_for_every_client_count_match_reference(rng):
-    """2 to 34 clients (draw tiles of 4 pairs: every remainder), odd sizes, seeds, bonus fractions."""
+@pytest.mark.parametrize("shared", [False, True])
+def test_triton_draws_for_every_client_count_match_reference(shared, rng):
+    """2 to 34 clients (draw tiles of 4 pairs: every remainder; columns of one and two words), odd sizes,
+    seeds, bonus fractions."""
     for n_clients in range(2, 35):
         signs, task = _random_words(rng, n_clients, int(rng.integers(20, 300)))
         seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
         pairs = np.array([(i, j) for i in range(n_clients) for j in range(n_clients) if i != j])
         if len(pairs) > 45:  # a random subset, duplicates included, of every length modulo 4
-            pairs = pairs[rng.integers(0, len(pairs), size=40 + n_clients % 5)]
-        np.testing.assert_array_equal(_triton_matches(signs, task, seed, fraction, pairs),
+            pairs = pairs[rng.integers(0, len(pairs), size=(40 if shared else 45) + n_clients % 5)]
+        np.testing.assert_array_equal(_triton_matches(signs, task, seed, fraction, pairs, shared=shared),
                                       reference.sampled_matches(signs, task, seed, fraction, pairs),
                                       err_msg=f"{n_clients} clients")
+
+
+@pytest.mark.parametrize("n_clients", [5, 40])
+def test_shared_draws_with_many_pairs_per_group_equal_the_per_pair_draws(n_clients, rng):
+    """Keys that agree above the coordinates' span put many pairs in one group (what a round of many
+    clients or a large adapter gives): every pair of a group counts its own draws from the shared values,
+    whatever its key's low bits (word and bit permutations), coordinates beyond the round included."""
+    signs, task = _random_words(rng, n_clients, 203)  # 6,496 coordinates: keys agree above bit 13
+    seed, fraction = 77, 0.45
+    pairs = rng.integers(0, n_clients, size=(150, 2))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    keys = rng.integers(0, 2**13, size=len(pairs), dtype=np.int64)
+    keys |= rng.choice([0x12345, 0x7FFFF, 0x0], size=len(pairs)) << 13  # three groups
+    keys = keys.astype(np.uint32)
+    key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(seed, fraction))
+    bonus, plane1, plane2, m1, m2 = cpu.penalty_planes(signs.view(np.uint32), task.view(np.uint32), key, t_bonus,
+                                                       t_m1)
+    expected = cpu.draw_matches(bonus, plane1, plane2, pairs, keys, DRAW2_SALT, m1, m2)
+    for shared in (True, False):
+        np.testing.assert_array_equal(_triton_matches(signs, task, seed, fraction, pairs, shared, keys), expected)
+
+
+def test_shared_draws_are_chosen_where_they_save_lookups():
+    """Per-pair draws for a few pairs; values shared by the pairs of a group once the groups fill up."""
+    rng = np.random.default_rng(0)
+    n_words = 2_500_000  # 80M coordinates (a rank-32 7B LoRA): keys agree above bit 27 in groups of 32
+    for n_clients, shared in [(8, False), (20, True), (100, True)]:
+        n_pairs = n_clients * (n_clients - 1)
+        keys = rng.integers(0, 2**32, size=n_pairs, dtype=np.int64)
+        assert triton_penalty.shared_draws_pay_off(n_pairs, 40_000_000, keys, n_words) is shared
+    assert not triton_penalty.shared_draws_pay_off(2, 100, np.array([5, 2**31]), 10)
