@@ -238,13 +238,13 @@ def _columns_kernel(signs_ptr, task_ptr, params_ptr, offsets_ptr, column1_ptr, c
 
 
 @triton.jit
-def _client_bits(columns, client, COLUMN_WORDS: tl.constexpr):
-    """Bit 0: the given client's sign in each column ([TW, 32, COLUMN_WORDS] -> [TW, 32], uint32)."""
+def _column_word(columns, word, COLUMN_WORDS: tl.constexpr):
+    """Word ``word`` (a constant) of each column: [TW, 32, COLUMN_WORDS] -> [TW, 32] uint32."""
     if COLUMN_WORDS == 1:
         selected = tl.sum(columns, axis=2)  # one word per column: nothing to select
     else:
-        selected = tl.sum(tl.where(tl.arange(0, COLUMN_WORDS)[None, None, :] == client >> 5, columns, 0), axis=2)
-    return as_uint32(selected) >> (client & 31).to(tl.uint32)
+        selected = tl.sum(tl.where(tl.arange(0, COLUMN_WORDS)[None, None, :] == word, columns, 0), axis=2)
+    return as_uint32(selected)
 
 
 @triton.jit
@@ -257,12 +257,15 @@ def _shared_draws_kernel(bonus_words_ptr, column1_ptr, column2_ptr, groups_ptr, 
     are loaded once. Then, for each pair of the group, v is the draw of bonus task ``c = v ^ key``: the
     tile maps onto an aligned block of coordinates (``key`` permutes the words and the bits within
     them), so the pair reads its bonus words in whole blocks and counts, per lane, bonus & (sign_i ==
-    sign_j). Tiles no pair of the group has coordinates in are skipped.
+    sign_j). A group's pairs come sorted by the column words they read (i // 32, j // 32), one range per
+    combination, so each range reads two words picked once per tile. Tiles no pair of the group has
+    coordinates in are skipped. ``groups_ptr`` rows: the block's first value, then COLUMN_WORDS**2 + 1
+    range bounds into the pair table (rows i, j, key).
     """
-    group = tl.program_id(0)
-    base = tl.load(groups_ptr + 3 * group)
-    first = tl.load(groups_ptr + 3 * group + 1)
-    stop = tl.load(groups_ptr + 3 * group + 2)
+    row = groups_ptr + tl.program_id(0).to(tl.int64) * (COLUMN_WORDS * COLUMN_WORDS + 2)
+    base = tl.load(row)
+    first = tl.load(row + 1)
+    stop = tl.load(row + 1 + COLUMN_WORDS * COLUMN_WORDS)
     m1 = tl.load(params_ptr + 3).to(tl.uint32)
     m2 = tl.load(params_ptr + 4).to(tl.uint32)
     draw2_salt = tl.load(params_ptr + 5).to(tl.uint32)
@@ -284,18 +287,23 @@ def _shared_draws_kernel(bonus_words_ptr, column1_ptr, column2_ptr, groups_ptr, 
             rank2 = tl.umulhi(u2, m2).to(tl.int64)
             columns1 = tl.load(column1_ptr + (rank1 * COLUMN_WORDS)[:, :, None] + cw[None, None, :])
             columns2 = tl.load(column2_ptr + (rank2 * COLUMN_WORDS)[:, :, None] + cw[None, None, :])
-            for p in range(first, stop):
-                i = tl.load(table_ptr + 3 * p)
-                j = tl.load(table_ptr + 3 * p + 1)
-                pair_key = tl.load(table_ptr + 3 * p + 2)
-                coord_words = value_words ^ (pair_key >> 5)  # the key's bits above the span cancel
-                in_words = coord_words < n_words
-                bonus = as_uint32(tl.load(bonus_words_ptr + coord_words, mask=in_words, other=0))
-                bonus_bit = bonus[:, None] >> (lanes ^ (pair_key & 31).to(tl.int32)).to(tl.uint32)[None, :]
-                differ = _client_bits(columns1, i, COLUMN_WORDS) ^ _client_bits(columns2, j, COLUMN_WORDS)
-                hits = (bonus_bit & ~differ & 1).to(tl.int32)
-                tl.atomic_add(matches_ptr + p, tl.sum(tl.sum(hits, axis=1), axis=0).to(tl.int64),
-                              mask=tl.sum(in_words.to(tl.int32), axis=0) > 0)
+            for word1 in tl.static_range(COLUMN_WORDS):
+                signs1 = _column_word(columns1, word1, COLUMN_WORDS)
+                for word2 in tl.static_range(COLUMN_WORDS):
+                    signs2 = _column_word(columns2, word2, COLUMN_WORDS)
+                    bounds = row + 1 + word1 * COLUMN_WORDS + word2
+                    for p in range(tl.load(bounds), tl.load(bounds + 1)):
+                        i = tl.load(table_ptr + 3 * p)
+                        j = tl.load(table_ptr + 3 * p + 1)
+                        pair_key = tl.load(table_ptr + 3 * p + 2)
+                        coord_words = value_words ^ (pair_key >> 5)  # the key's bits above the span cancel
+                        in_words = coord_words < n_words
+                        bonus = as_uint32(tl.load(bonus_words_ptr + coord_words, mask=in_words, other=0))
+                        bonus_bit = bonus[:, None] >> (lanes ^ (pair_key & 31).to(tl.int32)).to(tl.uint32)[None, :]
+                        differ = (signs1 >> (i & 31).to(tl.uint32)) ^ (signs2 >> (j & 31).to(tl.uint32))
+                        hits = (bonus_bit & ~differ & 1).to(tl.int32)
+                        tl.atomic_add(matches_ptr + p, tl.sum(tl.sum(hits, axis=1), axis=0).to(tl.int64),
+                                      mask=tl.sum(in_words.to(tl.int32), axis=0) > 0)
 
 
 def _set_offsets(signs: torch.Tensor, task: torch.Tensor, params: torch.Tensor, block_words: int):
@@ -353,18 +361,24 @@ def penalty_columns(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: 
     return bonus_words, column1, column2, m1, m2
 
 
-def _shared_groups(keys: np.ndarray, n_words: int, tile_bits: int):
-    """Pairs grouped by their key's bits above ``span_bits``: (span_bits, order, group starts, bases).
+def _shared_groups(keys: np.ndarray, n_words: int, tile_bits: int, pairs: np.ndarray | None = None,
+                   column_words: int = 1):
+    """Pairs grouped by their key's bits above ``span_bits``: (span_bits, order, bounds, bases).
 
     A pair draws for bonus task c from ``mix32(c ^ key)``: as c runs over the coordinates [0, 2**span_bits),
     ``v = c ^ key`` runs over the aligned block of 2**span_bits values that the key's high bits name. Pairs
     whose keys share those bits hash and look up the same values v: the shared kernel does each once.
+    ``order`` sorts the pairs by group, then by the column words they read (with ``pairs``);
+    ``bounds[g]``: the group's column_words**2 + 1 range bounds into ``order``; ``bases[g]``: its first value.
     """
     span_bits = max((32 * n_words - 1).bit_length(), tile_bits)
     high = keys.astype(np.int64) >> span_bits
-    order = np.argsort(high, kind="stable")
-    starts = np.flatnonzero(np.r_[True, np.diff(high[order]) != 0])
-    return span_bits, order, np.r_[starts, len(order)], high[order][starts] << span_bits
+    combination = np.zeros_like(high) if pairs is None else (pairs[:, 0] // 32) * column_words + pairs[:, 1] // 32
+    order = np.lexsort((combination, high))
+    groups = np.unique(high)
+    starts = np.searchsorted(high[order] * column_words**2 + combination[order],
+                             groups[:, None] * column_words**2 + np.arange(column_words**2 + 1)[None, :])
+    return span_bits, order, starts, groups << span_bits
 
 
 def _shared_tile_words(t: torch.Tensor, column_words: int) -> int:
@@ -378,7 +392,7 @@ def shared_draws_pay_off(n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: 
     lookups than drawing per pair: the values each group of pairs covers (at most its block, at most its
     pairs' coordinates) against the draws, one lookup pair each either way."""
     span_bits, _, bounds, _ = _shared_groups(keys, n_words, 0)
-    per_group = np.diff(bounds)
+    per_group = bounds[:, -1] - bounds[:, 0]
     values = np.minimum(per_group * 32 * n_words, 1 << span_bits).sum()
     return int(values) < n_pairs * n_bonus
 
@@ -428,9 +442,9 @@ def _shared_matches(signs, task, partition, sizes, params, pairs, keys) -> torch
     n_words = signs.shape[1]
     bonus_words, column1, column2, _, _ = penalty_columns(signs, task, *partition, sizes)
     tile_words = _shared_tile_words(signs, column1.shape[1])
-    span_bits, order, bounds, bases = _shared_groups(keys, n_words, (tile_words * 32 - 1).bit_length())
-    # Per group: first value of its block, first and last + 1 pair (in ``order``).
-    groups = torch.from_numpy(np.stack([bases, bounds[:-1], bounds[1:]], axis=1).astype(np.int64)).to(device)
+    span_bits, order, bounds, bases = _shared_groups(keys, n_words, (tile_words * 32 - 1).bit_length(), pairs,
+                                                     column1.shape[1])
+    groups = torch.from_numpy(np.concatenate([bases[:, None], bounds], axis=1).astype(np.int64)).to(device)
     table = torch.from_numpy(np.concatenate([pairs[order], keys[order, None]], axis=1).astype(np.int64)).to(device)
     matches = torch.zeros(len(keys), dtype=torch.int64, device=device)
     tiles = (1 << span_bits) // (32 * tile_words)

@@ -136,7 +136,7 @@ def test_triton_draws_for_every_client_count_match_reference(shared, rng):
                                       err_msg=f"{n_clients} clients")
 
 
-@pytest.mark.parametrize("n_clients", [5, 40])
+@pytest.mark.parametrize("n_clients", [5, 40, 70])  # columns of 1, 2 and 4 words
 def test_shared_draws_with_many_pairs_per_group_equal_the_per_pair_draws(n_clients, rng):
     """Keys that agree above the coordinates' span put many pairs in one group (what a round of many
     clients or a large adapter gives): every pair of a group counts its own draws from the shared values,
