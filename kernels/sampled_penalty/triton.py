@@ -1,27 +1,33 @@
 """The paper's sampled penalty on the GPU (Triton): matches of the seeded (p1, p2) draws per ordered pair.
 
-The partition is derived inside the kernels as in ``kfca_llm.kernels.pair_counts.triton``. Finding the
-rank-th member of M_1 (M_2) is a select over a bitstream, slow when done per draw. So, once per call,
-each client's sign bits at the members of M_1 (M_2) are compacted, in increasing coordinate order, into
-a bitstream ``plane[i]`` of ``m // 32 + 1`` words: client i's sign at the rank-th member is bit
-``rank % 32`` of ``plane[i][rank // 32]``, one lookup per draw. Three launches and one host sync:
+The work is fixed by the contract (``kfca_llm.partition``): one draw per bonus task c and ordered pair,
+``u1 = mix32(c ^ key)``, ``u2 = mix32(u1 ^ salt)``, two ranks, and the two clients' signs at the drawn
+members of M_1 and M_2. The partition is derived inside the kernels as in ``pair_counts.triton``. First
+``_set_sizes_kernel`` counts the bonus, M_1 and M_2 members per block of words; a device cumsum gives
+each block's offsets, and the totals (the one host sync) size the buffers. Then one of two ways:
 
-1. ``_set_sizes_kernel``: bonus, M_1 and M_2 members per block of words; a device cumsum gives each
-   block's offsets and the totals (the one sync) size the buffers.
-2. ``_planes_kernel``: per block of words, the partition hashed once for all clients; the block's bonus
-   coordinates go to one list (the draws then run over bonus tasks only), and every client's compacted
-   bits are assembled into whole words in registers. A block owns the words its bits fill; only its
-   first and last word can hold a neighbour's bits too: one atomic OR each per client and plane (OR
-   commutes: deterministic).
-3. ``_draws_kernel``: a persistent grid over the bonus list. For each group of ``PAIRS`` ordered pairs a
-   program loads a block of bonus tasks once and draws a [PAIRS, BLOCK] tile: two hashes, two rank
-   products (``umulhi``), two lookups per draw; one atomic add per pair, group and program. All programs
-   walk the groups in the same order, so the planes being read at any time are those of a few pairs
-   (they stay in L2 while the whole round's planes need not).
+**Per pair** (``_draws_kernel``; few pairs). ``_planes_kernel`` compacts each client's sign bits at the
+members of M_1 (M_2), in coordinate order, into a bitstream ``plane[i]`` (client i's sign at the rank-th
+member is bit ``rank % 32`` of ``plane[i][rank // 32]``): the partition hashed once per block for all
+clients, the bits compressed by Hacker's Delight's ``compress`` with masks computed once per block, and
+assembled into whole words in registers (a block owns the words its bits fill; only its first and last
+can hold a neighbour's bits: one atomic OR each per client and plane, and OR commutes). It also lists
+the bonus tasks. The draws then run on a persistent grid over that list: per group of ``_PAIRS`` pairs a
+program loads a block of bonus tasks once and draws a [pairs, block] tile, two hashes, two ``umulhi``
+ranks, two lookups per draw, counting per lane and adding one total per pair, group and program. All
+programs walk the groups in the same order, so the rows read at a time are a few pairs' (in L2).
 
-The work is fixed by the contract (``kfca_llm.partition``): one draw per bonus task and ordered pair,
-each two random single-bit lookups in rows far larger than a GPU's L1. Memory: the bonus list (4 bytes
-per bonus task) and the two planes (n * (m1 + m2) / 32 words, less than the sign buffer).
+**Shared between pairs** (``_shared_draws_kernel``; many pairs). As c runs over the coordinates
+[0, 2**s), ``v = c ^ key`` runs over the aligned block of 2**s values named by the key's bits above s:
+pairs whose keys agree there draw from the same values. So each value is hashed once and its two
+*columns* are loaded once (``_columns_kernel``: every client's signs at the r-th member of M_1, M_2, in
+ceil(n / 32) words, stored at rank r: no atomics); each pair of the group then only tests, per lane,
+bonus(v ^ key) & (sign_i == sign_j), reading the bonus bitmap in whole permuted blocks. Random lookups
+fall from two per draw (n (n - 1) per bonus task) to two per value (at most 2**32 values in all).
+``sampled_matches`` takes the way with fewer random lookups unless told.
+
+Memory: per pair, the bonus list (4 bytes per bonus task) and the planes (n (m1 + m2) / 32 words);
+shared, the columns ((m1 + m2) ceil(n / 32) words) and the bonus bitmap (one word per word of signs).
 """
 
 from __future__ import annotations
