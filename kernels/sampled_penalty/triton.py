@@ -41,6 +41,9 @@ from ..intrinsics.triton import (as_uint32, coordinates, lanes_to_words, mix32, 
                                  round_params)
 
 _PAIRS = 4  # ordered pairs per draw tile: their 2 x 4 plane rows are what the programs read at a time
+# Shared draws keep a tile of columns in registers and pick two of their words per combination: up to
+# 4 words (128 clients; 16 combinations unrolled). Larger rounds draw per pair.
+MAX_SHARED_CLIENTS = 128
 
 
 def _plane_tile(t: torch.Tensor) -> tuple[int, int]:
@@ -408,8 +411,8 @@ def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: 
     """int64 [P] on the device: matches of the seeded (p1, p2) draws of each ordered pair (i, j).
 
     ``pair_keys[k]`` is the draw key of ``pairs[k]``. ``shared``: draw with values shared between pairs
-    (``_shared_draws_kernel``) or per pair (``_draws_kernel``); None chooses the one with fewer random
-    lookups. Raises ``ValueError`` when M_1 or M_2 is empty.
+    (``_shared_draws_kernel``, up to ``MAX_SHARED_CLIENTS`` clients) or per pair (``_draws_kernel``); None
+    chooses the one with fewer random lookups. Raises ``ValueError`` when M_1 or M_2 is empty.
     """
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     keys = np.asarray(pair_keys, dtype=np.int64).reshape(-1)
@@ -423,7 +426,9 @@ def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: 
         raise ValueError(f"too few informative coordinates to form non-empty penalty sets (M_1 {m1}, M_2 {m2})")
     params = round_params(key, t_bonus, t_m1, device, m1, m2, draw2_salt)
     if shared is None:
-        shared = shared_draws_pay_off(n_pairs, n_bonus, keys, signs.shape[1])
+        shared = signs.shape[0] <= MAX_SHARED_CLIENTS and shared_draws_pay_off(n_pairs, n_bonus, keys, signs.shape[1])
+    elif shared and signs.shape[0] > MAX_SHARED_CLIENTS:
+        raise ValueError(f"shared draws take at most {MAX_SHARED_CLIENTS} clients, got {signs.shape[0]}")
     if shared:
         return _shared_matches(signs, task, (key, t_bonus, t_m1), sizes, params, pairs, keys)
     bonus, n_bonus, plane1, plane2, m1, m2 = penalty_planes(signs, task, key, t_bonus, t_m1, sizes)

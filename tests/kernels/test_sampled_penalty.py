@@ -165,3 +165,9 @@ def test_shared_draws_are_chosen_where_they_save_lookups():
         keys = rng.integers(0, 2**32, size=n_pairs, dtype=np.int64)
         assert triton_penalty.shared_draws_pay_off(n_pairs, 40_000_000, keys, n_words) is shared
     assert not triton_penalty.shared_draws_pay_off(2, 100, np.array([5, 2**31]), 10)
+
+
+def test_shared_draws_refuse_more_clients_than_their_columns_hold():
+    signs, task = _random_words(np.random.default_rng(1), triton_penalty.MAX_SHARED_CLIENTS + 1, 20)
+    with pytest.raises(ValueError, match="at most 128 clients"):
+        _triton_matches(signs, task, 0, 0.5, np.array([[0, 1]]), shared=True)
