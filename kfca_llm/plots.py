@@ -60,7 +60,7 @@ def _title(report: Report) -> str:
     return f"{report['domain']} (seed {report['seed']})"
 
 
-def _save(fig, path: str | Path) -> None:
+def save_figure(fig, path: str | Path) -> None:
     """Render to memory, then write atomically: a half-written PNG never replaces a good one."""
     from .report import write_atomic
 
@@ -130,7 +130,7 @@ def plot_rewards(reports: Sequence[Report], path: str | Path) -> None:
         bottom.grid(axis="x", alpha=0.3)
     fig.suptitle("KFCA-QP rewards under attack strategies (line style and marker: attack family)")
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)
 
 
 def plot_delta(reports: Sequence[Report], path: str | Path) -> None:
@@ -172,4 +172,4 @@ def plot_delta(reports: Sequence[Report], path: str | Path) -> None:
     fig.suptitle("Empirical delta matrices of sign-quantized honest updates (binary: delta = [[d, -d], [-d, d]])",
                  fontsize=10)
     fig.tight_layout()
-    _save(fig, path)
+    save_figure(fig, path)

@@ -208,13 +208,18 @@ def _apply_override(table: dict[str, Any], override: str) -> None:
     key = key.strip()
     if not sep or not key:
         raise RecipeError(f"override {override!r} must look like key=value")
-    if key not in all_keys():
-        raise _unknown_key(key)
+    _set_key(table, key, _parse_scalar(raw))
+
+
+def _set_key(table: dict[str, Any], key: str, value: Any) -> None:
+    """Set a dotted recipe key (``train.training-arguments.max-steps``) in a nested table."""
+    if not isinstance(key, str) or key not in all_keys():
+        raise _unknown_key(str(key))
     *parents, leaf = key.split(".")
     node = table
     for p in parents:
         node = node.setdefault(p, {})
-    node[leaf] = _parse_scalar(raw)
+    node[leaf] = value
 
 
 def recipe_from_dict(table: Mapping[str, Any], *, default_name: str = "recipe") -> Recipe:
@@ -245,10 +250,11 @@ def resolve_recipe_path(name: str | Path | None) -> Path:
     raise InputError(f"no recipe file {str(name)!r} (shipped recipes: {', '.join(known) or 'none'})")
 
 
-def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
-    """Read a recipe (a TOML file or a shipped recipe's name, None: tiny) and apply ``key=value`` overrides.
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = (), values: Mapping[str, Any] = {}) -> Recipe:
+    """Read a recipe (a TOML file or a shipped recipe's name, None: tiny) and apply overrides.
 
-    Overrides use the dotted FlowerTune key names.
+    ``overrides`` are ``key=value`` texts (the value parsed as TOML); ``values`` maps keys to typed values
+    (e.g. a Flower run config), applied after them. Both use the dotted FlowerTune key names.
     """
     path = resolve_recipe_path(path)
     with path.open("rb") as fh:
@@ -258,6 +264,8 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
             raise RecipeError(f"{path}: not valid TOML: {exc}") from None
     for override in overrides:
         _apply_override(table, override)
+    for key, value in values.items():
+        _set_key(table, key, value)
     return recipe_from_dict(table, default_name=path.stem)
 
 

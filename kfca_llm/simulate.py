@@ -1,6 +1,8 @@
 """One KFCA-FedAvg federation with the attack analysis, and its outputs (the work of ``kfca-llm simulate``).
 
 ``run_one`` writes report.json, rewards.csv, rewards.png and delta.png; ``reward_table`` is the table it prints.
+``run_seeds`` runs one recipe under several seeds, one after another, each into ``seed<S>/``, and writes
+their ``summary.json``.
 """
 
 from __future__ import annotations
@@ -8,15 +10,25 @@ from __future__ import annotations
 import csv
 import io
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .recipe import Recipe
 
+SUMMARY = "summary.json"
+
+
 def default_out(recipe: Recipe, domain: str | None = None) -> Path:
     """``runs/<recipe>-seed<seed>``, or ``runs/<recipe>-<domain>-seed<seed>`` when ``--domain`` chose the data."""
     name = recipe.name if domain in (None, recipe.name) else f"{recipe.name}-{domain}"
     return Path("runs") / f"{name}-seed{recipe.kfca.seed}"
+
+
+def default_seeds_out(recipe: Recipe, seeds: Sequence[int], domain: str | None = None) -> Path:
+    """``runs/<recipe>-seeds0-1-2`` (with the domain as in ``default_out``)."""
+    name = default_out(recipe, domain).name.rpartition("-seed")[0]
+    return Path("runs") / f"{name}-seeds{'-'.join(map(str, seeds))}"
 
 
 def rewards_csv(report: dict[str, Any]) -> str:
@@ -121,3 +133,56 @@ def run_one(recipe: Recipe, out: Path, *, resume: bool = False, cpu: bool = Fals
     saved = "adapters/, updates/" if recipe.train.save_client_updates else "adapters/"
     print(f"wrote {out}/report.json, rewards.csv, rewards.png, delta.png, {saved}")
     return report
+
+
+def seeds_summary(reports: Sequence[dict[str, Any]], report_paths: Sequence[str]) -> dict[str, Any]:
+    """What several seeds' runs of one recipe earned: per strategy the mean reward of each seed, their mean,
+    min and max; per seed the report (path relative to the summary) and the categorical-world rounds."""
+    seeds = [r["seed"] for r in reports]
+    strategies = {}
+    for spec in reports[0]["strategies"]:
+        per_seed = [r["strategies"][spec]["mean_reward"] for r in reports]
+        strategies[spec] = {"mean_reward": sum(per_seed) / len(per_seed), "min": min(per_seed), "max": max(per_seed),
+                            "per_seed": dict(zip(map(str, seeds), per_seed))}
+    return {"recipe": reports[0].get("recipe"), "domain": reports[0]["domain"], "seeds": seeds,
+            "rounds": reports[0]["rounds"], "runs": dict(zip(map(str, seeds), report_paths)),
+            "strategies": strategies,
+            "categorical_world_rounds": {str(r["seed"]): sum(r["categorical_world"]) for r in reports},
+            "wall_s": {str(r["seed"]): r.get("wall_s") for r in reports}}
+
+
+def seeds_table(summary: dict[str, Any]) -> str:
+    """Mean reward per strategy (rows, sorted by the mean over seeds) and seed (columns)."""
+    from .report import text_table
+
+    strategies = summary["strategies"]
+    order = sorted(strategies, key=lambda s: strategies[s]["mean_reward"], reverse=True)
+    seeds = [str(s) for s in summary["seeds"]]
+    rows = [(str(rank), spec, *(f"{strategies[spec]['per_seed'][s]:+.4f}" for s in seeds),
+             f"{strategies[spec]['mean_reward']:+.4f}") for rank, spec in enumerate(order, start=1)]
+    cat = summary["categorical_world_rounds"]
+    notes = ["categorical-world condition held in " + ", ".join(f"{cat[s]}/{summary['rounds']} rounds (seed {s})"
+                                                               for s in seeds)]
+    return text_table(f"KFCA-QP mean rewards: {summary['recipe']}, {len(seeds)} seeds, {summary['rounds']} rounds",
+                      ["rank", "strategy", *(f"seed {s}" for s in seeds), "mean"], rows, notes, width=100)
+
+
+def run_seeds(recipes: Sequence[Recipe], out: Path, **options: Any) -> list[dict[str, Any]] | None:
+    """Run one recipe under several seeds (``recipes``: one per seed), one after another, into
+    ``out/seed<S>/``, then write ``out/summary.json`` and print the seeds' table.
+
+    One after another, in this process: a run already uses every core (torch, numba) or its GPU, and the
+    process's imports and compiled kernels serve every seed. Seeds in parallel are a CI matrix's job
+    (``kfca-llm check`` reads the reports of separate jobs). Returns the reports on the main process
+    (None on the others of an ``accelerate launch``).
+    """
+    from .report import write_json
+
+    reports = [run_one(r, out / f"seed{r.kfca.seed}", **options) for r in recipes]
+    if reports[0] is None:
+        return None
+    summary = seeds_summary(reports, [f"seed{r['seed']}/report.json" for r in reports])
+    write_json(out / SUMMARY, summary)
+    print(seeds_table(summary))
+    print(f"wrote {out}/{SUMMARY} (reports in {out}/seed<S>/)")
+    return reports

@@ -159,6 +159,20 @@ def test_same_seed_reproduces_and_resume_continues_bit_identically(short_federat
         run_federation(other, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
 
 
+@pytest.mark.parametrize("key, field, value", [("kfca.duplicates", "duplicates", "split"),
+                                             ("kfca.penalty", "penalty", "sampled"),
+                                             ("kfca.bonus-fraction", "bonus_fraction", 0.4),
+                                             ("kfca.peers", "peers", 1), ("kfca.aggregate", "aggregate", "all")])
+def test_resume_refuses_a_changed_scoring_setting_in_one_line_naming_it(short_federation, tmp_path, key, field,
+                                                                          value):
+    recipe, out, _ = short_federation
+    resumed_dir = _interrupted(out, tmp_path, last=2)
+    changed = recipe.model_copy(update={"kfca": recipe.kfca.model_copy(update={field: value})})
+    with pytest.raises(InputError, match=rf"cannot resume from .*: scoring setting {key} was .* this run has {value!r}"):
+        run_federation(changed, FederationOptions(out_dir=resumed_dir, resume=True, progress=False))
+    assert last_complete_round(resumed_dir) == 2  # nothing was trained or written
+
+
 def test_report_dict_is_json_and_has_the_documented_keys(short_federation):
     _, _, result = short_federation
     report = json.loads(json.dumps(result.to_report()))

@@ -1,62 +1,118 @@
-"""Regression of the paper's attack-analysis ordering on the tiny federation (recipes/tiny.toml, seed 0).
+"""The paper's attack-analysis ordering on the tiny federation (recipes/tiny.toml, seed 0), checked by
+``kfca-llm check`` with its default expectations (recipes/expectations/paper-llm.toml), the command and file
+a user's CI runs.
 
-The tiny run is shared by the session (``tiny_federation`` in conftest.py). Each assertion has a margin
-that a change of torch numerics cannot cross but a real regression does:
+The tiny run is shared by the session (``tiny_federation`` in conftest.py). The file's margins are what this
+regression has always used (a change of torch numerics cannot cross them, a real regression does):
 
-* honest beats every attack by at least HONEST_MARGIN (0.03; measured: 0.055 over sparse:0.75);
-* sparse:0.75 > sparse:0.5 > sparse:0.25 > 0 by at least SPARSE_MARGIN (0.02; measured >= 0.05);
-* the lag chain lagged:2 >= lagged:3 >= lagged:4 >= lagged:5 >= stale may tie within LAG_TOLERANCE
-  (0.002; measured steps 0.009-0.017, smallest over seeds 0-5 about 0.004), but must fall by at least
-  LAG_DROP (0.02; measured 0.047) from lagged:2 to stale: a lag that stops mattering (every lag the same
-  update) or runs backwards (oldest for the shortest lag) fails here;
-* |zero|, |random| < FREE_RIDER_BOUND (0.02; chance agreement, per-round noise about 0.005);
+* honest beats every attack by more than 0.03 (measured: 0.055 over sparse:0.75), and is paid;
+* sparse:0.75 > sparse:0.5 > sparse:0.25 > 0 by more than 0.02 (measured >= 0.05);
+* lagged:2 >= lagged:3 >= lagged:4 >= lagged:5 >= stale may tie within 0.002 (measured steps 0.009-0.017,
+  smallest over seeds 0-5 about 0.004), but lagged:2 - stale > 0.02 (measured 0.047): a lag that stops
+  mattering (every lag the same update) or runs backwards (oldest for the shortest lag) fails;
+* |zero|, |random| < 0.02 (chance agreement, per-round noise about 0.005);
 * flip < -0.5 x honest (KFCA pays a flipper the negative of the honest reward);
-* the categorical-world condition in every round.
+* the categorical-world condition for every honest pair in every round.
+
+The doctored reports below prove the file is that strong: each moves one reward just past one margin (or
+breaks one honest pair's delta in one round) and must fail exactly that expectation.
 """
+
+import copy
+import xml.etree.ElementTree as ET
 
 import pytest
 
-HONEST_MARGIN = 0.03
-SPARSE_MARGIN = 0.02
-LAG_TOLERANCE = 0.002
-LAG_DROP = 0.02
-FREE_RIDER_BOUND = 0.02
+from kfca_llm.cli import main
+from kfca_llm.report import write_json
 
 
 @pytest.fixture(scope="module")
-def mean(tiny_federation):
+def report(tiny_federation):
     assert tiny_federation.recipe.num_server_rounds == 10
-    return tiny_federation.mean_strategy_rewards()
+    return tiny_federation.to_report()
 
 
-def test_honest_is_highest(mean):
-    assert mean["honest"] > 0
-    assert all(mean["honest"] > v + HONEST_MARGIN for s, v in mean.items() if s != "honest"), mean
+def check(report, folder, capsys, *extra):
+    write_json(folder / "report.json", report)
+    code = main(["check", str(folder), *extra])
+    return code, capsys.readouterr().out
 
 
-def test_temporal_attacks_lose_reward_with_lag(mean):
-    chain = ["lagged:2", "lagged:3", "lagged:4", "lagged:5", "stale"]
-    assert all(mean[a] > mean[b] - LAG_TOLERANCE for a, b in zip(chain, chain[1:])), {s: mean[s] for s in chain}
-    assert mean["lagged:2"] > mean["stale"] + LAG_DROP
+def test_paper_ordering_holds_on_the_tiny_run(report, tmp_path, capsys):
+    code, out = check(report, tmp_path, capsys, "--junit", str(tmp_path / "junit.xml"))
+    assert code == 0, out
+    assert "9/9 expectations hold" in out and "seed 0" in out
+    cases = ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite/testcase")
+    assert len(cases) == 9 and all(c.find("failure") is None for c in cases)
 
 
-def test_sparse_attacks_interpolate(mean):
-    chain = [mean["sparse:0.75"], mean["sparse:0.5"], mean["sparse:0.25"], 0.0]
-    assert all(a > b + SPARSE_MARGIN for a, b in zip(chain, chain[1:])), chain
+def shift_mean(report, spec, target):
+    """Move every round's reward of ``spec`` by one amount so that its mean is ``target``."""
+    entry = report["strategies"][spec]
+    step = target - entry["mean_reward"]
+    entry["per_round"] = [v + step for v in entry["per_round"]]
+    entry["mean_reward"] = target
 
 
-def test_free_riders_earn_nothing(mean):
-    assert abs(mean["zero"]) < FREE_RIDER_BOUND
-    assert abs(mean["random"]) < FREE_RIDER_BOUND
+def mean(report, spec):
+    return report["strategies"][spec]["mean_reward"]
 
 
-def test_flip_is_punished(mean):
-    assert mean["flip"] < -0.5 * mean["honest"]
+def _honest(r):
+    shift_mean(r, "honest", mean(r, "sparse:0.75") + 0.029)
 
 
-def test_categorical_world_holds_every_round(tiny_federation):
-    assert [r.categorical_world for r in tiny_federation.rounds] == [True] * 10
-    for r in tiny_federation.rounds:
-        for p in r.pairs:
-            if p.strategy == "honest":
-                assert p.delta[0][0] > 0 and p.delta[1][1] > 0 and p.delta[0][1] < 0 and p.delta[1][0] < 0
+def _sparse_step(r):
+    shift_mean(r, "sparse:0.25", mean(r, "sparse:0.5") - 0.019)
+
+
+def _sparse_floor(r):
+    shift_mean(r, "sparse:0.25", 0.019)
+
+
+def _lag_backwards(r):
+    shift_mean(r, "lagged:4", mean(r, "lagged:3") + 0.0021)
+
+
+def _lag_free(r):
+    shift_mean(r, "stale", mean(r, "lagged:2") - 0.019)
+    for spec in ("lagged:3", "lagged:4", "lagged:5"):
+        shift_mean(r, spec, mean(r, "lagged:2") - 0.01)
+
+
+def _zero(r):
+    shift_mean(r, "zero", 0.021)
+
+
+def _random(r):
+    shift_mean(r, "random", -0.021)
+
+
+def _flip(r):
+    shift_mean(r, "flip", -0.49 * mean(r, "honest"))
+
+
+def _categorical(r):
+    pair = next(p for p in r["round_records"][6]["pairs"] if p["honest_pair"])
+    pair["delta"][0][1] = 1e-4  # one honest pair, round 7: an off-diagonal entry above 0
+
+
+@pytest.mark.parametrize("doctor, broken", [
+    (_honest, "honest above every attack"),
+    (_sparse_step, "sparse attacks interpolate"),
+    (_sparse_floor, "sparse attacks interpolate"),
+    (_lag_backwards, "older updates earn less"),
+    (_lag_free, "a lag costs reward"),
+    (_zero, "zero earns nothing"),
+    (_random, "random earns nothing"),
+    (_flip, "flip is punished"),
+    (_categorical, "categorical world"),
+], ids=lambda v: v.__name__.strip("_") if callable(v) else None)
+def test_a_report_just_past_a_margin_fails_that_expectation(report, tmp_path, capsys, doctor, broken):
+    doctored = copy.deepcopy(report)
+    doctor(doctored)
+    code, out = check(doctored, tmp_path, capsys)
+    assert code == 1
+    assert [line.split(":")[0] for line in out.splitlines() if line.startswith("FAILED ")] == [f"FAILED {broken}"]
+    assert "8/9 expectations hold" in out

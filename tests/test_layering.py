@@ -190,9 +190,15 @@ def private_imports(sources: dict[str, tuple[str, bool]]) -> list[str]:
 
 def test_no_module_imports_another_modules_private_names():
     sources = package_sources()
-    # plots._save: taken by valuation/figures.py until issue 20 gives plots a public saver.
-    assert set(private_imports(sources)) <= {"kfca_llm.valuation.figures imports kfca_llm.plots._save"}
+    assert private_imports(sources) == []
     # The check sees one put back (engine/labels.py once took cpu._mix32).
     source, is_package = sources["kfca_llm.engine.labels"]
     sources["kfca_llm.engine.labels"] = (source + "\nfrom .cpu import _unique_pairs\n", is_package)
     assert "kfca_llm.engine.labels imports kfca_llm.engine.cpu._unique_pairs" in private_imports(sources)
+
+
+def test_the_experiment_module_is_imported_only_by_its_command():
+    """valuation/fidelity.py is the comparison experiment; shared pieces (metrics) live below it."""
+    graph = import_graph(package_sources())
+    importers = sorted(m for m, targets in graph.items() if "kfca_llm.valuation.fidelity" in targets)
+    assert importers == ["kfca_llm.cli.fidelity"]

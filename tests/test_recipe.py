@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 from helpers import RECIPES, TINY
 
+from kfca_llm.errors import InputError
+
 from kfca_llm.recipe import (
     Recipe, RecipeError, all_keys, clients_per_round, load_recipe, lr_for_round, recipe_from_dict, recipe_to_dict,
 )
@@ -201,3 +203,16 @@ def test_validating_a_recipe_does_not_import_torch():
     package = str(Path(__file__).resolve().parents[1] / "kfca_llm")
     out = subprocess.run([sys.executable, "-c", code, package, str(TINY)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_typed_values_override_the_recipe_without_toml_text():
+    """What a Flower run config gives (already typed scalars, a tuple of attackers): no text round trip."""
+    recipe = load_recipe(TINY, ["num-server-rounds=2"], values={"train.training-arguments.max-steps": 3,
+                                                                "kfca.attackers": ("1=flip",),
+                                                                "num-server-rounds": 5})
+    assert recipe.train.training_arguments.max_steps == 3 and recipe.kfca.attackers == ("1=flip",)
+    assert recipe.num_server_rounds == 5  # values apply after the key=value overrides
+    with pytest.raises(InputError, match="unknown recipe key 'train.max-stepz'"):
+        load_recipe(TINY, values={"train.max-stepz": 1})
+    with pytest.raises(InputError, match="train.training-arguments.max-steps"):
+        load_recipe(TINY, values={"train.training-arguments.max-steps": "three"})

@@ -7,13 +7,20 @@ from helpers import TINY
 from kfca_llm.cli import main
 
 FAST = ["--no-progress", "--set", "train.training-arguments.max-steps=2"]
+RUN = ["--rounds", "2", "--attacks", "honest,zero,flip,sparse:0.5", *FAST]
 
 
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory):
     out = tmp_path_factory.mktemp("sim") / "run"
-    return out, main(["simulate", "--rounds", "2", "--attacks", "honest,zero,flip,sparse:0.5", "--seed", "3",
-                      "--out", str(out), *FAST])
+    return out, main(["simulate", *RUN, "--seed", "3", "--out", str(out)])
+
+
+@pytest.fixture(scope="module")
+def seeds_run(tmp_path_factory):
+    """Seeds 2 and 3 in one process (seed 3 as in ``simulated``)."""
+    out = tmp_path_factory.mktemp("seeds") / "run"
+    return out, main(["simulate", *RUN, "--seeds", "2,3", "--out", str(out)])
 
 
 def test_simulate_writes_every_output(simulated):
@@ -127,3 +134,71 @@ def test_domain_all_runs_four_domains_and_combines_figures(tmp_path, capsys):
     for domain in ("general-nlp", "finance", "medical", "code"):
         assert json.loads((out / domain / "report.json").read_text())["domain"] == domain
     assert (out / "rewards.png").is_file() and (out / "delta.png").is_file()
+
+
+def test_seeds_run_one_after_another_each_as_its_own_run(simulated, seeds_run):
+    (single, _), (out, code) = simulated, seeds_run
+    assert code == 0
+    reports = {s: json.loads((out / f"seed{s}" / "report.json").read_text()) for s in (2, 3)}
+    assert [r["seed"] for r in reports.values()] == [2, 3]
+    for s in (2, 3):
+        assert (out / f"seed{s}" / "rewards.png").is_file()
+    # seed 3 after seed 2 in one process earns what seed 3 alone does: nothing leaks between seeds
+    assert reports[3]["strategies"] == json.loads((single / "report.json").read_text())["strategies"]
+    assert reports[2]["strategies"] != reports[3]["strategies"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [2, 3] and summary["rounds"] == 2
+    assert summary["runs"] == {"2": "seed2/report.json", "3": "seed3/report.json"}
+    honest = summary["strategies"]["honest"]
+    per_seed = [reports[s]["strategies"]["honest"]["mean_reward"] for s in (2, 3)]
+    assert honest["per_seed"] == {"2": per_seed[0], "3": per_seed[1]}
+    assert (honest["mean_reward"], honest["min"], honest["max"]) == (sum(per_seed) / 2, min(per_seed), max(per_seed))
+    assert summary["categorical_world_rounds"] == {str(s): sum(reports[s]["categorical_world"]) for s in (2, 3)}
+    assert not list(out.glob(".*"))  # summary written atomically
+
+
+def test_check_reads_a_multi_seed_folder(seeds_run, tmp_path, capsys):
+    out, _ = seeds_run
+    expect = tmp_path / "e.toml"
+    expect.write_text('[[expect]]\ncheck = "honest > *"\n[[expect]]\ncheck = "flip < -0.5 x honest"\n')
+    assert main(["check", str(out), "--expect", str(expect)]) == 0
+    text = capsys.readouterr().out
+    assert "seed 2" in text and "seed 3" in text and "2/2 expectations hold" in text
+
+
+def test_seeds_table_lists_every_seed(seeds_run):
+    out, _ = seeds_run
+    from kfca_llm.simulate import seeds_table
+
+    text = seeds_table(json.loads((out / "summary.json").read_text()))
+    assert "seed 2" in text and "seed 3" in text
+    positions = [text.index(f" {s} ") for s in ("honest", "sparse:0.5", "flip")]
+    assert positions == sorted(positions)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "0,x"], "distinct non-negative integers"),
+    (["--seeds", "-1"], "distinct non-negative integers"),
+    (["--seeds", ","], "distinct non-negative integers"),
+    (["--seeds", "1,1"], "repeats a seed"),
+    (["--seeds", "0,1", "--seed", "2"], "not both"),
+    (["--seeds", "0,1", "--domain", "all"], "one domain"),
+])
+def test_bad_seeds_are_refused(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", *args, *FAST]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_seeds_dry_run_and_default_folder(tmp_path, capsys, monkeypatch):
+    from kfca_llm.recipe import load_recipe
+    from kfca_llm.simulate import default_seeds_out
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["simulate", "--seeds", "0,1,2", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("recipe 'tiny' (general-nlp)") == 1  # one plan: it does not depend on the seed
+    assert not (tmp_path / "runs").exists()
+    recipe = load_recipe(TINY)
+    assert str(default_seeds_out(recipe, [0, 1, 2])) == "runs/tiny-seeds0-1-2"
+    assert str(default_seeds_out(recipe, [5], "finance")) == "runs/tiny-finance-seeds5"

@@ -22,7 +22,9 @@ SUBCOMMANDS = {
     "score": "score adapter checkpoints (PEFT directories or .safetensors files)",
     "simulate": "run a KFCA-FedAvg federation with the attack analysis (the main job)",
     "fidelity": "reward fidelity: KFCA, CA and Shapley estimators against exact Shapley",
-    "ledger": "print the totals per node of a KFCA reward ledger (SQLite)",
+    "ledger": "print the balances per participant of a KFCA reward ledger (SQLite)",
+    "verify": "verify a KFCA reward ledger: hash chain and recomputed rounds",
+    "check": "check rewards against expectations (the attack ordering; JUnit XML for CI)",
 }
 
 

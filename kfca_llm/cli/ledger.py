@@ -1,4 +1,4 @@
-"""``kfca-llm ledger PATH [--json | --csv]``: totals per node of a KFCA reward ledger."""
+"""``kfca-llm ledger PATH [--json | --csv]``: balances per participant identity of a KFCA reward ledger."""
 
 from __future__ import annotations
 
@@ -9,12 +9,25 @@ import json
 from dataclasses import asdict
 
 MAX_FAILURES_SHOWN = 20
+CSV_COLUMNS = ["participant", "label", "node_ids", "total", "rounds", "mean"]
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _one_line(reason: str, width: int = 160) -> str:
     """A failure reason as one printable line (a node's error text may hold tracebacks and ANSI codes)."""
     line = "".join(c if c.isprintable() else " " for c in (reason.strip().splitlines() or [""])[0])
     return line if len(line) <= width else line[:width - 3] + "..."
+
+
+def csv_text(value) -> str:
+    """A text cell that no spreadsheet reads as a formula: one starting with = + - @ (or tab, CR) gets a ' first."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(_FORMULA_START) else text
+
+
+def _short(participant: str) -> str:
+    kind, _, rest = participant.partition(":")
+    return f"{kind}:{rest[:16]}..." if kind == "key" and len(rest) > 16 else participant
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,13 +40,16 @@ def run(args: argparse.Namespace) -> int:
     summary = ledger_summary(contents)
     if args.json:
         print(json.dumps({"totals": summary, "runs": len({r.run_id for r in contents.rounds}),
+                          "participants": [asdict(p) for p in contents.participants],
                           "rounds": [asdict(r) for r in contents.rounds],
                           "failures": [asdict(f) for f in contents.failures]}, indent=2))
     elif args.csv:
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=["node_id", "total", "rounds", "mean"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(summary)
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(CSV_COLUMNS)
+        for s in summary:
+            writer.writerow([csv_text(s["participant"]), csv_text(s["label"]), csv_text(" ".join(s["node_ids"])),
+                             repr(s["total"]), s["rounds"], repr(s["mean"])])
         print(buffer.getvalue(), end="")
     else:
         scored = sum(r.status == SCORED for r in contents.rounds)
@@ -43,16 +59,17 @@ def run(args: argparse.Namespace) -> int:
                   for f in contents.failures[:MAX_FAILURES_SHOWN]]
         if len(contents.failures) > MAX_FAILURES_SHOWN:
             notes.append(f"... {len(contents.failures) - MAX_FAILURES_SHOWN} more failure(s) (--json lists all)")
-        print(text_table(f"KFCA reward ledger {args.path}", ["#", "node", "total reward", "rounds", "mean"],
-                         [(str(k), s["node_id"], f"{s['total']:+.6f}", str(s["rounds"]), f"{s['mean']:+.6f}")
-                          for k, s in enumerate(summary, start=1)], notes))
+        rows = [(str(k), _short(s["participant"]), s["label"] or "", " ".join(s["node_ids"]), f"{s['total']:+.6f}",
+                 str(s["rounds"]), f"{s['mean']:+.6f}") for k, s in enumerate(summary, start=1)]
+        print(text_table(f"KFCA reward ledger {args.path}",
+                         ["#", "participant", "label", "node ids", "total reward", "rounds", "mean"], rows, notes))
     return 0
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("ledger", help="print the totals per node of a KFCA reward ledger (SQLite)")
+    parser = subparsers.add_parser("ledger", help="print the balances per participant of a KFCA reward ledger")
     parser.add_argument("path", help="the ledger file (KFCAStrategy(ledger=...))")
     form = parser.add_mutually_exclusive_group()
-    form.add_argument("--json", action="store_true", help="print totals, rounds and failures as JSON")
-    form.add_argument("--csv", action="store_true", help="print the totals per node as CSV")
+    form.add_argument("--json", action="store_true", help="print balances, participants, rounds and failures as JSON")
+    form.add_argument("--csv", action="store_true", help="print the balances per participant as CSV")
     parser.set_defaults(handler=run)

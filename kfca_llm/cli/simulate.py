@@ -5,7 +5,8 @@ changes the recipe's data): report.json, rewards.csv, rewards.png (attack-analys
 (delta matrices per round), adapters/round-XXX (the global adapter in PEFT's format) and, with
 train.save-client-updates (on in the tiny recipe), updates/round-XXX/{global,client-YYY} for
 kfca-llm score. --domain all runs the recipe on each domain's synthetic data into <out>/<domain>/ and
-draws combined figures in <out>.
+draws combined figures in <out>. --seeds 0,1,2 runs the seeds one after another into <out>/seed<S>/
+(default out: runs/<recipe>-seeds0-1-2) and writes <out>/summary.json (kfca-llm check reads the folder).
 """
 
 from __future__ import annotations
@@ -19,14 +20,26 @@ from ..errors import InputError
 from ..recipe import DOMAINS, SYNTHETIC_DATASET, Recipe, load_recipe
 
 
-def build_recipe(args: argparse.Namespace, domain: str | None) -> Recipe:
+def parse_seeds(text: str) -> list[int]:
+    """``0,1,2`` -> [0, 1, 2]: distinct non-negative integers, in the order given."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise InputError(f"--seeds {text!r}: give distinct non-negative integers separated by commas, e.g. 0,1,2")
+    seeds = [int(p) for p in parts]
+    if len(set(seeds)) != len(seeds):
+        raise InputError(f"--seeds {text!r} repeats a seed")
+    return seeds
+
+
+def build_recipe(args: argparse.Namespace, domain: str | None, seed: int | None = None) -> Recipe:
     overrides = list(args.set or [])
     if domain is not None:
         overrides.append(f"domain={domain}")
     if args.rounds is not None:
         overrides.append(f"num-server-rounds={args.rounds}")
-    if args.seed is not None:
-        overrides.append(f"kfca.seed={args.seed}")
+    seed = getattr(args, "seed", None) if seed is None else seed
+    if seed is not None:
+        overrides.append(f"kfca.seed={seed}")
     if args.attacks is not None:
         specs = [s.strip() for s in args.attacks.split(",") if s.strip()]
         resolve_attacks(specs)  # our error lists the valid specs
@@ -38,19 +51,43 @@ def build_recipe(args: argparse.Namespace, domain: str | None) -> Recipe:
     return recipe
 
 
-def run(args: argparse.Namespace) -> int:
-    from ..simulate import default_out, run_one
+def seed_recipes(args: argparse.Namespace) -> list[Recipe]:
+    """One recipe per ``--seeds`` entry (the recipe's own seed when not given)."""
+    if getattr(args, "seed", None) is not None and args.seeds is not None:
+        raise InputError("give --seed or --seeds, not both")
+    if args.domain == "all":
+        raise InputError("--seeds runs one recipe on one domain; give --domain a single domain")
+    if args.seeds is None:
+        return [build_recipe(args, args.domain)]
+    return [build_recipe(args, args.domain, seed) for seed in parse_seeds(args.seeds)]
 
-    domains: Sequence[str | None] = DOMAINS if args.domain == "all" else [args.domain]
-    recipes = [build_recipe(args, d) for d in domains]
+
+def run_options(args: argparse.Namespace) -> dict:
+    """run_one's keyword arguments from the shared run options."""
+    return dict(resume=args.resume, cpu=args.cpu, progress=not args.no_progress, model_dir=args.model_dir,
+                data_dir=args.data_dir, valuation=args.valuation)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..simulate import default_out, default_seeds_out, run_one, run_seeds
+
+    if args.seeds is not None:
+        recipes = seed_recipes(args)
+    else:
+        domains: Sequence[str | None] = DOMAINS if args.domain == "all" else [args.domain]
+        recipes = [build_recipe(args, d) for d in domains]
     if args.dry_run:
         from ..plan import dry_run
 
-        for recipe in recipes:
+        for recipe in recipes[:1] if args.seeds is not None else recipes:  # the plan does not depend on the seed
             print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
         return 0
-    options = dict(resume=args.resume, cpu=args.cpu, progress=not args.no_progress, model_dir=args.model_dir,
-                   data_dir=args.data_dir, valuation=args.valuation)
+    options = run_options(args)
+    if args.seeds is not None:
+        seeds = [r.kfca.seed for r in recipes]
+        run_seeds(recipes, Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain),
+                  **options)
+        return 0
     if args.domain == "all":
         out = Path(args.out) if args.out else Path("runs") / f"{recipes[0].name}-all-seed{recipes[0].kfca.seed}"
         reports = [run_one(r, out / r.domain, **options) for r in recipes]
@@ -66,10 +103,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(
-        "simulate", help="run a KFCA-FedAvg federation with the attack analysis (default: recipes/tiny.toml)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of a federated run, shared by simulate and check (which runs simulate itself)."""
     p.add_argument("--recipe", default=None, help="recipe TOML file or shipped recipe name (default: tiny)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="override a recipe key (FlowerTune names, e.g. train.learning-rate-max=1e-3); repeatable")
@@ -78,16 +113,26 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None, help="number of rounds (num-server-rounds)")
     p.add_argument("--attacks", default=None,
                    help="comma-separated attack specs, e.g. 'honest,flip,lagged:2,sparse:0.5'")
-    p.add_argument("--seed", type=int, default=None, help="seed of everything (kfca.seed)")
-    p.add_argument("--out", default=None, help="output folder (default runs/<recipe>-seed<seed>)")
+    p.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="run these seeds one after another, each into <out>/seed<S>/, and write <out>/summary.json")
     p.add_argument("--resume", action="store_true", help="continue from the last saved round in --out")
     p.add_argument("--cpu", action="store_true", help="train on the CPU even where CUDA is present")
-    p.add_argument("--dry-run", action="store_true", help="print the run plan (memory, time, tasks) and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--valuation", action="store_true",
                    help="also value each round's clients by MR-SV and GTG-Shapley (v = -held-out loss) beside "
                         "KFCA-QP (report.json 'valuation'; synthetic data only)")
     p.add_argument("--model-dir", type=Path, default=None, help="local base model directory (no download)")
     p.add_argument("--data-dir", type=Path, default=None, help="local data set (datasets.save_to_disk)")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "simulate", help="run a KFCA-FedAvg federation with the attack analysis (default: recipes/tiny.toml)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_arguments(p)
+    p.add_argument("--seed", type=int, default=None, help="seed of everything (kfca.seed)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default runs/<recipe>-seed<seed>, with --seeds runs/<recipe>-seeds<S-S-...>)")
+    p.add_argument("--dry-run", action="store_true", help="print the run plan (memory, time, tasks) and exit")
     p.set_defaults(handler=run)
     return p

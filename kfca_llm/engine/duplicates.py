@@ -11,22 +11,34 @@ Rules (``DuplicateRule``), for a pair with disagreement rate ``d`` over the roun
 * **identical**: ``d == 0`` (exact integer counts: the packed sign words of the two clients are equal);
 * **near (absolute)**: ``d <= max_disagreement`` (default 2%: a copy with noise of 5% of the tensor's
   std flips about 1.6% of the signs; independent honest clients are nowhere near);
-* **near (excess correlation)**, with at least ``min_clients`` clients in the round: the pair is far
-  more correlated than what each client shares with the round. Sign agreement gives the correlation
-  ``rho = cos(pi d)`` (Sheppard's formula, exact for Gaussian coordinates); honest clients follow a
-  one-factor model ``rho_ij = lambda_i lambda_j`` (a shared signal plus private noise), with each
-  ``lambda`` fitted by a median over the client's other peers (robust to its copy partner). The
-  pair's *excess* is the correlation of the two private parts,
-  ``(rho_ij - lambda_i lambda_j) / sqrt((1 - lambda_i^2)(1 - lambda_j^2))``: about 0 for honest
-  pairs, whatever their quality, and close to 1 for a copy (0.84 for noise of 20% of the std on a
-  client that agrees with the shared signal at 0.95). Flagged when it exceeds
-  ``min_excess_correlation`` by more than ``min_sigma`` standard errors of ``rho`` and the two reports
-  differ on at most ``max_excess_disagreement`` (5%) of the tasks. That floor is there because the
-  one-factor model does not always hold: in tiny federations where all six clients train every round,
-  honest pairs with excess correlations of 0.6-0.8 came up at 82-90.5% agreement, and under the
-  ``zero`` policy a false positive costs an honest client its pay. The price: a copy with noise of 10%
-  of the std (about 3% of the signs flipped) is caught, one with 20% (about 6%) is not by default;
-  ``DuplicateRule(max_excess_disagreement=0.1)`` catches it where honest clients are less alike.
+* **near (excess correlation + third parties)**, with at least ``min_clients`` clients in the round: the
+  pair is far more correlated than what each client shares with the round, *and* the round's other
+  clients see one of the two as a noisy copy of the other.
+
+  The first test: sign agreement gives the correlation ``rho = cos(pi d)`` (Sheppard's formula, exact for
+  Gaussian coordinates); honest clients follow a one-factor model ``rho_ij = lambda_i lambda_j`` (a shared
+  signal plus private noise), with each ``lambda`` fitted by a median over the client's other peers
+  (robust to its copy partner). The pair's *excess* is the correlation of the two private parts,
+  ``(rho_ij - lambda_i lambda_j) / sqrt((1 - lambda_i^2)(1 - lambda_j^2))``: about 0 for honest pairs,
+  whatever their quality, and close to 1 for a copy (0.77-0.80 for one with 20% of its signs flipped). It
+  must exceed ``min_excess_correlation`` by ``min_sigma`` standard errors of ``rho``.
+
+  The one-factor model does not always hold: honest clients that share more than the round's signal (tiny
+  clients with one data generator, two hospitals with similar patients) reach excess correlations of
+  0.6-0.8. The second test is calibrated on the round itself and tells them from a copy: a copy ``c``
+  of ``v`` with a fraction ``f = d_vc`` of its signs changed disagrees with every third client ``k`` of the
+  round as ``d_ck = f + (1 - 2f) d_vk`` (it knows nothing ``v`` does not). The *copy fit*
+  ``sum_k (d_ck - d_vk) / (f sum_k (1 - 2 d_vk))`` is therefore 1 for a copy (in its better orientation)
+  and far from 1 for two honest clients with shared data, whose disagreements with third parties are about
+  equal (fit near 0). Flagged when the fit reaches ``min_copy_fit`` within ``min_sigma`` standard errors,
+  asked of at least ``min_witnesses`` third clients that agree with the source beyond chance (with two, an
+  honest pair of a tiny federation fitted the copy model). Two more ways past this test, both measured
+  against the same round: a pair with no witness at all (colluders on one random update agree with nobody
+  else), and a pair differing on at most ``max_relative_disagreement`` (15%) of what the round's median pair
+  differs on (Gaussian noise changes the signs where the source's values are small, where it agrees with
+  others least, so third parties see such a copy as partly independent, fit about 0.5).
+  This replaces an earlier fixed floor (pairs differing on at most 5% of the tasks), which let copies with
+  more than 5% of their signs changed through.
 
 A scale-dependent statistic (a robust z-score of ``d`` against the round's pairs) was not used: with
 millions of coordinates the sampling noise of ``d`` vanishes, so such z-scores flag any structured
@@ -66,20 +78,26 @@ class DuplicateRule:
     """Correlation of the two clients' private parts (after the shared signal) that makes a copy."""
     min_sigma: float = 3.0
     """The excess must clear ``min_excess_correlation`` by this many standard errors of ``rho``."""
-    max_excess_disagreement: float = 0.05
-    """The excess-correlation rule flags only pairs whose reports differ on at most this fraction."""
+    min_copy_fit: float = 0.75
+    """Third-party test: the round's other clients see the pair as copy and source (fit 1: signs changed at random)."""
+    max_relative_disagreement: float = 0.15
+    """... or the pair differs on at most this fraction of what the round's median pair differs on."""
+    min_witnesses: int = 3
+    """The third-party test needs this many other clients agreeing with the source beyond chance (1 - 2d >= 0.03)."""
     min_clients: int = 4
     """Rounds with fewer clients use only the identical and absolute rules."""
     excess_correlation: bool = True
     """False for reports whose agreement is not a sign agreement (e.g. categorical labels)."""
 
     def __post_init__(self):
-        for name in ("max_disagreement", "min_excess_correlation", "max_excess_disagreement"):
+        for name in ("max_disagreement", "min_excess_correlation", "min_copy_fit", "max_relative_disagreement"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise InputError(f"DuplicateRule.{name} must be a number in [0, 1), got {value!r}")
         if isinstance(self.min_sigma, bool) or not isinstance(self.min_sigma, (int, float)) or self.min_sigma < 0:
             raise InputError(f"DuplicateRule.min_sigma must be a number >= 0, got {self.min_sigma!r}")
+        if isinstance(self.min_witnesses, bool) or not isinstance(self.min_witnesses, int) or self.min_witnesses < 1:
+            raise InputError(f"DuplicateRule.min_witnesses must be an integer >= 1, got {self.min_witnesses!r}")
         if isinstance(self.min_clients, bool) or not isinstance(self.min_clients, int) or self.min_clients < 4:
             raise InputError(f"DuplicateRule.min_clients must be an integer >= 4, got {self.min_clients!r}")
 
@@ -132,8 +150,18 @@ def find_duplicates(clients: Sequence[str], disagreements: np.ndarray, tasks: in
     identical = d == 0
     near = rate <= rule.max_disagreement
     if excess is not None:
+        fit, fit_stderr = copy_fit(rate, tasks)
+        witnesses = _witnesses(rate)
+        fit = np.where(witnesses >= rule.min_witnesses, fit + rule.min_sigma * fit_stderr, -np.inf)
+        # A pair that agrees with nobody else beyond chance (colluders on one random update) has no witness
+        # to ask; its private parts are all it has.
+        isolated = (witnesses == 0) & (witnesses.T == 0)
+        # Gaussian noise changes the signs where the source's values are small, where it agrees with others
+        # least: third parties see such a copy as partly independent (fit about 0.5), but it stays far closer
+        # to its source than the round's pairs are to each other.
+        close = rate <= rule.max_relative_disagreement * np.median(rate[np.triu_indices(n, 1)])
         near |= ((excess[0] - rule.min_sigma * excess[1] >= rule.min_excess_correlation)
-                 & (rate <= rule.max_excess_disagreement))
+                 & ((np.maximum(fit, fit.T) >= rule.min_copy_fit) | isolated | close))
     flagged = []
     for i, j in zip(*np.nonzero(np.triu(identical | near, k=1))):
         flagged.append(DuplicatePair(clients[i], clients[j], 1.0 - float(rate[i, j]),
@@ -181,6 +209,29 @@ def _excess_correlation(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.nd
     # Binomial noise of the agreement rate, carried through rho = cos(pi d) (|d rho / d d| <= pi).
     stderr = np.pi * np.sqrt(rate * (1.0 - rate) / tasks + 1.0 / tasks ** 2) / np.outer(private, private)
     return excess, stderr
+
+
+def _witnesses(rate: np.ndarray) -> np.ndarray:
+    """int [s, c]: third clients k that agree with s beyond chance (1 - 2 d_sk >= 0.03), the copy fit's evidence."""
+    informative = (1.0 - 2.0 * rate >= 0.03) & ~np.eye(rate.shape[0], dtype=bool)
+    return informative.sum(axis=1)[:, None] - informative.astype(np.int64)
+
+
+def copy_fit(rate: np.ndarray, tasks: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fit, its standard error) of every ordered pair (source s, copy c) from the round's third clients k:
+    ``sum_k (d_ck - d_sk) / (d_sc sum_k (1 - 2 d_sk))``, 1 when c is s with a fraction d_sc of its signs changed
+    at random (see the module docstring). Needs at least one third client."""
+    n = rate.shape[0]
+    rows = rate.sum(axis=1)  # the diagonal is 0, and d_cs = d_sc cancels in the numerator
+    numerator = rows[None, :] - rows[:, None]
+    denominator = rate * ((n - 2) - 2 * (rows[:, None] - rate))
+    spread = rate * (1.0 - rate)
+    variance = (spread.sum(axis=1)[None, :] + spread.sum(axis=1)[:, None] - 2 * spread) / tasks
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fit = np.where(denominator > 0, numerator / denominator, -np.inf)
+        stderr = np.where(denominator > 0, np.sqrt(variance) / denominator, 0.0)
+    np.fill_diagonal(fit, -np.inf)
+    return fit, stderr
 
 
 def _refine_loadings(rho, lam):

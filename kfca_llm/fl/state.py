@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..report import write_atomic
 from ..tensors import StateDict
 from .client import load_adapter_state
+from ..recipe import Recipe
 from .records import FederationResult, RoundRecord
 
 _ROUND_DIR = re.compile(r"^round-(\d{3,})$")
@@ -69,7 +70,8 @@ def save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict,
                for cid, history in histories.items() for r, h in enumerate(history) for name, v in h.items()}
     save_file(tensors, str(state / "history.safetensors"))
     write_atomic(state / "records.json", json.dumps(
-        {"seed": result.seed, "strategies": result.strategies, "rounds": [asdict(r) for r in result.rounds]}))
+        {"seed": result.seed, "strategies": result.strategies, "scoring": scoring_settings(result.recipe),
+         "rounds": [asdict(r) for r in result.rounds]}))
     round_dir(out_dir, t).parent.mkdir(parents=True, exist_ok=True)
     save_adapter(model, global_state, round_dir(out_dir, t))
     write_atomic(state / "COMPLETE", str(t))  # written last: a resume trusts only complete rounds
@@ -85,15 +87,31 @@ def last_complete_round(out_dir: Path) -> int:
     return max(done, default=0)
 
 
-def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str]
+def scoring_settings(recipe: Recipe) -> dict:
+    """The recipe's settings that decide payments: a resumed run must have the interrupted run's."""
+    k = recipe.kfca
+    return {"kfca.peers": k.peers, "kfca.penalty": k.penalty, "kfca.bonus-fraction": k.bonus_fraction,
+            "kfca.duplicates": k.duplicates, "kfca.aggregate": k.aggregate, "kfca.attackers": list(k.attackers)}
+
+
+def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], recipe: Recipe
                     ) -> tuple[StateDict, dict[str, list[StateDict]], list[RoundRecord]]:
-    """Global adapter, attackers' histories and records saved after round ``t``."""
+    """Global adapter, attackers' histories and records saved after round ``t``; ``InputError`` naming the
+    first setting (seed, strategies, scoring settings) in which ``recipe`` differs from the interrupted run."""
     from safetensors.torch import load_file
 
     records = json.loads((out_dir / "state" / f"round-{t:03d}" / "records.json").read_text())
     if records["seed"] != seed or records["strategies"] != strategies:
         raise InputError(f"cannot resume from {out_dir}: it was run with seed {records['seed']} and strategies "
                          f"{records['strategies']}, this run has seed {seed} and {strategies}")
+    saved, now = records.get("scoring"), scoring_settings(recipe)
+    if saved is None:
+        raise InputError(f"cannot resume from {out_dir}: its checkpoint does not record its scoring settings "
+                         "(written by an older kfca-llm); start a new run")
+    for key in now:
+        if saved.get(key) != now[key]:
+            raise InputError(f"cannot resume from {out_dir}: scoring setting {key} was {saved.get(key)!r} in the "
+                             f"interrupted run, this run has {now[key]!r}")
     flat = load_file(str(out_dir / "state" / f"round-{t:03d}" / "history.safetensors"))
     by_client: dict[str, dict[int, StateDict]] = {}
     for key, v in flat.items():

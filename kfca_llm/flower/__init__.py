@@ -1,19 +1,24 @@
 """KFCA rewards for Flower apps (``pip install 'kfca-llm[flower]'``).
 
-``KFCAStrategy`` wraps any Flower message-API strategy and pays every training reply; the ledger
-(``read_ledger``) keeps what was paid. The ledger needs only the standard library, so reading one
-works without Flower installed; the strategy is imported on first use.
+``KFCAStrategy`` wraps any Flower message-API strategy and pays every training reply to a participant
+identity (``identity``); the ledger (``read_ledger``) keeps what was paid, ``audit.verify_ledger`` checks it.
+The ledger needs only the standard library, so reading one works without Flower installed; the strategy
+is imported on first use.
 """
 
 from .ledger import FailureRow, LedgerContents, RewardRow, RoundRow, read_ledger
 
 __all__ = ["AGGREGATION_MODES", "FailureRow", "KFCAStrategy", "LedgerContents", "RewardRow", "RoundRow",
-           "read_ledger", "update_sha256"]
+           "declare_participant", "read_ledger", "update_sha256", "verify_ledger"]
 
 
 def __getattr__(name: str):
-    if name in ("KFCAStrategy", "AGGREGATION_MODES", "update_sha256"):
+    if name in ("KFCAStrategy", "AGGREGATION_MODES", "declare_participant"):
         from . import strategy
 
         return getattr(strategy, name)
+    if name in ("update_sha256", "verify_ledger"):
+        from . import audit
+
+        return getattr(audit, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

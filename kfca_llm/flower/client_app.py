@@ -2,7 +2,9 @@
 
 A node attacks when its node config says so (``attack = "flip"``; any spec of ``kfca_llm.attacks``) or
 when ``kfca.attackers`` names its ``partition-id``: it trains honestly, then submits the attack on its own
-history of honest updates (kept in the node's ``context.state``), as ``kfca-llm simulate`` does.
+history of honest updates (kept in the node's ``context.state``), as ``kfca-llm simulate`` does. A node
+config ``participant = "alice"`` is sent back with every reply: the identity the ServerApp pays
+(``KFCAStrategy(identity="auto" | "declared")``), stable when the SuperNode restarts under a new node id.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from .strategy import declare_participant
 from .task import attacked_update, node_attack, recipe_from_config, train_partition
 
 HISTORY_PREFIX = "kfca.honest-update."
@@ -42,7 +45,8 @@ def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}
     arrays = ArrayRecord({k: Array((global_state[k] + update[k]).numpy()) for k in global_state})
     metrics = MetricRecord({"num-examples": result.num_examples, "train-loss-before": result.loss_before,
                             "train-loss-after": result.loss_after})
-    return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+    content = declare_participant(RecordDict({"arrays": arrays, "metrics": metrics}), node_config)
+    return Message(content=content, reply_to=msg)
 
 
 def make_client_app(defaults: Mapping[str, Any] = {}) -> ClientApp:

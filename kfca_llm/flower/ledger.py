@@ -1,76 +1,99 @@
-"""The reward ledger: what KFCA paid, per run, round and node, in one SQLite file (WAL mode).
+"""The reward ledger: what KFCA paid, per run, round and participant, in one SQLite file (WAL mode).
 
 Money is paid on these rows, so a round is written in one transaction: a server killed in the middle
-of a round leaves no row of it, and a restarted server appends a new run. Each node's row keeps the
-SHA-256 of its packed sign report (the exact bits the rewards were computed from), so a payout can
-be audited later by packing the same update again. Standard library only: no Flower needed to read.
+of a round leaves no row of it. Standard library only: no Flower (nor numpy) needed to read a ledger.
 
-Tables: ``runs`` (one row per strategy instance), ``rounds`` (status ``scored`` or ``not-scored``),
-``rewards`` (one row per scored node), ``failures`` (bad replies, and rounds that could not be scored
-or aggregated, with the reason; ``node_id`` is NULL for a round-level failure).
+Tables (schema version 3):
 
-``rewards.reward`` is what is paid: after the strategy's duplicate policy (``runs.duplicates``, default
-``zero``). ``unadjusted_reward`` is the reward before it and ``duplicate_group`` the node ids (JSON) of
-the group of copies the node was found in (NULL if none), so an operator can review a flagged group and
-release the original's pay. Schema version 2; a version-1 ledger (before copy detection) is still read
-(its rewards read as unadjusted, with no group) but not appended to.
+* ``runs``: one row per strategy run, with the package version and the scoring settings (JSON);
+* ``participants``: every identity ever paid or refused, pinned on first sight (run, round, node id,
+  key fingerprint, label). Payouts are keyed on identities, not on Flower's node ids, which change when
+  a SuperNode restarts (``kfca_llm.flower.identity``);
+* ``rounds``: status ``scored`` or ``not-scored``, the round's seed, package version and settings, the
+  tensor layout and SHA-256 of the task words (what ``kfca-llm verify`` needs to recompute it), whether
+  the packed signs were kept, the SHA-256 of the global arrays the round produced (for a resume), and a
+  hash chained to the previous round's (``chain_hash``, over every field of the round, its rewards and
+  failures): editing, deleting or reordering committed rows breaks the chain;
+* ``rewards``: one row per scored participant (paid reward after the duplicate policy, the node id it
+  used, its peers, examples, SHA-256 of its packed sign words, unadjusted reward, duplicate group);
+* ``failures``: bad or refused replies, and round-level failures (``node_id`` NULL).
+
+Beside the ledger, ``<ledger>.d/`` holds content-addressed files (named by their SHA-256): ``signs/`` the
+packed sign words of each participant of a round and the round's task words (``keep_signs``), ``global/``
+the arrays a round produced (the resume point). They are written atomically before the round's
+transaction commits, so a committed round never names a file that is not there.
+
+Version 1 and 2 ledgers (keyed by node id, no chain) are still read: their node ids read as identities.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputError
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 SCORED, NOT_SCORED = "scored", "not-scored"
+GENESIS = "0" * 64
+"""The ``prev_hash`` of a ledger's first round."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY, started_at TEXT NOT NULL, strategy TEXT NOT NULL, aggregation TEXT NOT NULL,
-    peers INTEGER, penalty TEXT NOT NULL, seed INTEGER NOT NULL, bonus_fraction REAL NOT NULL,
-    duplicates TEXT NOT NULL);
+    run_id TEXT PRIMARY KEY, started_at TEXT NOT NULL, strategy TEXT NOT NULL, package_version TEXT NOT NULL,
+    settings TEXT NOT NULL, keep_signs INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS participants (
+    participant TEXT PRIMARY KEY, label TEXT, key_fingerprint TEXT, first_run TEXT NOT NULL,
+    first_round INTEGER NOT NULL, first_node_id TEXT NOT NULL, first_seen_at TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
     run_id TEXT NOT NULL REFERENCES runs(run_id), round INTEGER NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('scored', 'not-scored')), seed INTEGER NOT NULL,
     categorical_world INTEGER, valid_replies INTEGER NOT NULL, failed_replies INTEGER NOT NULL,
-    recorded_at TEXT NOT NULL, PRIMARY KEY (run_id, round));
+    recorded_at TEXT NOT NULL, package_version TEXT NOT NULL, settings TEXT NOT NULL, layout TEXT,
+    task_sha256 TEXT, signs_kept INTEGER NOT NULL, global_sha256 TEXT, prev_hash TEXT NOT NULL,
+    chain_hash TEXT NOT NULL UNIQUE, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS rewards (
-    run_id TEXT NOT NULL, round INTEGER NOT NULL, node_id TEXT NOT NULL, reward REAL NOT NULL,
-    peers TEXT NOT NULL, penalty TEXT NOT NULL, seed INTEGER NOT NULL, categorical_world INTEGER NOT NULL,
-    num_examples INTEGER, sign_sha256 TEXT NOT NULL, unadjusted_reward REAL NOT NULL, duplicate_group TEXT,
-    PRIMARY KEY (run_id, round, node_id),
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, participant TEXT NOT NULL, node_id TEXT NOT NULL,
+    reward REAL NOT NULL, peers TEXT NOT NULL, num_examples INTEGER, sign_sha256 TEXT NOT NULL,
+    unadjusted_reward REAL NOT NULL, duplicate_group TEXT,
+    PRIMARY KEY (run_id, round, participant), UNIQUE (run_id, round, node_id),
     FOREIGN KEY (run_id, round) REFERENCES rounds(run_id, round));
 CREATE TABLE IF NOT EXISTS failures (
-    run_id TEXT NOT NULL, round INTEGER NOT NULL, node_id TEXT, reason TEXT NOT NULL,
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, node_id TEXT, participant TEXT, reason TEXT NOT NULL,
     FOREIGN KEY (run_id, round) REFERENCES rounds(run_id, round));
 """
+
+
+class LedgerWriteError(InputError):
+    """The ledger (or its file store) cannot be written: full disk, read-only file, ... Nothing of the round
+    was committed."""
 
 
 @dataclass(frozen=True)
 class RewardRow:
     run_id: str
     round: int
+    participant: str
+    """The identity paid (``kfca_llm.flower.identity``): stable across restarts of its SuperNode."""
     node_id: str
+    """The Flower node id the participant replied from in this round."""
     reward: float
     peers: tuple[str, ...]
-    penalty: str
-    seed: int
-    """The round's KFCA seed (derived from the strategy's seed and the round)."""
-    categorical_world: bool
     num_examples: int | None
     sign_sha256: str
+    """SHA-256 of the participant's packed sign words (little-endian int32): the exact bits scored."""
     unadjusted_reward: float
     """The reward before the duplicate policy (``reward`` is what is paid)."""
     duplicate_group: tuple[str, ...] | None = None
-    """The group of copies this node was found in this round (None: not flagged)."""
+    """The group of copies this participant was found in this round (None: not flagged)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +102,7 @@ class FailureRow:
     round: int
     node_id: str | None
     reason: str
+    participant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +115,37 @@ class RoundRow:
     valid_replies: int
     failed_replies: int
     recorded_at: str
+    package_version: str = ""
+    settings: dict = field(default_factory=dict)
+    layout: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    """(tensor name, shape) of every scored tensor, in the packer's order (None: not scored)."""
+    task_sha256: str | None = None
+    signs_kept: bool = False
+    global_sha256: str | None = None
+    prev_hash: str | None = None
+    chain_hash: str | None = None
+    """None in version 1-2 ledgers (no chain)."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    started_at: str
+    strategy: str
+    package_version: str
+    settings: dict
+    keep_signs: bool
+
+
+@dataclass(frozen=True)
+class Participant:
+    participant: str
+    label: str | None
+    key_fingerprint: str | None
+    first_run: str
+    first_round: int
+    first_node_id: str
+    first_seen_at: str
 
 
 @dataclass(frozen=True)
@@ -100,13 +155,80 @@ class LedgerContents:
     rewards: list[RewardRow]
     failures: list[FailureRow]
     rounds: list[RoundRow]
+    runs: list[RunRow] = field(default_factory=list)
+    participants: list[Participant] = field(default_factory=list)
+    schema_version: int = SCHEMA_VERSION
 
     def totals(self) -> dict[str, float]:
-        """Total reward per node over every run and round (sorted by node id)."""
+        """Total reward per participant over every run and round (sorted by identity)."""
         out: dict[str, float] = {}
         for row in self.rewards:
-            out[row.node_id] = out.get(row.node_id, 0.0) + row.reward
+            out[row.participant] = out.get(row.participant, 0.0) + row.reward
         return dict(sorted(out.items()))
+
+
+@dataclass(frozen=True)
+class RoundEntry:
+    """One round as the strategy hands it to ``Ledger.record_round``."""
+
+    round: int
+    seed: int
+    settings: Mapping[str, Any]
+    valid_replies: int
+    categorical_world: bool | None
+    rewards: Sequence[RewardRow]
+    failures: Sequence[FailureRow]
+    layout: Sequence[tuple[str, tuple[int, ...]]] | None = None
+    task_sha256: str | None = None
+    signs: Mapping[str, bytes] | None = None
+    """Content to keep, by SHA-256 (each participant's sign words and the task words); None: not kept."""
+    global_arrays: tuple[str, bytes] | None = None
+    """(SHA-256, safetensors bytes) of the arrays the round produced; None: the round produced none."""
+    new_participants: Sequence[Participant] = ()
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces: the bytes the chain hashes (floats round-trip exactly)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow], failures: Sequence[FailureRow]) -> str:
+    """SHA-256 over the previous round's hash and every field of this round, its rewards and failures."""
+    body = {"round": {f.name: getattr(round_row, f.name) for f in fields(RoundRow)
+                      if f.name not in ("prev_hash", "chain_hash")},
+            "rewards": [_plain(r) for r in sorted(rewards, key=lambda r: r.participant)],
+            "failures": [_plain(f) for f in failures]}
+    return sha256_hex((prev_hash + canonical_json(body)).encode())
+
+
+def _plain(row) -> dict:
+    return {f.name: getattr(row, f.name) for f in fields(row)}
+
+
+def store_dir(path: str | os.PathLike) -> Path:
+    """The folder of content-addressed files beside a ledger: ``rewards.sqlite`` -> ``rewards.sqlite.d``."""
+    path = Path(path)
+    return path.with_name(path.name + ".d")
+
+
+def signs_path(ledger: str | os.PathLike, sha256: str) -> Path:
+    return store_dir(ledger) / "signs" / sha256
+
+
+def global_path(ledger: str | os.PathLike, sha256: str) -> Path:
+    return store_dir(ledger) / "global" / f"{sha256}.safetensors"
+
+
+def _write_content(path: Path, data: bytes) -> None:
+    """Write a content-addressed file atomically (an existing file of that name holds the same bytes)."""
+    from ..report import write_atomic
+
+    if not path.is_file():
+        write_atomic(path, data)
 
 
 def _now() -> str:
@@ -121,17 +243,28 @@ def _connect(path: Path) -> sqlite3.Connection:
     return conn
 
 
-class Ledger:
-    """Append-only writer of one run's rounds; a fresh connection per round (any thread may write)."""
+def _json_or_null(value) -> str | None:
+    return None if value is None else json.dumps(value)
 
-    def __init__(self, path: str | os.PathLike, *, run_id: str, strategy: str, aggregation: str,
-                 peers: int | None, penalty: str, seed: int, bonus_fraction: float, duplicates: str):
+
+class Ledger:
+    """Append-only writer of one run's rounds; a fresh connection per round (any thread may write).
+
+    ``resume=True`` continues the ledger's last run instead of starting one: its settings must equal
+    ``settings`` (else ``InputError`` naming the first that differs); ``next_round`` is the round after
+    its last committed one.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, run_id: str, strategy: str, package_version: str,
+                 settings: Mapping[str, Any], keep_signs: bool, resume: bool = False):
         self.path = Path(path)
-        self.run_id = run_id
+        self.keep_signs = bool(keep_signs)
+        self.settings = dict(settings)
+        self.package_version = package_version
         if self.path.exists() and not self.path.is_file():
             raise InputError(f"ledger path {str(self.path)!r} exists and is not a regular file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = _connect(self.path)
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -142,57 +275,156 @@ class Ledger:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)  # idempotent; executescript commits first, so before BEGIN
                 conn.execute("BEGIN IMMEDIATE")
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                             (run_id, _now(), strategy, aggregation, peers, penalty, seed, bonus_fraction,
-                              duplicates))
-                conn.execute("COMMIT")
+                try:
+                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                    last = conn.execute("SELECT run_id, settings FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+                    if resume and last is not None:
+                        _check_same_settings(json.loads(last[1]), self.settings)
+                        self.run_id = last[0]
+                        done = conn.execute("SELECT max(round) FROM rounds WHERE run_id = ?", (self.run_id,))
+                        self.next_round = (done.fetchone()[0] or 0) + 1
+                    else:
+                        self.run_id, self.next_round = run_id, 1
+                        conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
+                                     (run_id, _now(), strategy, package_version, canonical_json(self.settings),
+                                      int(self.keep_signs)))
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
             finally:
                 conn.close()
         except sqlite3.DatabaseError as exc:
-            raise InputError(f"cannot use {str(self.path)!r} as a reward ledger: {exc}") from exc
+            raise LedgerWriteError(f"cannot use {str(self.path)!r} as a reward ledger: {exc}") from exc
+        except OSError as exc:
+            raise LedgerWriteError(f"cannot use {str(self.path)!r} as a reward ledger: {exc}") from exc
 
-    def record_round(self, server_round: int, *, seed: int, rewards: Sequence[RewardRow],
-                     failures: Sequence[FailureRow], valid_replies: int,
-                     categorical_world: bool | None) -> None:
-        """Write one round (its status, rewards and failures) in a single transaction."""
+    def last_global_sha256(self) -> str | None:
+        """SHA-256 of the arrays this run's last committed round produced (None: no round produced any)."""
+        conn = _connect(self.path)
+        try:
+            row = conn.execute("SELECT global_sha256 FROM rounds WHERE run_id = ? AND global_sha256 IS NOT NULL "
+                               "ORDER BY round DESC LIMIT 1", (self.run_id,)).fetchone()
+        finally:
+            conn.close()
+        return None if row is None else row[0]
+
+    def participants(self) -> dict[str, Participant]:
+        conn = _connect(self.path)
+        try:
+            return {p.participant: p for p in _rows(conn, Participant, "participants")}
+        finally:
+            conn.close()
+
+    def last_node_ids(self) -> dict[str, str]:
+        """Per participant, the node id it was last paid from (a restart keeps the node id it had)."""
+        conn = _connect(self.path)
+        try:
+            return dict(conn.execute("SELECT participant, node_id FROM rewards ORDER BY rowid"))
+        finally:
+            conn.close()
+
+    def record_round(self, entry: RoundEntry) -> str:
+        """Write one round in a single transaction (its files first); returns its chain hash.
+
+        Raises ``LedgerWriteError`` (one line, nothing of the round committed) when the disk is full or
+        the ledger cannot be written.
+        """
+        try:
+            if entry.signs is not None:
+                for sha, data in entry.signs.items():
+                    _write_content(signs_path(self.path, sha), data)
+            if entry.global_arrays is not None:
+                _write_content(global_path(self.path, entry.global_arrays[0]), entry.global_arrays[1])
+            return self._commit(entry)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            raise LedgerWriteError(f"round {entry.round} was not recorded in the reward ledger "
+                                   f"{str(self.path)!r} (nothing of it was committed): {exc}") from exc
+
+    def _commit(self, entry: RoundEntry) -> str:
+        round_row = RoundRow(
+            run_id=self.run_id, round=entry.round, status=SCORED if entry.rewards else NOT_SCORED, seed=entry.seed,
+            categorical_world=None if entry.categorical_world is None else bool(entry.categorical_world),
+            valid_replies=entry.valid_replies,
+            failed_replies=sum(f.node_id is not None for f in entry.failures), recorded_at=_now(),
+            package_version=self.package_version, settings=dict(entry.settings),
+            layout=None if entry.layout is None else tuple((n, tuple(s)) for n, s in entry.layout),
+            task_sha256=entry.task_sha256, signs_kept=entry.signs is not None,
+            global_sha256=None if entry.global_arrays is None else entry.global_arrays[0])
         conn = _connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (self.run_id, server_round, SCORED if rewards else NOT_SCORED, seed,
-                              None if categorical_world is None else int(categorical_world), valid_replies,
-                              sum(f.node_id is not None for f in failures), _now()))
-                for row in rewards:
-                    conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                 (row.run_id, row.round, row.node_id, row.reward, json.dumps(list(row.peers)),
-                                  row.penalty, row.seed, int(row.categorical_world), row.num_examples,
-                                  row.sign_sha256, row.unadjusted_reward,
-                                  None if row.duplicate_group is None else json.dumps(list(row.duplicate_group))))
-                for f in failures:
-                    conn.execute("INSERT INTO failures VALUES (?, ?, ?, ?)", (f.run_id, f.round, f.node_id, f.reason))
+                # Read inside the write transaction: two servers on one ledger still chain in commit order.
+                prev = conn.execute("SELECT chain_hash FROM rounds ORDER BY rowid DESC LIMIT 1").fetchone()
+                prev_hash = GENESIS if prev is None else prev[0]
+                digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures)
+                r = round_row
+                conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (r.run_id, r.round, r.status, r.seed, None if r.categorical_world is None
+                              else int(r.categorical_world), r.valid_replies, r.failed_replies, r.recorded_at,
+                              r.package_version, canonical_json(r.settings), _json_or_null(r.layout),
+                              r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest))
+                for p in entry.new_participants:
+                    conn.execute("INSERT OR IGNORE INTO participants VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (p.participant, p.label, p.key_fingerprint, p.first_run, p.first_round,
+                                  p.first_node_id, p.first_seen_at or r.recorded_at))
+                for row in entry.rewards:
+                    conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (row.run_id, row.round, row.participant, row.node_id, row.reward,
+                                  json.dumps(list(row.peers)), row.num_examples, row.sign_sha256,
+                                  row.unadjusted_reward, _json_or_null(row.duplicate_group)))
+                for f in entry.failures:
+                    conn.execute("INSERT INTO failures VALUES (?, ?, ?, ?, ?)",
+                                 (f.run_id, f.round, f.node_id, f.participant, f.reason))
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
                 raise
         finally:
             conn.close()
+        return digest
 
 
-def _rows(conn: sqlite3.Connection, cls: type, table: str, convert, absent: tuple[str, ...] = ()) -> list:
-    """Rows of ``table`` as ``cls``; the ``absent`` fields (columns an older schema lacks) are left to ``convert``."""
-    names = [f.name for f in fields(cls) if f.name not in absent]
-    query = f"SELECT {', '.join(names)} FROM {table} ORDER BY rowid"
+def _check_same_settings(interrupted: Mapping[str, Any], resumed: Mapping[str, Any]) -> None:
+    for key in sorted(set(interrupted) | set(resumed)):
+        if interrupted.get(key) != resumed.get(key):
+            raise InputError(f"cannot resume: scoring setting {key!r} was {interrupted.get(key)!r} in the "
+                             f"interrupted run, this run has {resumed.get(key)!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Reading
+
+
+def _rows(conn: sqlite3.Connection, cls: type, table: str, convert=lambda r: r, columns: Mapping[str, str] = {}
+          ) -> list:
+    """Rows of ``table`` as ``cls``; ``columns`` maps a field to the SQL expression that reads it (older schemas)."""
+    names = [f.name for f in fields(cls)]
+    query = f"SELECT {', '.join(columns.get(n, n) for n in names)} FROM {table} ORDER BY rowid"
     return [cls(**convert(dict(zip(names, values)))) for values in conn.execute(query)]
 
 
 def _reward_row(r: dict) -> dict:
-    group = r.get("duplicate_group")
-    return {**r, "peers": tuple(json.loads(r["peers"])), "categorical_world": bool(r["categorical_world"]),
-            # version 1 had no copy detection: what was paid is the unadjusted reward
-            "unadjusted_reward": r.get("unadjusted_reward", r["reward"]),
+    group = r["duplicate_group"]
+    return {**r, "peers": tuple(json.loads(r["peers"])),
             "duplicate_group": None if group is None else tuple(json.loads(group))}
+
+
+def _round_row(r: dict) -> dict:
+    layout = None if r["layout"] is None else tuple((n, tuple(s)) for n, s in json.loads(r["layout"]))
+    return {**r, "categorical_world": None if r["categorical_world"] is None else bool(r["categorical_world"]),
+            "settings": json.loads(r["settings"]), "layout": layout, "signs_kept": bool(r["signs_kept"])}
+
+
+# Versions 1-2: keyed by node id, settings per run, no chain, no participants; read as version 3 rows.
+_OLD_REWARDS = {"participant": "node_id", "unadjusted_reward": "unadjusted_reward", "duplicate_group": "duplicate_group"}
+_OLD_ROUNDS = {"package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
+               "global_sha256": "NULL", "prev_hash": "NULL", "chain_hash": "NULL",
+               "settings": "(SELECT json_object('peers', peers, 'penalty', penalty, 'seed', runs.seed, 'bonus_fraction', "
+                           "bonus_fraction, 'aggregation', aggregation{duplicates}) FROM runs "
+                           "WHERE runs.run_id = rounds.run_id)"}
 
 
 def read_ledger(path: str | os.PathLike) -> LedgerContents:
@@ -206,22 +438,43 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version not in READABLE_VERSIONS:
                 raise InputError(f"{str(path)!r} is not a kfca-llm reward ledger (schema version {version})")
-            rewards = _rows(conn, RewardRow, "rewards", _reward_row,
-                            absent=("unadjusted_reward", "duplicate_group") if version == 1 else ())
-            failures = _rows(conn, FailureRow, "failures", lambda r: r)
-            rounds = _rows(conn, RoundRow, "rounds", lambda r: {
-                **r, "categorical_world": None if r["categorical_world"] is None else bool(r["categorical_world"])})
+            if version == SCHEMA_VERSION:
+                rewards = _rows(conn, RewardRow, "rewards", _reward_row)
+                failures = _rows(conn, FailureRow, "failures")
+                rounds = _rows(conn, RoundRow, "rounds", _round_row)
+                runs = _rows(conn, RunRow, "runs", lambda r: {**r, "settings": json.loads(r["settings"]),
+                                                               "keep_signs": bool(r["keep_signs"])})
+                participants = _rows(conn, Participant, "participants")
+            else:
+                rewards = _rows(conn, RewardRow, "rewards", _reward_row, {
+                    **_OLD_REWARDS, **({"unadjusted_reward": "reward", "duplicate_group": "NULL"} if version == 1
+                                       else {})})
+                failures = _rows(conn, FailureRow, "failures", columns={"participant": "node_id"})
+                duplicates = ", 'duplicates', duplicates" if version == 2 else ""
+                has_runs = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
+                settings = _OLD_ROUNDS["settings"].format(duplicates=duplicates) if has_runs.fetchone()[0] else "'{}'"
+                old_rounds = {**_OLD_ROUNDS, "settings": settings}
+                rounds = _rows(conn, RoundRow, "rounds", _round_row, old_rounds)
+                runs, participants = [], []
         finally:
             conn.close()
     except sqlite3.DatabaseError as exc:
         raise InputError(f"cannot read the reward ledger {str(path)!r}: {exc}") from exc
-    return LedgerContents(rewards, failures, rounds)
+    except (ValueError, TypeError) as exc:  # a hand-edited JSON column
+        raise InputError(f"cannot read the reward ledger {str(path)!r}: malformed row ({exc})") from exc
+    return LedgerContents(rewards, failures, rounds, runs, participants, version)
 
 
 def ledger_summary(contents: LedgerContents) -> list[dict]:
-    """Per node: total reward, rounds paid and mean reward per paid round (sorted by node id)."""
+    """Per participant: label, the node ids it used, total reward, rounds paid, mean per paid round."""
     paid: dict[str, list[float]] = {}
+    nodes: dict[str, list[str]] = {}
     for row in contents.rewards:
-        paid.setdefault(row.node_id, []).append(row.reward)
-    return [{"node_id": node, "total": total, "rounds": len(paid[node]), "mean": total / len(paid[node])}
-            for node, total in contents.totals().items()]
+        paid.setdefault(row.participant, []).append(row.reward)
+        used = nodes.setdefault(row.participant, [])
+        if row.node_id not in used:
+            used.append(row.node_id)
+    labels = {p.participant: p.label for p in contents.participants}
+    return [{"participant": who, "label": labels.get(who), "node_ids": nodes[who], "total": total,
+             "rounds": len(paid[who]), "mean": total / len(paid[who])}
+            for who, total in contents.totals().items()]

@@ -2,8 +2,10 @@
 
 Run config (pyproject ``[tool.flwr.app.config]``, ``flwr run . --run-config 'key=value ...'``): the
 recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.aggregation`` (``all``,
-``exclude-negative``, ``reward-weighted``) and ``kfca.ledger`` (the SQLite file, relative to the
-directory the ServerApp runs in).
+``exclude-negative``, ``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the
+directory the ServerApp runs in), ``kfca.identity`` (``auto``, ``public-key``, ``declared``),
+``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``) and ``kfca.resume`` (continue the
+ledger's last run from the arrays its last committed round produced).
 """
 
 from __future__ import annotations
@@ -11,13 +13,24 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from logging import INFO
+
 from flwr.app import ArrayRecord, Context
+from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result
 
+from ..errors import InputError
 from ..recipe import Recipe
 from .strategy import KFCAStrategy
 from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config
+
+
+def _flag(config: Mapping[str, Any], key: str) -> bool:
+    value = config.get(key, False)
+    if not isinstance(value, bool):
+        raise InputError(f"run-config key {key!r} must be true or false, got {value!r}")
+    return value
 
 
 def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: type = KFCAStrategy
@@ -29,7 +42,8 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           bonus_fraction=recipe.kfca.bonus_fraction,
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
                           aggregation=str(config.get("kfca.aggregation", "all")),
-                          duplicates=recipe.kfca.duplicates)
+                          duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
+                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"))
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,
@@ -42,8 +56,13 @@ def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = 
         config = {**defaults, **context.run_config}
         recipe = recipe_from_config(config)
         strategy = build_strategy(recipe, config, strategy_class)
-        initial = ArrayRecord(initial_adapter(recipe))
-        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=recipe.num_server_rounds)
+        # A resumed run starts from the arrays its last committed round produced, for the rounds left.
+        initial = strategy.resume_arrays() or ArrayRecord(initial_adapter(recipe))
+        rounds_left = recipe.num_server_rounds - strategy.round_offset
+        if rounds_left < 1:
+            log(INFO, "KFCA: the ledger's run already has %s rounds; nothing to resume", strategy.round_offset)
+            return
+        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds_left)
         if on_result is not None:
             on_result(strategy, result)
 

@@ -3,72 +3,68 @@
     strategy = KFCAStrategy(FedAvg(fraction_train=0.5), ledger="rewards.sqlite")
     result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=3)
 
-Each training round: ``configure_train`` remembers the arrays sent to each node; ``aggregate_train``
-checks every reply, turns each valid one into the node's update (reply minus what it was sent),
-streams the arrays one at a time into ``SignPacker`` (only packed sign bits are kept), scores the round
-with KFCA-QP, writes the round to the ledger in one transaction, and hands the replies (all, the
-non-negative ones, or re-weighted by reward) to the wrapped strategy.
+Each training round: ``configure_train`` remembers the arrays sent to each node and what the grid says
+of each node (its registered public key and name); ``aggregate_train`` checks every reply, maps it to a
+participant identity (``identity.py``; a second node claiming a participant already in the round is
+refused), turns each valid reply into the participant's update (reply minus what it was sent), streams
+the arrays one at a time into ``SignPacker`` (only packed sign bits are kept), scores the round with
+KFCA-QP, writes the round to the ledger in one transaction (the packed signs first, with ``keep_signs``),
+and hands the replies (all, the non-negative ones, or re-weighted by reward) to the wrapped strategy.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import math
 import os
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from .. import __version__
 from ..engine import get_backend
-from ..engine.duplicates import check_duplicate_policy
+from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
-from ..partition import PENALTY_MODES, check_seed
+from ..partition import check_bonus_fraction, check_penalty, check_seed
 from ..report import RewardReport
 from ..tensors import is_float
-from .ledger import FailureRow, Ledger, RewardRow
+from .audit import scoring_settings, sha256_hex, update_sha256, words_bytes
+from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_identity_mode,
+                       check_participant_name, pinned_conflict, resolve)
+from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path
 
 AGGREGATION_MODES = ("all", "exclude-negative", "reward-weighted")
 REWARD_METRIC_PREFIX = "kfca.reward."
 
-
-def sign_report_sha256(signs: np.ndarray) -> str:
-    """SHA-256 of one node's packed sign report (its row of ``SignPacker.words()[0]``, little-endian)."""
-    return hashlib.sha256(np.ascontiguousarray(signs, dtype="<i4").tobytes()).hexdigest()
+__all__ = ["AGGREGATION_MODES", "KFCAStrategy", "REWARD_METRIC_PREFIX", "update_sha256"]
 
 
-def update_sha256(update: Mapping[str, np.ndarray]) -> str:
-    """The ledger's digest of an update, recomputed from the update itself (for audits)."""
-    packer = SignPacker({name: a.shape for name, a in update.items()}, ["audited", "unused"], backend="cpu")
-    packer.add_many("audited", dict(update))
-    return sign_report_sha256(packer.words()[0][packer.clients.index("audited")])
-
-
-def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates) -> None:
+def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
+                   identity) -> None:
     if not isinstance(strategy, Strategy):
         raise InputError(f"strategy must be a Flower message-API Strategy (flwr.serverapp.strategy), "
                          f"got {type(strategy).__name__}")
     if peers is not None and (isinstance(peers, bool) or not isinstance(peers, (int, np.integer)) or peers < 1):
         raise InputError(f"peers must be None (every other node) or an integer >= 1, got {peers!r}")
     check_seed(seed)
-    if penalty not in PENALTY_MODES:
-        raise InputError(f"penalty must be one of {PENALTY_MODES}, got {penalty!r}")
-    if (isinstance(bonus_fraction, bool) or not isinstance(bonus_fraction, (int, float, np.floating))
-            or not 0.0 < float(bonus_fraction) < 1.0):
-        raise InputError(f"bonus_fraction must be a number in (0, 1), got {bonus_fraction!r}")
+    check_penalty(penalty)
+    check_bonus_fraction(bonus_fraction)
     if backend != "auto":
         get_backend(backend)  # an unknown backend, or one that cannot run, says why now, not in round 1
     if ledger is not None and not isinstance(ledger, (str, os.PathLike)):
         raise InputError(f"ledger must be a file path or None, got {type(ledger).__name__}")
     check_duplicate_policy(duplicates)
+    check_identity_mode(identity)
     if aggregation not in AGGREGATION_MODES:
         raise InputError(f"aggregation must be one of {AGGREGATION_MODES}, got {aggregation!r}")
     if aggregation == "reward-weighted" and not isinstance(getattr(strategy, "weighted_by_key", None), str):
@@ -76,30 +72,72 @@ def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledg
                          f"{type(strategy).__name__} has no `weighted_by_key`")
 
 
+def declare_participant(content: RecordDict, node_config: Mapping) -> RecordDict:
+    """Add the node config's ``participant`` (if any) to a reply's content, for ``identity`` declared/auto."""
+    name = node_config.get(PARTICIPANT_KEY)
+    if name is not None:
+        content[IDENTITY_RECORD] = ConfigRecord({PARTICIPANT_KEY: check_participant_name(name)})
+    return content
+
+
+def arrays_to_bytes(arrays: ArrayRecord) -> bytes:
+    """An ArrayRecord as safetensors bytes (names in order in the metadata); no pickle."""
+    from safetensors.numpy import save
+
+    tensors = {name: np.ascontiguousarray(array.numpy()) for name, array in arrays.items()}
+    return save(tensors, metadata={"order": json.dumps(list(tensors))})
+
+
+def arrays_from_bytes(data: bytes) -> ArrayRecord:
+    """The ArrayRecord ``arrays_to_bytes`` wrote, in its original order."""
+    from safetensors.numpy import load
+
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    tensors = load(data)
+    order = json.loads(header.get("__metadata__", {}).get("order", "[]")) or sorted(tensors)
+    return ArrayRecord({name: Array(tensors[name]) for name in order})
+
+
+@dataclass
+class _Scored:
+    report: RewardReport
+    digests: dict[str, str]
+    layout: list[tuple[str, tuple[int, ...]]]
+    task_sha256: str
+    signs: dict[str, bytes]
+
+
 class KFCAStrategy(Strategy):
     """Pays every training reply by KFCA-QP and aggregates through the wrapped strategy.
 
-    Rewards are reported three ways: ``kfca.reward.<node id>`` in the round's aggregated train metrics,
-    ``self.rewards`` (round -> {node id: reward}), and the ledger (None: no ledger). ``peers``: peers
-    per node (at most the other valid nodes of the round; None: all of them). ``aggregation``:
-    ``"all"`` (the wrapped strategy sees every valid reply), ``"exclude-negative"`` (replies paid < 0
-    are dropped first), ``"reward-weighted"`` (the wrapped strategy's weight key is scaled by
-    max(reward, 0)). A round with fewer than two valid replies is not scored (recorded as such) and
-    every valid reply is aggregated.
+    Payments go to participant identities (``identity``: ``"auto"``, ``"public-key"``, ``"declared"``; see
+    ``kfca_llm.flower.identity``), not to Flower node ids. Rewards are reported three ways:
+    ``kfca.reward.<participant>`` in the round's aggregated train metrics, ``self.rewards`` (round ->
+    {participant: reward}; ``self.node_ids`` maps them to the round's node ids), and the ledger (None: no
+    ledger). ``peers``: peers per participant (at most the other valid ones of the round; None: all).
+    ``aggregation``: ``"all"`` (the wrapped strategy sees every valid reply), ``"exclude-negative"``
+    (replies paid < 0 are dropped first), ``"reward-weighted"`` (the wrapped strategy's weight key is
+    scaled by max(reward, 0)). A round with fewer than two valid replies is not scored (recorded as such)
+    and every valid reply is aggregated.
 
     ``duplicates``: payment of copies found among a round's valid replies (``kfca_llm.engine.duplicates``):
-    ``"zero"`` (default: a group of copies is paid nothing, since the detector cannot tell the original
-    from the copy), ``"split"`` (a group is paid as one node), ``"flag"`` (recorded only). Rewards, metrics,
-    ``exclude-negative`` and ``reward-weighted`` use the paid reward (a copy paid 0 gets weight 0); the
-    ledger also keeps each node's unadjusted reward and its group, for review.
+    ``"zero"`` (default), ``"split"``, ``"flag"``; the ledger also keeps each unadjusted reward and group.
+
+    ``keep_signs``: store each round's packed sign words beside the ledger (``<ledger>.d/signs/``, named by
+    SHA-256) before the round commits, so ``kfca-llm verify`` can recompute the round. ``resume``: continue
+    the ledger's last run (its scoring settings must be these: else ``InputError`` naming the setting);
+    ``round_offset`` rounds are done, ``resume_arrays()`` gives the arrays the last one produced.
     """
 
     def __init__(self, strategy: Strategy | None = None, *, peers: int | None = None, seed: int = 0,
                  penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
                  ledger: str | os.PathLike | None = "rewards.sqlite", aggregation: str = "all",
-                 duplicates: str = "zero"):
+                 duplicates: str = "zero", identity: str = "auto", keep_signs: bool = False, resume: bool = False):
         strategy = FedAvg() if strategy is None else strategy
-        _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates)
+        _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
+                       identity)
+        if resume and ledger is None:
+            raise InputError("resume needs a ledger (it continues the ledger's last run)")
         self.strategy = strategy
         self.peers = None if peers is None else int(peers)
         self.seed = int(seed)
@@ -108,41 +146,69 @@ class KFCAStrategy(Strategy):
         self.backend = backend
         self.aggregation = aggregation
         self.duplicates = duplicates
+        self.duplicate_rule = DuplicateRule()
+        self.identity = identity
+        self.keep_signs = bool(keep_signs)
         self.arrayrecord_key: str = getattr(strategy, "arrayrecord_key", "arrays")
         self.weighted_by_key: str | None = getattr(strategy, "weighted_by_key", None)
-        self.run_id = uuid.uuid4().hex
+        self.settings = scoring_settings(peers=self.peers, penalty=penalty, bonus_fraction=self.bonus_fraction,
+                                         duplicates=duplicates, duplicate_rule=self.duplicate_rule,
+                                         aggregation=aggregation, seed=self.seed, identity=identity)
         self.rewards: dict[int, dict[str, float]] = {}
+        self.node_ids: dict[int, dict[str, str]] = {}
         self.reports: dict[int, RewardReport] = {}
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
-            ledger, run_id=self.run_id, strategy=type(strategy).__name__, aggregation=aggregation,
-            peers=self.peers, penalty=penalty, seed=self.seed, bonus_fraction=self.bonus_fraction,
-            duplicates=duplicates)
+            ledger, run_id=uuid.uuid4().hex, strategy=type(strategy).__name__, package_version=__version__,
+            settings=self.settings, keep_signs=self.keep_signs, resume=resume)
+        self.run_id = self.ledger.run_id if self.ledger else uuid.uuid4().hex
+        self.round_offset = self.ledger.next_round - 1 if self.ledger else 0
+        self._pins: dict[str, Participant] = self.ledger.participants() if self.ledger else {}
+        self._last_node: dict[str, str] = self.ledger.last_node_ids() if self.ledger else {}
         self._sent: dict[int, ArrayRecord] = {}
+        self._claims: dict[int, Claim] = {}
 
     def round_seed(self, server_round: int) -> int:
-        """The KFCA seed of a round (task partition, penalty draws, peer sampling), as `kfca-llm simulate` derives it."""
+        """The KFCA seed of a (ledger) round: task partition, penalty draws, peer sampling, as `kfca-llm simulate`."""
         return derive_seed(self.seed, KFCA, server_round)
+
+    def resume_arrays(self) -> ArrayRecord | None:
+        """The arrays the resumed run's last committed round produced (None: nothing to resume from)."""
+        if self.ledger is None or self.round_offset == 0:
+            return None
+        sha = self.ledger.last_global_sha256()
+        if sha is None:
+            return None
+        path = global_path(self.ledger.path, sha)
+        data = path.read_bytes() if path.is_file() else b""
+        if sha256_hex(data) != sha:
+            raise InputError(f"cannot resume: the arrays of the last committed round ({path}) are missing or altered")
+        return arrays_from_bytes(data)
 
     def summary(self) -> None:
         log(INFO, "\t├──> KFCA rewards: peers %s, penalty %s, bonus fraction %s, seed %s, aggregation %s, "
-            "copies %s", "all" if self.peers is None else self.peers, self.penalty, self.bonus_fraction, self.seed,
-            self.aggregation, self.duplicates)
-        log(INFO, "\t├──> ledger: %s (run %s)", self.ledger.path if self.ledger else "none", self.run_id)
+            "copies %s, identity %s", "all" if self.peers is None else self.peers, self.penalty, self.bonus_fraction,
+            self.seed, self.aggregation, self.duplicates, self.identity)
+        log(INFO, "\t├──> ledger: %s (run %s%s)", self.ledger.path if self.ledger else "none", self.run_id,
+            f", resumed after round {self.round_offset}" if self.round_offset else "")
         log(INFO, "\t└──> wrapped strategy: %s", type(self.strategy).__name__)
         self.strategy.summary()
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        messages = list(self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid))
         self._sent = {}
         for message in messages:
             sent = message.content.get(self.arrayrecord_key) if message.has_content() else None
             self._sent[message.metadata.dst_node_id] = sent if isinstance(sent, ArrayRecord) else arrays
+        # What the SuperLink knows of each node: its registered public key and name (flwr >= 1.2x's NodeInfo).
+        self._claims = {info.node_id: Claim(str(info.node_id), bytes(info.public_key), str(info.name))
+                        for info in grid.get_nodes()}
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        t = server_round + self.round_offset
         sent_numpy: dict[int, dict[str, np.ndarray]] = {}  # per distinct sent record (usually one)
         valid: dict[str, Message] = {}
         failures: list[tuple[str | None, str]] = []
@@ -154,31 +220,37 @@ class KFCAStrategy(Strategy):
             else:
                 failures.append((node, reason))
                 log(WARNING, "KFCA: reply of node %s excluded: %s", node, reason)
+        identities, refused = self._identify(valid)
+        for node, reason in refused:
+            failures.append((node, reason))
+            log(WARNING, "KFCA: reply of node %s refused: %s", node, reason)
+        paid = {identities[node].participant: valid[node] for node in identities}
 
-        report, digests = None, {}
-        if len(valid) >= 2:
-            report, digests = self._score(server_round, valid, sent_numpy)
+        scored = None
+        if len(paid) >= 2:
+            scored = self._score(t, paid, sent_numpy)
         else:
-            failures.append((None, f"round not scored: {len(valid)} valid repl{'y' if len(valid) == 1 else 'ies'}, "
+            failures.append((None, f"round not scored: {len(paid)} valid repl{'y' if len(paid) == 1 else 'ies'}, "
                                    "KFCA needs at least two"))
-        chosen, why_none = self._select(valid, report)
+        report = None if scored is None else scored.report
+        chosen, why_none = self._select(paid, report)
         arrays, metrics = None, None
         if why_none is not None:
             failures.append((None, why_none))
         elif chosen:
             try:
-                arrays, metrics = self.strategy.aggregate_train(server_round, chosen)
+                arrays, metrics = self.strategy.aggregate_train(t, chosen)
             except InconsistentMessageReplies as exc:
                 failures.append((None, f"the wrapped strategy did not aggregate: {exc}"))
-        self._record(server_round, valid, report, digests, failures)
+        self._record(t, paid, identities, scored, failures, arrays)
         return arrays, self._metrics(metrics, report, failures)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        return self.strategy.configure_evaluate(server_round + self.round_offset, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        return self.strategy.aggregate_evaluate(server_round, replies)
+        return self.strategy.aggregate_evaluate(server_round + self.round_offset, replies)
 
     # ------------------------------------------------------------------------------------------------
 
@@ -241,34 +313,80 @@ class KFCAStrategy(Strategy):
             return f"metric {self.weighted_by_key!r} must be a finite number >= 0, got {weight!r}"
         return None
 
-    def _score(self, server_round: int, valid: Mapping[str, Message],
-               sent_numpy: dict[int, dict[str, np.ndarray]]) -> tuple[RewardReport, dict[str, str]]:
-        first = next(iter(valid.values())).metadata.src_node_id
-        shapes = {name: a.shape for name, a in self._sent_arrays(first, sent_numpy).items() if is_float(a)}
-        packer = SignPacker(shapes, list(valid), backend=self.backend)
+    def _claim(self, node: str, reply: Message) -> Claim:
+        """The grid's record of the node, with the participant name its reply declares (validated)."""
+        claim = self._claims.get(reply.metadata.src_node_id, Claim(node))
+        record = reply.content.config_records.get(IDENTITY_RECORD)
+        declared = None if record is None else check_participant_name(record.get(PARTICIPANT_KEY))
+        return Claim(claim.node_id, claim.public_key, claim.registered_name, declared)
+
+    def _identify(self, valid: Mapping[str, Message]) -> tuple[dict[str, Identity], list[tuple[str, str]]]:
+        """Each valid reply's participant; refused replies with the reason (untrusted claims never crash)."""
+        identities: dict[str, Identity] = {}
+        refused: list[tuple[str, str]] = []
+        labels = {p.label: p.participant for p in self._pins.values() if p.label and p.participant.startswith("key:")}
         for node, reply in valid.items():
+            try:
+                identity = resolve(self._claim(node, reply), self.identity)
+            except InputError as exc:
+                refused.append((node, f"no participant identity: {exc}"))
+                continue
+            conflict = pinned_conflict(identity, labels)
+            if conflict is not None:
+                refused.append((node, conflict))
+                continue
+            identities[node] = identity
+        by_participant: dict[str, list[str]] = {}
+        for node, identity in identities.items():
+            by_participant.setdefault(identity.participant, []).append(node)
+        for participant, nodes in by_participant.items():
+            if len(nodes) < 2:
+                continue
+            # The node the participant was last paid from keeps it (a restart that overlaps its old
+            # process); otherwise the first reply received.
+            last = self._last_node.get(participant)
+            keep = last if last in nodes else nodes[0]
+            for node in nodes:
+                if node != keep:
+                    del identities[node]
+                    refused.append((node, f"participant {participant} already replied this round from node {keep}; "
+                                          "a second live node claiming it is refused"))
+        return identities, refused
+
+    def _score(self, server_round: int, paid: Mapping[str, Message],
+               sent_numpy: dict[int, dict[str, np.ndarray]]) -> _Scored:
+        first = next(iter(paid.values())).metadata.src_node_id
+        shapes = {name: a.shape for name, a in self._sent_arrays(first, sent_numpy).items() if is_float(a)}
+        packer = SignPacker(shapes, list(paid), backend=self.backend)
+        for participant, reply in paid.items():
             sent = self._sent_arrays(reply.metadata.src_node_id, sent_numpy)
             returned = reply.content.array_records[self.arrayrecord_key]
             for name in shapes:
                 # Deserialised again (the check pass kept nothing): one array in memory at a time.
-                packer.add(node, name, returned[name].numpy() - sent[name])
-        peers = None if self.peers is None else min(self.peers, len(valid) - 1)
+                packer.add(participant, name, returned[name].numpy() - sent[name])
+        peers = None if self.peers is None else min(self.peers, len(paid) - 1)
         report = packer.score(peers=peers, seed=self.round_seed(server_round), penalty=self.penalty,
-                              bonus_fraction=self.bonus_fraction, duplicates=self.duplicates)
-        signs, _ = packer.words()
-        digests = {node: sign_report_sha256(signs[k]) for k, node in enumerate(packer.clients)}
-        return report, digests
+                              bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
+                              duplicate_rule=self.duplicate_rule)
+        signs, task = packer.words()
+        stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
+        digests = {participant: sha256_hex(data) for participant, data in stored.items()}
+        task_bytes = words_bytes(task)
+        task_sha = sha256_hex(task_bytes)
+        kept = {**{digests[p]: data for p, data in stored.items()}, task_sha: task_bytes} if self.keep_signs else {}
+        layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
+        return _Scored(report, digests, layout, task_sha, kept)
 
-    def _select(self, valid: Mapping[str, Message], report: RewardReport | None
+    def _select(self, paid: Mapping[str, Message], report: RewardReport | None
                 ) -> tuple[list[Message], str | None]:
-        """The replies the wrapped strategy aggregates, or why it aggregates none."""
-        replies = [valid[node] for node in sorted(valid)]
+        """The replies the wrapped strategy aggregates (in node-id order), or why it aggregates none."""
+        order = sorted(paid, key=lambda who: str(paid[who].metadata.src_node_id))
         if report is None or self.aggregation == "all":
-            return replies, None
+            return [paid[who] for who in order], None
         if self.aggregation == "exclude-negative":
-            kept = [valid[node] for node in sorted(valid) if report.rewards[node] >= 0.0]
+            kept = [paid[who] for who in order if report.rewards[who] >= 0.0]
             return kept, None if kept else "no reply was paid >= 0; the global arrays are kept"
-        weighted = [self._reweighted(valid[node], report.rewards[node]) for node in sorted(valid)]
+        weighted = [self._reweighted(paid[who], report.rewards[who]) for who in order]
         if not any(weight > 0 for _, weight in weighted):
             return [], "no reply was paid > 0; the global arrays are kept"
         return [message for message, _ in weighted], None
@@ -292,25 +410,45 @@ class KFCAStrategy(Strategy):
                 return int(value)
         return None
 
-    def _record(self, server_round: int, valid: Mapping[str, Message], report: RewardReport | None,
-                digests: Mapping[str, str], failures: list[tuple[str | None, str]]) -> None:
+    def _record(self, server_round: int, paid: Mapping[str, Message], identities: Mapping[str, Identity],
+                scored: _Scored | None, failures: list[tuple[str | None, str]], arrays: ArrayRecord | None) -> None:
         self.failures[server_round] = failures
+        node_of = {identity.participant: node for node, identity in identities.items()}
         rows = []
-        if report is not None:
+        if scored is not None:
+            report = scored.report
             self.rewards[server_round] = dict(report.rewards)
+            self.node_ids[server_round] = {p: node_of[p] for p in report.rewards}
             self.reports[server_round] = report
             peers = report.peers
             group_of = {c: g.clients for g in report.duplicates for c in g.clients}
-            rows = [RewardRow(self.run_id, server_round, node, float(reward), tuple(peers[node]), self.penalty,
-                              self.round_seed(server_round), report.categorical_world,
-                              self._num_examples(valid[node]), digests[node],
-                              float(report.unadjusted_rewards[node]), group_of.get(node))
-                    for node, reward in report.rewards.items()]
+            rows = [RewardRow(self.run_id, server_round, who, node_of[who], float(reward), tuple(peers[who]),
+                              self._num_examples(paid[who]), scored.digests[who],
+                              float(report.unadjusted_rewards[who]), group_of.get(who))
+                    for who, reward in report.rewards.items()]
+        participant_of = {node: identity.participant for node, identity in identities.items()}
+        failure_rows = [FailureRow(self.run_id, server_round, node, reason, participant_of.get(node))
+                        for node, reason in failures]
+        new = [Participant(i.participant, i.label, i.key_fingerprint, self.run_id, server_round, node, "")
+               for node, i in identities.items() if i.participant not in self._pins]
         if self.ledger is not None:
-            self.ledger.record_round(
-                server_round, seed=self.round_seed(server_round), rewards=rows,
-                failures=[FailureRow(self.run_id, server_round, node, reason) for node, reason in failures],
-                valid_replies=len(valid), categorical_world=None if report is None else report.categorical_world)
+            global_arrays = None
+            if arrays is not None:
+                data = arrays_to_bytes(arrays)
+                global_arrays = (sha256_hex(data), data)
+            previous = self.ledger.last_global_sha256()
+            self.ledger.record_round(RoundEntry(
+                round=server_round, seed=self.round_seed(server_round), settings=self.settings,
+                valid_replies=len(paid), categorical_world=None if scored is None else bool(scored.report.categorical_world),
+                rewards=rows, failures=failure_rows, layout=None if scored is None else scored.layout,
+                task_sha256=None if scored is None else scored.task_sha256,
+                signs=scored.signs if scored is not None and self.keep_signs else None,
+                global_arrays=global_arrays, new_participants=new))
+            if global_arrays is not None and previous not in (None, global_arrays[0]):
+                # Only the newest round's arrays are needed to resume (they are not part of the audit).
+                global_path(self.ledger.path, previous).unlink(missing_ok=True)
+        self._pins.update({p.participant: p for p in new})
+        self._last_node.update({row.participant: row.node_id for row in rows})
 
     def _metrics(self, metrics: MetricRecord | None, report: RewardReport | None,
                  failures: list[tuple[str | None, str]]) -> MetricRecord:

@@ -22,21 +22,9 @@ from ..fl.rounds import attack_context
 from ..fl.seeds import TRAIN, client_id, derive_seed
 from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
-APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger")
+APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume")
 """Run-config keys of the app itself; every other key is a recipe key."""
 DEFAULT_LEDGER = "rewards.sqlite"
-
-
-def _toml_literal(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        if key == "kfca.attackers":
-            return json.dumps([part.strip() for part in value.split(",") if part.strip()])
-        return json.dumps(value)
-    raise InputError(f"run-config key {key!r}: unsupported value {value!r}")
 
 
 def recipe_from_config(config: Mapping[str, Any], *, num_partitions: int | None = None) -> Recipe:
@@ -45,12 +33,13 @@ def recipe_from_config(config: Mapping[str, Any], *, num_partitions: int | None 
     The Flower app has no attack-analysis client (``kfca.attacks`` is emptied): nodes attack through
     their node config (``attack``) or ``kfca.attackers`` (by partition id).
     """
-    name = config.get("recipe", DEFAULT_RECIPE)
-    overrides = [f"{key}={_toml_literal(key, value)}" for key, value in config.items() if key not in APP_KEYS]
-    overrides.append("kfca.attacks=[]")
+    values: dict[str, Any] = {key: value for key, value in config.items() if key not in APP_KEYS}
+    if isinstance(values.get("kfca.attackers"), str):  # Flower's config values are scalars: "3=flip,5=lagged:2"
+        values["kfca.attackers"] = tuple(part.strip() for part in values["kfca.attackers"].split(",") if part.strip())
+    values["kfca.attacks"] = ()
     if num_partitions is not None:
-        overrides.append(f"num-clients={int(num_partitions)}")
-    return load_recipe(str(name), overrides)
+        values["num-clients"] = int(num_partitions)
+    return load_recipe(str(config.get("recipe", DEFAULT_RECIPE)), values=values)
 
 
 def recipe_key(recipe: Recipe) -> str:

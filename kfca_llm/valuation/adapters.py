@@ -1,4 +1,4 @@
-"""Shapley values vs KFCA on adapter updates: per-round MR-SV, GTG-Shapley and KFCA-QP.
+"""Shapley values vs KFCA on adapter updates: one round's clients valued by every ``ROUND_METHODS`` entry.
 
 A round's game: v(S) = -(held-out loss of the global adapter plus the FedAvg-weighted updates of
 coalition S), v(empty) = -(loss of the global adapter). MR-SV is its exact Shapley value (2^n loss
@@ -8,8 +8,9 @@ knowledge-free reward of the same updates (no held-out data, no loss evaluations
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,11 +19,59 @@ from ..api import score_updates
 from ..errors import InputError
 from ..tensors import StateDict
 from .exact import shapley_exact
-from .fidelity import distances, normalise, spearman
+from .metrics import distances, normalise, spearman
 from .sampling import shapley_gtg
 from .utility import CachedUtility
 
 GTG_TRUNCATION = 0.001  # relative to |v(N)|: losses are O(1), so stop a permutation within 0.1%
+
+
+@dataclass(frozen=True)
+class RoundGame:
+    """What a round method may read: the clients (sorted), their updates and the uncached game v(S)."""
+
+    clients: list[str]
+    updates: list[Mapping[str, torch.Tensor]]
+    value: Callable[[frozenset], float]
+    seed: int
+
+    @property
+    def n(self) -> int:
+        return len(self.clients)
+
+
+@dataclass(frozen=True)
+class RoundMethod:
+    name: str
+    values: Callable[[RoundGame], tuple[np.ndarray, CachedUtility | None]]
+    """per-client values and the utility it evaluated (None for a knowledge-free method)."""
+    knowledge_free: bool = False
+    """True: reads only the updates (no held-out data, no loss evaluations)."""
+
+
+def _mr_sv(game: RoundGame) -> tuple[np.ndarray, CachedUtility]:
+    utility = CachedUtility(game.value, game.n)
+    return shapley_exact(utility, game.n), utility
+
+
+def _gtg_shapley(game: RoundGame) -> tuple[np.ndarray, CachedUtility]:
+    utility = CachedUtility(game.value, game.n)  # its own evaluations, so its time is its own
+    est = shapley_gtg(utility, game.n, seed=game.seed, truncation=GTG_TRUNCATION, max_permutations=20 * game.n)
+    return est.values, utility
+
+
+def _kfca_qp(game: RoundGame) -> tuple[np.ndarray, None]:
+    report = score_updates(dict(zip(game.clients, game.updates)), seed=game.seed)
+    return np.array([report.rewards[c] for c in game.clients]), None
+
+
+REFERENCE = "mr_sv"
+ROUND_METHODS: dict[str, RoundMethod] = {
+    REFERENCE: RoundMethod("MR-SV", _mr_sv),
+    "gtg_shapley": RoundMethod("GTG-Shapley", _gtg_shapley),
+    "kfca_qp": RoundMethod("KFCA-QP", _kfca_qp, knowledge_free=True),
+}
+"""method key -> how it values a round; the reference (exact per-round Shapley value) comes first."""
 
 
 @dataclass(frozen=True)
@@ -31,19 +80,20 @@ class RoundValuation:
 
     round: int
     clients: list[str]
-    mr_sv: list[float]
-    gtg_shapley: list[float]
-    kfca_qp: list[float]
+    values: dict[str, list[float]]
+    """method key (``ROUND_METHODS``) -> per-client values."""
     v_empty: float
     v_grand: float
     coalitions: dict[str, int]
-    """distinct coalitions (loss evaluations) per method; KFCA-QP needs none."""
+    """distinct coalitions (loss evaluations) per method; a knowledge-free method needs none."""
     seconds: dict[str, float]
     distance_to_mr: dict[str, dict[str, float | None]]
     """method -> the fidelity distances (normalised rewards) and Spearman to MR-SV."""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"round": self.round, "clients": list(self.clients), **{k: list(v) for k, v in self.values.items()},
+                "v_empty": self.v_empty, "v_grand": self.v_grand, "coalitions": dict(self.coalitions),
+                "seconds": dict(self.seconds), "distance_to_mr": dict(self.distance_to_mr)}
 
 
 def reconstruct(global_state: Mapping[str, torch.Tensor], updates: list[Mapping[str, torch.Tensor]],
@@ -56,9 +106,7 @@ def reconstruct(global_state: Mapping[str, torch.Tensor], updates: list[Mapping[
 def value_round(global_state: Mapping[str, torch.Tensor], updates: Mapping[str, Mapping[str, torch.Tensor]],
                 num_examples: Mapping[str, int], held_out_loss: Callable[[StateDict], float], *,
                 round_index: int = 0, seed: int = 0) -> RoundValuation:
-    """Value one round's client updates by MR-SV, GTG-Shapley and KFCA-QP (see the module docstring)."""
-    import time
-
+    """Value one round's client updates by every ``ROUND_METHODS`` entry (see the module docstring)."""
     clients = sorted(updates)
     if len(clients) < 2:
         raise InputError(f"need at least two clients in a round, got {len(clients)}")
@@ -74,35 +122,29 @@ def value_round(global_state: Mapping[str, torch.Tensor], updates: Mapping[str, 
         w[idx] = sizes[idx] / sizes[idx].sum() if idx else 0.0
         return -float(held_out_loss(reconstruct(global_state, ups, w)))
 
-    n = len(clients)
-    shared = CachedUtility(value, n)
-    start = time.perf_counter()
-    mr = shapley_exact(shared, n)
-    mr_s = time.perf_counter() - start
-    gtg_utility = CachedUtility(value, n)  # its own evaluations, so its time is its own
-    start = time.perf_counter()
-    gtg = shapley_gtg(gtg_utility, n, seed=seed, truncation=GTG_TRUNCATION, max_permutations=20 * n).values
-    gtg_s = time.perf_counter() - start
-    start = time.perf_counter()
-    report = score_updates(dict(zip(clients, ups)), seed=seed)
-    kfca = np.array([report.rewards[c] for c in clients])
-    kfca_s = time.perf_counter() - start
-    ref, _ = normalise(mr)
+    game = RoundGame(clients, ups, value, seed)
+    values, coalitions, seconds, utilities = {}, {}, {}, {}
+    for key, method in ROUND_METHODS.items():
+        start = time.perf_counter()
+        values[key], utilities[key] = method.values(game)
+        seconds[key] = time.perf_counter() - start
+        coalitions[key] = utilities[key].num_evaluated if utilities[key] is not None else 0
+    ref, _ = normalise(values[REFERENCE])
     dist = {}
-    for name, q in (("gtg_shapley", gtg), ("kfca_qp", kfca)):
-        qn, _ = normalise(q)
-        dist[name] = {**distances(ref, qn), "spearman": spearman(mr, q)}
-    empty, grand = shared(frozenset()), shared(frozenset(range(n)))
-    return RoundValuation(round_index, clients, mr.tolist(), gtg.tolist(), kfca.tolist(), empty, grand,
-                          {"mr_sv": 1 << n, "gtg_shapley": gtg_utility.num_evaluated, "kfca_qp": 0},
-                          {"mr_sv": mr_s, "gtg_shapley": gtg_s, "kfca_qp": kfca_s}, dist)
+    for key, q in values.items():
+        if key != REFERENCE:
+            qn, _ = normalise(q)
+            dist[key] = {**distances(ref, qn), "spearman": spearman(values[REFERENCE], q)}
+    reference = utilities[REFERENCE]
+    return RoundValuation(round_index, clients, {k: v.tolist() for k, v in values.items()},
+                          reference(frozenset()), reference(frozenset(range(game.n))), coalitions, seconds, dist)
 
 
 def mean_values(rounds: list[RoundValuation]) -> dict[str, dict[str, float]]:
     """method -> client -> mean value over the rounds the client took part in."""
-    out: dict[str, dict[str, list[float]]] = {"mr_sv": {}, "gtg_shapley": {}, "kfca_qp": {}}
+    out: dict[str, dict[str, list[float]]] = {key: {} for key in ROUND_METHODS}
     for r in rounds:
-        for method, values in (("mr_sv", r.mr_sv), ("gtg_shapley", r.gtg_shapley), ("kfca_qp", r.kfca_qp)):
+        for method, values in r.values.items():
             for client, v in zip(r.clients, values):
                 out[method].setdefault(client, []).append(v)
     return {m: {c: float(np.mean(v)) for c, v in sorted(per.items())} for m, per in out.items()}

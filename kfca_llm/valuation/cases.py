@@ -8,6 +8,7 @@ download) or a local copy of MNIST / any image classification set.
 from __future__ import annotations
 
 import gzip
+import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +17,15 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from .federation import ClientData
+from .cnn_federation import ClientData
 
 CASES = ("iid", "label_skew", "size_skew", "label_noise", "feature_noise")
 SKEW_SHARE = 0.8  # label skew: share of a client's examples from its group's two digits
 LEVEL_STEP = 0.05  # label / feature noise: group k gets rate 5k%
 SIZE_BASE, SIZE_STEP = 10.0, 5.0  # size skew: group k holds (10 + 5k)% of the examples (for 5 groups)
 FEATURE_NOISE_STD = 1.0  # Gaussian noise added to a noisy image, in units of the pixel standard deviation
+PROTOCOLS = ("split", "silos")
+PAPER_CLIENT_SIZE = 10_840  # the paper's images per client (MNIST, silo protocol)
 
 
 @dataclass(frozen=True)
@@ -50,15 +53,36 @@ def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, name: 
     return ImageSet(tx, y[train].astype(np.int64), ex, y[test].astype(np.int64), int(y.max()) + 1, name)
 
 
-def _read_idx(path: Path) -> np.ndarray:
-    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] != 0x08:
-        raise InputError(f"{path} is not an unsigned-byte IDX file")
-    dims = struct.unpack(f">{raw[3]}I", raw[4:4 + 4 * raw[3]])
-    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * raw[3])
+MAX_IDX_BYTES = 1 << 31  # a decompressed IDX file larger than this is refused (MNIST's largest: 47 MB)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """An unsigned-byte IDX array (the MNIST format), gzip-compressed or not (recognised by its magic bytes)."""
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as fh:
+                raw = fh.read(MAX_IDX_BYTES + 1)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"{path}: not a readable gzip file ({exc})") from None
+        if len(raw) > MAX_IDX_BYTES:
+            raise InputError(f"{path}: decompresses to more than {MAX_IDX_BYTES} bytes")
+    if len(raw) < 4 or raw[:2] != b"\0\0" or raw[2] != 0x08 or not 1 <= raw[3] <= 4:
+        raise InputError(f"{path} is not an unsigned-byte IDX file of 1-4 dimensions")
+    header = 4 + 4 * raw[3]
+    if len(raw) < header:
+        raise InputError(f"{path}: truncated IDX header")
+    dims = struct.unpack(f">{raw[3]}I", raw[4:header])
+    data = np.frombuffer(raw, dtype=np.uint8, offset=header)
     if data.size != int(np.prod(dims)):
         raise InputError(f"{path}: header says {dims}, file holds {data.size} values")
     return data.reshape(dims)
+def _idx_pair(images: Path, labels: Path) -> tuple[np.ndarray, np.ndarray]:
+    x, y = read_idx(images), read_idx(labels)
+    if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+        raise InputError(f"{images.name} / {labels.name}: expected (N, H, W) images and N labels, "
+                         f"got {x.shape} and {y.shape}")
+    return x.astype(np.float64), y.astype(np.int64)
 
 
 def _find(folder: Path, stem: str) -> Path | None:
@@ -71,7 +95,7 @@ def _find(folder: Path, stem: str) -> Path | None:
 def _load_folder(folder: Path, max_examples: int | None) -> tuple[np.ndarray, np.ndarray, str]:
     images, labels = _find(folder, "train-images-idx3-ubyte"), _find(folder, "train-labels-idx1-ubyte")
     if images and labels:
-        x, y = _read_idx(images).astype(np.float64), _read_idx(labels).astype(np.int64)
+        x, y = _idx_pair(images, labels)
         name = f"MNIST files in {folder}"
     else:
         try:
@@ -108,7 +132,8 @@ def _load_folder(folder: Path, max_examples: int | None) -> tuple[np.ndarray, np
 
 def load_images(data: str | None = None, *, seed: int = 0, test_fraction: float = 0.3,
                 max_examples: int | None = None) -> ImageSet:
-    """Bundled 8x8 digits (``data=None``) or a local folder: raw MNIST IDX files or a ``save_to_disk`` set."""
+    """Bundled 8x8 digits (``data=None``) or a local folder: raw MNIST IDX files (train-*, and t10k-* as the
+    test set when present, gzip or not) or a ``save_to_disk`` set; without a test set, ``test_fraction`` is held out."""
     if data is None:
         try:
             from sklearn.datasets import load_digits
@@ -123,6 +148,15 @@ def load_images(data: str | None = None, *, seed: int = 0, test_fraction: float 
         if not folder.is_dir():
             raise InputError(f"--data {data}: not a folder")
         x, y, name = _load_folder(folder, max_examples)
+        test = _find(folder, "t10k-images-idx3-ubyte"), _find(folder, "t10k-labels-idx1-ubyte")
+        if all(test) and name.startswith("MNIST"):
+            # MNIST's own test set: the training files are the pool the clients are drawn from
+            tx, ty = _idx_pair(*test)
+            tx, ty = tx[:max_examples or None], ty[:max_examples or None]
+            if tx.shape[1:] != x.shape[1:]:
+                raise InputError(f"{folder}: test images {tx.shape[1:]} differ from training images {x.shape[1:]}")
+            train_x, test_x = _standardise(x, tx)
+            return ImageSet(train_x, y, test_x, ty, int(max(y.max(), ty.max())) + 1, name + " (t10k as test set)")
     return _split(x, y, test_fraction, seed, name)
 
 
@@ -146,10 +180,12 @@ def _balanced_split(y: np.ndarray, sizes: list[int], rng: np.random.Generator) -
     return out
 
 
-def _skewed_split(y: np.ndarray, n: int, size: int, num_classes: int, rng) -> list[np.ndarray]:
+def _skewed_split(y: np.ndarray, clients, size: int, num_classes: int, rng) -> list[np.ndarray]:
+    """Per client in ``clients`` (indices: they pick the favourite digits), ``size`` examples drawn without
+    replacement from shared pools, ``SKEW_SHARE`` of them from the client's group's two digits."""
     pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in range(num_classes)]
     out = []
-    for client in range(n):
+    for client in clients:
         k = _group(client)
         favourite = [(2 * k + 1) % num_classes, (2 * k + 2) % num_classes]
         others = [c for c in range(num_classes) if c not in favourite]
@@ -164,8 +200,38 @@ def _skewed_split(y: np.ndarray, n: int, size: int, num_classes: int, rng) -> li
     return out
 
 
-def make_clients(images: ImageSet, case: str, n: int, seed: int) -> list[ClientData]:
-    """The ``n`` clients' training data for ``case`` (one of ``CASES``)."""
+def silo_split(y: np.ndarray, n: int, case: str, num_classes: int, rng: np.random.Generator,
+               client_size: int = PAPER_CLIENT_SIZE) -> list[np.ndarray]:
+    """The paper's protocol: the pool in n/2 equal silos, clients 2k and 2k+1 drawn from silo k.
+
+    Each client draws ``min(client_size, silo size)`` examples of its silo on its own (the two clients of
+    a silo overlap where they need more than half of it), balanced across labels, or 80% from its
+    group's two digits in the label-skew case (as far as the silo has them).
+    """
+    if n % 2:
+        raise InputError(f"the silo protocol pairs clients: need an even number of clients, got {n}")
+    silos = np.array_split(rng.permutation(len(y)), n // 2)
+    parts = []
+    for client in range(n):
+        silo = silos[_group(client)]
+        size = min(client_size, silo.size)
+        if case == "label_skew":
+            pick = _skewed_split(y[silo], [client], size, num_classes, rng)[0]
+        else:
+            pick = _balanced_split(y[silo], [size], rng)[0]
+        parts.append(silo[pick])
+    return parts
+
+
+def make_clients(images: ImageSet, case: str, n: int, seed: int, protocol: str = "split") -> list[ClientData]:
+    """The ``n`` clients' training data for ``case`` (one of ``CASES``).
+
+    ``protocol="split"``: the pool is dealt to the clients (disjoint, equal shares, 90% of a share in the
+    label-skew case); ``"silos"``: the paper's MNIST protocol (``silo_split``). Size skew deals 10-30% of
+    the pool per pair under both (the paper's size ratios cannot come from equal silos).
+    """
+    if protocol not in PROTOCOLS:
+        raise InputError(f"unknown protocol {protocol!r}; choose from {', '.join(PROTOCOLS)}")
     if case not in CASES:
         raise InputError(f"unknown case {case!r}; choose from {', '.join(CASES)}")
     if n < 2:
@@ -176,8 +242,10 @@ def make_clients(images: ImageSet, case: str, n: int, seed: int) -> list[ClientD
     equal = len(y) // n
     if equal < 8:
         raise InputError(f"{len(y)} training examples are too few for {n} clients")
-    if case == "label_skew":
-        parts = _skewed_split(y, n, int(equal * 0.9), images.num_classes, rng)
+    if protocol == "silos" and case != "size_skew":
+        parts = silo_split(y, n, case, images.num_classes, rng)
+    elif case == "label_skew":
+        parts = _skewed_split(y, range(n), int(equal * 0.9), images.num_classes, rng)
     elif case == "size_skew":
         share = np.array([SIZE_BASE + SIZE_STEP * _group(c) for c in range(n)])
         sizes = np.maximum(np.floor(share / share.sum() * len(y)).astype(int), 8)

@@ -19,8 +19,10 @@ import numpy as np
 
 from ..errors import InputError
 from ..report import text_table, write_atomic, write_json
+from .metrics import distances, normalise, spearman
 
-DEFAULT_METHODS = ("mr", "gtg-shapley", "tmc-shapley", "ca-qp", "ca-d", "kfca-qp", "kfca-d", "mc-kfca-qp", "uniform")
+DEFAULT_METHODS = ("mr", "gtg-shapley", "tmc-shapley", "group-testing", "fed-sv", "tmr", "ca-qp", "ca-d", "kfca-qp",
+                   "kfca-d", "mc-kfca-qp", "uniform")
 REFERENCE = "exact-sv"
 
 
@@ -33,33 +35,22 @@ class FidelityConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     data: str | None = None
     max_examples: int | None = None
+    protocol: str = "auto"
+    """client data: "silos" (the paper's MNIST protocol), "split" (dealt from the pool) or "auto": silos for
+    28x28 images, split otherwise (the bundled digits are too few for 10,840-image clients)."""
     threads: int = 1
+    jobs: int = 1
+    """cases run in this many worker processes at once (each with ``threads`` torch threads)."""
 
 
-def normalise(q: np.ndarray) -> tuple[np.ndarray, str]:
-    """``q / sum q`` (the paper's normalisation); by the sum of |q| when the sum is not positive."""
-    total = float(q.sum())
-    if total > 0:
-        return q / total, "sum"
-    scale = float(np.abs(q).sum())
-    return (q / scale if scale > 0 else np.full_like(q, 1.0 / q.size)), "abs-sum"
+def resolve_protocol(protocol: str, images) -> str:
+    from .cases import PROTOCOLS
 
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Spearman rank correlation (average ranks for ties); None when either side is constant."""
-    from scipy.stats import rankdata
-
-    ra, rb = rankdata(a), rankdata(b)
-    if np.ptp(ra) == 0 or np.ptp(rb) == 0:
-        return None
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def distances(reference: np.ndarray, q: np.ndarray) -> dict[str, float]:
-    """The paper's distances between normalised exact SV and normalised rewards."""
-    cos = float(reference @ q / (np.linalg.norm(reference) * np.linalg.norm(q)))
-    return {"cosine": 1.0 - cos, "euclidean": float(np.linalg.norm(reference - q)),
-            "max_diff": float(np.max(np.abs(reference - q)))}
+    if protocol == "auto":
+        return "silos" if tuple(images.train_x.shape[1:]) == (28, 28) else "split"
+    if protocol not in PROTOCOLS:
+        raise InputError(f"unknown protocol {protocol!r}; choose from auto, {', '.join(PROTOCOLS)}")
+    return protocol
 
 
 def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
@@ -67,12 +58,13 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
     import torch
 
     from .cases import make_clients
-    from .federation import FederationConfig, StackedCNN, run_federation
+    from .cnn_federation import FederationConfig, model_for, run_federation
     from .methods import METHODS, ValuationProblem
 
     fed_cfg = FederationConfig(rounds=cfg.rounds, seed=cfg.seed)
-    clients = make_clients(images, case, cfg.clients, cfg.seed)
-    model = StackedCNN(images.train_x.shape[1:], images.num_classes, fed_cfg.channels)
+    protocol = resolve_protocol(cfg.protocol, images)
+    clients = make_clients(images, case, cfg.clients, cfg.seed, protocol)
+    model = model_for(images.train_x.shape[1:], images.num_classes, fed_cfg.channels)
     init = model.init(cfg.seed)
     start = time.perf_counter()
     record = run_federation(model, clients, init, fed_cfg)
@@ -86,7 +78,7 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
         result = method(problem)
         seconds = time.perf_counter() - start
         results[key] = (name, result, seconds)
-        log(f"  {case:<13} {name:<12} {seconds:8.2f} s")
+        log(f"  {case:<13} {name:<13} {seconds:8.2f} s")
     exact = results[REFERENCE][1]
     exact_q, _ = normalise(exact.rewards)
     methods = {}
@@ -98,7 +90,8 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
             "seconds": seconds, "coalitions": result.coalitions, **({"extra": result.extra} if result.extra else {}),
         }
     return {
-        "clients": [int(c.y.numel()) for c in clients], "federation_seconds": federation_s,
+        "clients": [int(c.y.numel()) for c in clients], "protocol": protocol, "parameters": model.num_parameters,
+        "federation_seconds": federation_s,
         "exact_sv": {"values": exact.rewards.tolist(), **exact.extra}, "methods": methods,
     }
 
@@ -169,6 +162,14 @@ def _warm_up() -> None:
     score_labels({"a": rng.integers(0, 3, 64), "b": rng.integers(0, 3, 64)}, num_labels=3)
 
 
+def _case_in_worker(case: str, cfg: FidelityConfig, images) -> dict:
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    _warm_up()
+    return run_case(case, cfg, images, print)
+
+
 def run_fidelity(cfg: FidelityConfig, out: str | Path, log=print) -> dict:
     """Run every case, write ``fidelity.json``, ``fidelity.csv`` and the figures to ``out``."""
     import torch
@@ -194,11 +195,23 @@ def _run(cfg: FidelityConfig, out: str | Path, log) -> dict:
     _warm_up()
     images = load_images(cfg.data, seed=cfg.seed, max_examples=cfg.max_examples)
     log(f"{images.name}: {len(images.train_y)} training / {len(images.test_y)} test images, "
-        f"{cfg.clients} clients, {cfg.rounds} rounds, {cfg.threads} torch thread(s)")
-    result = {"data": images.name, "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed,
-              "threads": cfg.threads, "cases": {}}
-    for case in cfg.cases:
-        result["cases"][case] = run_case(case, cfg, images, log)
+        f"{cfg.clients} clients, {cfg.rounds} rounds, {cfg.threads} torch thread(s), {cfg.jobs} job(s)")
+    result = {"data": images.name, "protocol": resolve_protocol(cfg.protocol, images), "clients": cfg.clients,
+              "rounds": cfg.rounds, "seed": cfg.seed,
+              "threads": cfg.threads, "jobs": cfg.jobs, "cases": {}}
+    jobs = min(cfg.jobs, len(cfg.cases))
+    if jobs > 1:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # spawn: a fresh interpreter per worker (torch's thread pools do not survive fork)
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_case_in_worker, case, cfg, images) for case in cfg.cases]
+            for case, future in zip(cfg.cases, futures):
+                result["cases"][case] = future.result()
+    else:
+        for case in cfg.cases:
+            result["cases"][case] = run_case(case, cfg, images, log)
     result["wall_seconds"] = time.perf_counter() - wall
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

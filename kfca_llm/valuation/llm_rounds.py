@@ -1,4 +1,4 @@
-"""``kfca-llm simulate --valuation``: per-round MR-SV, GTG-Shapley and KFCA-QP of the LLM federation.
+"""``kfca-llm simulate --valuation``: every ``adapters.ROUND_METHODS`` entry on each round of the LLM federation.
 
 A round observer (``FederationOptions.on_round``): after each round is scored it values the clients'
 submissions (fixed attackers' attacks included, the attack-analysis side submissions excluded) by
@@ -14,7 +14,7 @@ import torch
 from ..errors import InputError
 from ..recipe import Recipe
 from ..report import text_table
-from .adapters import RoundValuation, mean_values, value_round
+from .adapters import REFERENCE, ROUND_METHODS, RoundValuation, mean_values, value_round
 
 HELD_OUT_ROWS = 32
 HELD_OUT_SEED_OFFSET = 1_000_003  # synthetic rows of seed + offset: never in any client's shard
@@ -77,14 +77,19 @@ class RoundValuer:
 
     def table(self) -> str:
         means = mean_values(self.rounds)
-        clients = sorted(means["mr_sv"], key=lambda c: -means["mr_sv"][c])
-        rows = [[c, self.fixed_attacks.get(c, "honest"), f"{means['mr_sv'][c]:+.5f}",
-                 f"{means['gtg_shapley'][c]:+.5f}", f"{means['kfca_qp'][c]:+.4f}"] for c in clients]
-        dist = {m: np.mean([r.distance_to_mr[m]["cosine"] for r in self.rounds]) for m in ("gtg_shapley", "kfca_qp")}
-        secs = {m: sum(r.seconds[m] for r in self.rounds) for m in ("mr_sv", "gtg_shapley", "kfca_qp")}
-        notes = [f"mean 1 - cos to MR-SV per round: GTG-Shapley {dist['gtg_shapley']:.4f}, "
-                 f"KFCA-QP {dist['kfca_qp']:.4f}",
-                 f"time over all rounds: MR-SV {secs['mr_sv']:.2f} s, GTG-Shapley {secs['gtg_shapley']:.2f} s, "
-                 f"KFCA-QP {secs['kfca_qp']:.3f} s"]
+        clients = sorted(means[REFERENCE], key=lambda c: -means[REFERENCE][c])
+        # a knowledge-free method's values are payments (4 digits); Shapley values are loss differences (5)
+        digits = {k: 4 if m.knowledge_free else 5 for k, m in ROUND_METHODS.items()}
+        second_digits = {k: 3 if m.knowledge_free else 2 for k, m in ROUND_METHODS.items()}  # KFCA takes ms
+        rows = [[c, self.fixed_attacks.get(c, "honest"),
+                 *[f"{means[k][c]:+.{digits[k]}f}" for k in ROUND_METHODS]] for c in clients]
+        others = [k for k in ROUND_METHODS if k != REFERENCE]
+        dist = {k: np.mean([r.distance_to_mr[k]["cosine"] for r in self.rounds]) for k in others}
+        secs = {k: sum(r.seconds[k] for r in self.rounds) for k in ROUND_METHODS}
+        name = {k: m.name for k, m in ROUND_METHODS.items()}
+        notes = [f"mean 1 - cos to {name[REFERENCE]} per round: "
+                 + ", ".join(f"{name[k]} {dist[k]:.4f}" for k in others),
+                 "time over all rounds: "
+                 + ", ".join(f"{name[k]} {secs[k]:.{second_digits[k]}f} s" for k in ROUND_METHODS)]
         return text_table("per-client mean value per round (v = -held-out loss)",
-                          ["client", "submits", "MR-SV", "GTG-Shapley", "KFCA-QP"], rows, notes)
+                          ["client", "submits", *name.values()], rows, notes)

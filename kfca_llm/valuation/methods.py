@@ -2,10 +2,10 @@
 
 Each method takes a ``ValuationProblem`` (the clients' data, the model, the recorded real run and
 the public test set) and returns raw per-client rewards plus how many coalitions it evaluated.
-Reconstruction-based methods value coalition S in round t by the test accuracy of
-``theta_t + sum_{i in S} |D_i| / |D_S| update_i`` (v(empty) = accuracy of theta_t); exact SV and
-TMC-Shapley retrain: v(S) is the test accuracy of FedAvg run on S alone from the same
-initialisation and seeds. CA and KFCA never look at the test labels.
+Reconstruction-based methods (MR, GTG-Shapley, Fed-SV, TMR) value coalition S in round t by the test
+accuracy of ``theta_t + sum_{i in S} |D_i| / |D_S| update_i`` (v(empty) = accuracy of theta_t);
+exact SV, TMC-Shapley and Group Testing retrain: v(S) is the test accuracy of FedAvg run on S alone
+from the same initialisation and seeds. CA and KFCA never look at the test labels.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import torch
 from ..api import score_labels, score_updates
 from ..engine.stats import delta_from_joint
 from ..mechanism import ca_score_matrix, joint_counts, mtpp_payment
+from . import per_round
 from .exact import shapley_from_table
-from .federation import (ClientData, FederationConfig, FederationRecord, StackedCNN, accuracy, coalition_matrix,
+from .group_testing import shapley_group_testing
+from .cnn_federation import (ClientData, FederationConfig, FederationRecord, StackedModel, accuracy, coalition_matrix,
                          fedavg_weights, predictions, train_coalitions)
 from .sampling import shapley_gtg, shapley_tmc
 from .utility import CachedUtility
@@ -30,19 +32,19 @@ IN_ROUND_TRUNCATION = 0.01  # GTG / TMC: stop a permutation within 1% of v(N)
 # GTG: at most 10n permutations per round. The relative-change stopping rule rarely fires on
 # per-round values near 0 (measured: ~400 permutations per round at n = 10, most rounds uncapped).
 GTG_MAX_PERMUTATIONS_PER_CLIENT = 10
-TMC_PREFETCH = 5  # TMC: permutations whose prefixes are retrained together (stacked) in one batch
+TMC_PREFETCH = 25  # TMC: permutations whose prefixes are retrained together (stacked) in one batch
 MC_FRACTION, MC_REPEATS = 0.1, 5  # MC KFCA-QP: X = 10% of the coordinates, Y = 5 draws
 
 
 @dataclass(frozen=True)
 class ValuationProblem:
-    model: StackedCNN
+    model: StackedModel
     clients: list[ClientData]
     init: torch.Tensor
     cfg: FederationConfig
     record: FederationRecord
     test_x: torch.Tensor
-    """the test images' convolution patches (``model.patches``), computed once"""
+    """the test inputs as the model reads them (``model.patches``), computed once"""
     test_y: torch.Tensor
 
     @property
@@ -68,16 +70,20 @@ def _round_models(problem: ValuationProblem, t: int, masks: np.ndarray) -> torch
     return problem.record.globals[t][None] + weights @ problem.record.updates[t]
 
 
-def _round_utility(problem: ValuationProblem, t: int) -> CachedUtility:
-    """v_t(S) = test accuracy of the round-t reconstruction of S (one coalition per call)."""
+def _round_utility(problem: ValuationProblem, t: int, *, batched: bool = False) -> CachedUtility:
+    """v_t(S) = test accuracy of the round-t reconstruction of S; ``batched``: prefetched coalitions are
+    reconstructed and evaluated together (stacked)."""
 
-    def value(s: frozenset) -> float:
-        if not s:
-            return float(accuracy(problem.model, problem.record.globals[t][None], problem.test_x, problem.test_y)[0])
-        mask = np.array([sum(1 << i for i in s)])
-        return float(accuracy(problem.model, _round_models(problem, t, mask), problem.test_x, problem.test_y)[0])
+    def empty() -> float:
+        return float(accuracy(problem.model, problem.record.globals[t][None], problem.test_x, problem.test_y)[0])
 
-    return CachedUtility(value, problem.n)
+    def batch(coalitions: list[frozenset]) -> np.ndarray:
+        masks = np.array([sum(1 << i for i in s) for s in coalitions if s], dtype=np.int64)
+        values = iter(accuracy(problem.model, _round_models(problem, t, masks), problem.test_x, problem.test_y)
+                      if masks.size else [])
+        return np.array([next(values) if s else empty() for s in coalitions])
+
+    return CachedUtility(lambda s: float(batch([s])[0]), problem.n, batch=batch if batched else None)
 
 
 def _all_masks(n: int) -> np.ndarray:
@@ -93,16 +99,31 @@ def exact_sv(problem: ValuationProblem) -> MethodResult:
                         {"v_grand": float(table[-1]), "v_empty": float(table[0])})
 
 
+def _round_exact(problem: ValuationProblem, t: int) -> tuple[np.ndarray, int]:
+    """Round t's exact Shapley values of the reconstruction game (all 2^n coalitions at once)."""
+    empty = accuracy(problem.model, problem.record.globals[t][None], problem.test_x, problem.test_y)
+    table = np.concatenate([empty, accuracy(problem.model, _round_models(problem, t, _all_masks(problem.n)),
+                                            problem.test_x, problem.test_y)])
+    return shapley_from_table(table), 1 << problem.n
+
+
 def mr(problem: ValuationProblem) -> MethodResult:
     """MR (Song et al., 2019): exact per-round Shapley values of reconstructed models, summed."""
-    total = np.zeros(problem.n)
-    masks = _all_masks(problem.n)
-    for t in range(problem.cfg.rounds):
-        empty = accuracy(problem.model, problem.record.globals[t][None], problem.test_x, problem.test_y)
-        table = np.concatenate([empty, accuracy(problem.model, _round_models(problem, t, masks),
-                                                problem.test_x, problem.test_y)])
-        total += shapley_from_table(table)
-    return MethodResult(total, problem.cfg.rounds * (1 << problem.n))
+    return MethodResult(sum(_round_exact(problem, t)[0] for t in range(problem.cfg.rounds)),
+                        problem.cfg.rounds * (1 << problem.n))
+
+
+def tmr(problem: ValuationProblem) -> MethodResult:
+    """TMR (Wei et al., 2020): MR's per-round values weighted by a decay factor, light rounds skipped."""
+    out = per_round.tmr(lambda t: _round_exact(problem, t), problem.cfg.rounds, problem.n)
+    return MethodResult(out.values, out.coalitions, {"rounds_computed": out.rounds_computed, **out.extra})
+
+
+def fed_sv(problem: ValuationProblem) -> MethodResult:
+    """Fed-SV (Wang et al., 2020): per-round group testing on reconstructed models, summed over rounds."""
+    out = per_round.fed_sv([_round_utility(problem, t, batched=True) for t in range(problem.cfg.rounds)],
+                            problem.n, seed=problem.cfg.seed)
+    return MethodResult(out.values, out.coalitions, out.extra)
 
 
 def gtg_shapley(problem: ValuationProblem) -> MethodResult:
@@ -125,26 +146,40 @@ def gtg_shapley(problem: ValuationProblem) -> MethodResult:
                                                   "permutations": permutations})
 
 
-def tmc_shapley(problem: ValuationProblem) -> MethodResult:
-    """TMC-Shapley (Ghorbani and Zou, 2019) with the retraining utility of exact SV; the prefixes of
-    ``TMC_PREFETCH`` permutations are retrained together, so truncation saves evaluations only."""
-    masks_of = lambda coalitions: np.array([sum(1 << i for i in s) for s in coalitions])  # noqa: E731
+def _retraining_utility(problem: ValuationProblem) -> CachedUtility:
+    """v(S) = test accuracy after FedAvg on S alone (exact SV's game); prefetched coalitions train together."""
 
     def batch(coalitions: list[frozenset]) -> np.ndarray:
         nonempty = [s for s in coalitions if s]
         values = dict.fromkeys(coalitions, float(accuracy(problem.model, problem.init[None], problem.test_x,
                                                           problem.test_y)[0]))
         if nonempty:
-            models = train_coalitions(problem.model, problem.clients, problem.init, masks_of(nonempty), problem.cfg)
+            masks = np.array([sum(1 << i for i in s) for s in nonempty])
+            models = train_coalitions(problem.model, problem.clients, problem.init, masks, problem.cfg)
             values.update(zip(nonempty, accuracy(problem.model, models, problem.test_x, problem.test_y)))
         return np.array([values[s] for s in coalitions])
 
-    utility = CachedUtility(lambda s: float(batch([s])[0]), problem.n, batch=batch)
+    return CachedUtility(lambda s: float(batch([s])[0]), problem.n, batch=batch)
+
+
+def tmc_shapley(problem: ValuationProblem) -> MethodResult:
+    """TMC-Shapley (Ghorbani and Zou, 2019) with the retraining utility of exact SV; the prefixes of
+    ``TMC_PREFETCH`` permutations are retrained together, so truncation saves evaluations only."""
+    utility = _retraining_utility(problem)
     utility.prefetch([frozenset(), frozenset(range(problem.n))])
     est = shapley_tmc(utility, problem.n, seed=problem.cfg.seed, truncation=IN_ROUND_TRUNCATION,
                       prefetch=TMC_PREFETCH)
     return MethodResult(est.values, est.coalitions_evaluated, {"permutations": est.permutations,
                                                                "converged": est.converged})
+
+
+def group_testing(problem: ValuationProblem) -> MethodResult:
+    """Group Testing (Jia et al., 2019) with the retraining utility of exact SV."""
+    utility = _retraining_utility(problem)
+    utility.prefetch([frozenset(), frozenset(range(problem.n))])
+    est = shapley_group_testing(utility, problem.n, seed=problem.cfg.seed)
+    return MethodResult(est.values, est.coalitions_evaluated,
+                        {"tests": est.tests, "converged": est.converged})
 
 
 def _sign_reports(update: torch.Tensor) -> np.ndarray:
@@ -225,6 +260,9 @@ METHODS: dict[str, tuple[str, Callable[[ValuationProblem], MethodResult]]] = {
     "mr": ("MR", mr),
     "gtg-shapley": ("GTG-Shapley", gtg_shapley),
     "tmc-shapley": ("TMC-Shapley", tmc_shapley),
+    "group-testing": ("Group Testing", group_testing),
+    "fed-sv": ("Fed-SV", fed_sv),
+    "tmr": ("TMR", tmr),
     "ca-qp": ("CA-QP", ca_qp),
     "ca-d": ("CA-D", ca_d),
     "kfca-qp": ("KFCA-QP", kfca_qp),

@@ -56,8 +56,8 @@ def test_no_false_positives_on_few_coordinates():
 
 def test_honest_pair_sharing_a_second_signal_is_not_a_copy():
     """Two honest clients with similar data share more than the round's signal: the one-factor model
-    reads that as a large excess correlation, but their reports still differ on ~9% of the tasks, more
-    than a close copy's few percent (the tiny federation showed such pairs at 82-90.5% agreement)."""
+    reads that as a large excess correlation (the tiny federation showed such pairs at 82-90.5% agreement),
+    but the round's other clients see them as equals, not as a copy and its source."""
     rng = np.random.default_rng(0)
     signal, cluster = rng.standard_normal(COORDS), rng.standard_normal(COORDS)
     updates = 0.5 * signal + np.sqrt(0.75) * rng.standard_normal((6, COORDS))
@@ -65,8 +65,8 @@ def test_honest_pair_sharing_a_second_signal_is_not_a_copy():
     negative = updates[:2] < 0
     assert 0.89 < (negative[0] == negative[1]).mean() < 0.93  # as close as the honest pairs seen
     assert groups_of(updates) == []
-    # the floor, not the excess-correlation fit, is what keeps this pair out
-    assert groups_of(updates, DuplicateRule(max_excess_disagreement=0.1)) == [("c00", "c01")]
+    # the third-party test, not the excess-correlation fit, is what keeps this pair out
+    assert groups_of(updates, DuplicateRule(min_copy_fit=0.0)) == [("c00", "c01")]
 
 
 @pytest.mark.parametrize("n", [6, 10])
@@ -78,13 +78,50 @@ def test_noisy_copy_is_caught(noise, n):
         assert groups_of(copied) == [(f"c{seed % n:02d}", f"c{n:02d}")], seed
 
 
-def test_a_copy_with_20_percent_noise_is_caught_with_the_looser_floor():
-    """3.6-6% of its signs differ from the victim's: around the default 5% floor (chosen so that honest
-    pairs at 90% agreement are never zeroed), always caught once the floor is raised to 10%."""
+def flipped_copy(update: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """The update with the signs of a random ``fraction`` of its coordinates flipped."""
+    flips = np.random.default_rng(seed).random(update.shape) < fraction
+    return np.where(flips, -update, update)
+
+
+@pytest.mark.parametrize("n", [4, 5, 10])
+@pytest.mark.parametrize("fraction", [0.01, 0.05, 0.1, 0.2])
+def test_copies_with_up_to_20_percent_of_signs_flipped_are_caught(fraction, n):
+    """Past the fixed 5% agreement floor the detector used to have: 10% and 20% flipped passed it."""
     for seed in range(6):
-        updates = honest_round(6, seed)
-        copied = np.vstack([updates, noisy_copy(updates[seed], 0.2, seed)])
-        assert groups_of(copied, DuplicateRule(max_excess_disagreement=0.1)) == [(f"c{seed:02d}", "c06")], seed
+        updates = honest_round(n, seed)
+        copied = np.vstack([updates, flipped_copy(updates[seed % n], fraction, seed)])
+        assert groups_of(copied) == [(f"c{seed % n:02d}", f"c{n:02d}")], seed
+
+
+def test_with_two_witnesses_only_close_copies_are_caught():
+    """Three honest clients and a copy: the pair has two third parties, too few to tell a copy from an honest pair
+    that shares data (an honest pair of a tiny federation fitted the copy model on two), so only the absolute
+    rule applies."""
+    updates = honest_round(3, 0)
+    assert groups_of(np.vstack([updates, flipped_copy(updates[1], 0.01, 0)])) == [("c01", "c03")]
+    assert groups_of(np.vstack([updates, flipped_copy(updates[1], 0.1, 0)])) == []
+    assert groups_of(np.vstack([updates, flipped_copy(updates[1], 0.1, 0)]), DuplicateRule(min_witnesses=2)) == [
+        ("c01", "c03")]
+
+
+def test_copy_fit_is_one_for_a_flipped_copy_and_near_zero_for_clients_sharing_data():
+    from kfca_llm.engine.duplicates import copy_fit
+
+    rng = np.random.default_rng(0)
+    signal, cluster = rng.standard_normal(COORDS), rng.standard_normal(COORDS)
+    updates = 0.5 * signal + np.sqrt(0.75) * rng.standard_normal((6, COORDS))
+    updates[:2] = 0.5 * signal + 0.8 * cluster + 0.19 * rng.standard_normal((2, COORDS))  # a data cluster
+    rounds = np.vstack([updates, flipped_copy(updates[3], 0.2, 1)])
+    negative = rounds < 0
+    rate = (negative[:, None, :] != negative[None, :, :]).mean(axis=2)
+    fit, stderr = copy_fit(rate, COORDS)
+    assert fit[3, 6] == pytest.approx(1.0, abs=4 * stderr[3, 6]) and stderr[3, 6] < 0.1
+    assert abs(fit[0, 1]) < 0.2 and abs(fit[1, 0]) < 0.2  # others see the two cluster members alike
+    # by hand for one ordered pair: sum over third clients k of (d_ck - d_sk) / (d_sc sum_k (1 - 2 d_sk))
+    ks = [k for k in range(7) if k not in (3, 6)]
+    by_hand = sum(rate[6, k] - rate[3, k] for k in ks) / (rate[3, 6] * sum(1 - 2 * rate[3, k] for k in ks))
+    assert fit[3, 6] == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_copy_of_the_strongest_client_is_caught():
@@ -109,7 +146,10 @@ def test_colluding_pair_with_one_shared_random_update_is_caught():
         updates = honest_round(5, seed)
         shared = np.random.default_rng(100 + seed).standard_normal(COORDS)
         assert groups_of(np.vstack([updates, shared, shared])) == [("c05", "c06")]
-        # each colluder adds its own 5% noise: still one group
+        # each colluder adds its own 5% noise (3% of the signs differ): no other client agrees with them beyond
+        # chance, so no third party can be asked; their private parts alone make them one group
+        noisy = shared + 0.05 * np.random.default_rng(200 + seed).standard_normal((2, COORDS))
+        assert groups_of(np.vstack([updates, noisy])) == [("c05", "c06")]
         pair = np.vstack([noisy_copy(shared, 0.05, 1), noisy_copy(shared, 0.05, 2)])
         assert groups_of(np.vstack([updates, pair])) == [("c05", "c06")]
 
@@ -254,6 +294,33 @@ def test_reference_difference_in_the_wider_dtype(tmp_path):
         direct = kfca_llm.score_updates({f"c{i}": (-up + 2 if i == 0 else up) - 1 for i in range(3)}, seed=1)
         assert report.rewards == direct.rewards
         assert report.tasks["tasks"] == n
+
+
+def test_a_gaussian_noise_copy_of_a_strong_client_is_caught_by_its_closeness():
+    """Noise changes the signs where the source is small, where it agrees with others least: third parties see
+    the copy as partly independent (copy fit below 0.75), but it differs from its source on far less than the
+    round's median pair does."""
+    fit_alone = 0
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        weight = rng.uniform(0.2, 0.95, size=(10, 1))
+        updates = weight * rng.standard_normal(COORDS) + np.sqrt(1 - weight ** 2) * rng.standard_normal((10, COORDS))
+        top = int(np.argmax(weight))
+        copied = np.vstack([updates, updates[top] + 0.1 * rng.standard_normal(COORDS)])
+        assert groups_of(copied) == [(f"c{top:02d}", "c10")], seed
+        fit_alone += groups_of(copied, DuplicateRule(max_relative_disagreement=0.0)) != []
+    assert fit_alone <= 2  # the third-party test alone misses most of them
+
+
+def test_colluders_that_agree_with_nobody_else_need_no_witness():
+    """Two colluders on one random update, each with noise half its size (they differ on about 20% of the
+    tasks): no third client agrees with them beyond chance, so their private parts alone decide."""
+    for seed in range(4):
+        updates = honest_round(5, seed)
+        shared = np.random.default_rng(100 + seed).standard_normal(COORDS)
+        noisy = shared + 0.5 * np.random.default_rng(200 + seed).standard_normal((2, COORDS))
+        assert groups_of(np.vstack([updates, noisy]), DuplicateRule(max_relative_disagreement=0.0)) == [
+            ("c05", "c06")], seed
 
 
 def _refine_loadings_numpy(rho, lam):

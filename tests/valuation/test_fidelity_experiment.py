@@ -14,7 +14,7 @@ from kfca_llm.api import score_labels  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.mechanism import ca_score_matrix, delta_matrix, mtpp_payment  # noqa: E402
 from kfca_llm.valuation.cases import load_images, make_clients  # noqa: E402
-from kfca_llm.valuation.federation import (FederationConfig, StackedCNN, accuracy, run_federation,  # noqa: E402
+from kfca_llm.valuation.cnn_federation import (FederationConfig, StackedCNN, accuracy, run_federation,  # noqa: E402
                                            train_coalitions)
 from kfca_llm.valuation.fidelity import FidelityConfig, run_fidelity, tables  # noqa: E402
 from kfca_llm.valuation.methods import ca_rewards  # noqa: E402
@@ -97,7 +97,8 @@ def test_ca_rewards_match_mechanism():
 
 def test_ci_sized_fidelity_run(tmp_path, capsys):
     out = tmp_path / "fid"
-    code = main(["fidelity", "--case", "iid,label_noise", "--clients", "3", "--rounds", "2", "--out", str(out)])
+    code = main(["fidelity", "--case", "iid,label_noise", "--clients", "3", "--rounds", "2", "--jobs", "1",
+                 "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "distance to exact SV" in printed and "total wall time" in printed
@@ -106,7 +107,7 @@ def test_ci_sized_fidelity_run(tmp_path, capsys):
     result = json.loads((out / "fidelity.json").read_text())
     assert set(result["cases"]) == {"iid", "label_noise"}
     csv_rows = (out / "fidelity.csv").read_text().strip().splitlines()
-    assert len(csv_rows) == 1 + 2 * 10  # header + cases x (exact SV + 9 methods)
+    assert len(csv_rows) == 1 + 2 * 13  # header + cases x (exact SV + 12 methods)
     for case in result["cases"].values():
         exact = case["exact_sv"]
         assert sum(exact["values"]) == pytest.approx(exact["v_grand"] - exact["v_empty"], abs=1e-9)  # efficiency
@@ -123,6 +124,11 @@ def test_ci_sized_fidelity_run(tmp_path, capsys):
         assert case["methods"]["exact-sv"]["coalitions"] == 8
         assert case["methods"]["mr"]["coalitions"] == 2 * 8
         assert case["methods"]["tmc-shapley"]["coalitions"] <= 8
+        assert case["methods"]["group-testing"]["coalitions"] <= 8  # retrains: exact SV's game
+        assert case["methods"]["group-testing"]["extra"]["tests"] > 0
+        assert case["methods"]["fed-sv"]["coalitions"] <= 2 * 8  # per-round reconstructions
+        assert case["methods"]["tmr"]["coalitions"] == 2 * 8  # 0.9^1 >= 0.5: both rounds reconstructed
+        assert case["methods"]["tmr"]["extra"]["rounds_computed"] == 2
         assert case["methods"]["uniform"]["normalised"] == [pytest.approx(1 / 3)] * 3
         assert case["methods"]["uniform"]["spearman"] is None
     assert [r["method"] for r in result["summary"]][0] == "exact-sv"
@@ -134,3 +140,13 @@ def test_fidelity_rejects_bad_options(tmp_path, capsys):
     assert "unknown case" in capsys.readouterr().err
     with pytest.raises(Exception, match="unknown method"):
         run_fidelity(FidelityConfig(cases=("iid",), clients=2, rounds=1, methods=("bogus",)), tmp_path)
+
+
+def test_cases_in_parallel_processes_give_the_same_results(tmp_path):
+    cfg = dict(cases=("iid", "size_skew"), clients=3, rounds=1, methods=("tmc-shapley", "kfca-qp"))
+    serial = run_fidelity(FidelityConfig(**cfg), tmp_path / "serial", log=lambda *a: None)
+    parallel = run_fidelity(FidelityConfig(**cfg, jobs=2), tmp_path / "parallel", log=lambda *a: None)
+    assert parallel["jobs"] == 2
+    for case in cfg["cases"]:
+        for key, m in serial["cases"][case]["methods"].items():
+            assert parallel["cases"][case]["methods"][key]["raw"] == m["raw"], (case, key)

@@ -6,10 +6,12 @@ to them in order. Used by the strategy tests and by the ledger crash test's serv
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.proto.node_pb2 import NodeInfo  # the type Grid.get_nodes returns in flwr 1.42
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -25,10 +27,23 @@ def set_task_identity() -> None:
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
 
 
+def node_key(node: int) -> bytes:
+    """The public key a node registered with (a SuperLink reports it through ``Grid.get_nodes``)."""
+    return f"-----BEGIN PUBLIC KEY-----\nnode-{node}\n-----END PUBLIC KEY-----\n".encode()
+
+
+def pid(node: int) -> str:
+    """The participant a node is paid as under ``identity="public-key"``/``"auto"``: its key's fingerprint."""
+    return "key:" + hashlib.sha256(node_key(node)).hexdigest()
+
+
 class LocalGrid(Grid):
-    def __init__(self, nodes: Mapping[int, Callable[[Message], Message]]):
+    """``keys``: node id -> registered public key (default ``node_key(node)``; b"": the grid reports none)."""
+
+    def __init__(self, nodes: Mapping[int, Callable[[Message], Message]], keys: Mapping[int, bytes] | None = None):
         set_task_identity()
         self.nodes = dict(nodes)
+        self.keys = {node: node_key(node) for node in self.nodes} if keys is None else dict(keys)
         self.sent: list[Message] = []
 
     def set_run(self, run) -> None:  # pragma: no cover - not used in process
@@ -44,6 +59,9 @@ class LocalGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         return list(self.nodes)
 
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        return [NodeInfo(node_id=node, public_key=self.keys.get(node, b"")) for node in self.nodes]
+
     def push_messages(self, messages):  # pragma: no cover
         raise NotImplementedError("LocalGrid answers in send_and_receive")
 
@@ -53,7 +71,10 @@ class LocalGrid(Grid):
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
         messages = list(messages)
         self.sent.extend(messages)
-        return [self.nodes[m.metadata.dst_node_id](m) for m in messages]
+        # Replies "arrive" in the order the nodes were given (FedAvg samples the nodes in a random order).
+        order = list(self.nodes)
+        return [self.nodes[m.metadata.dst_node_id](m)
+                for m in sorted(messages, key=lambda m: order.index(m.metadata.dst_node_id))]
 
 
 def initial_arrays(seed: int = 0) -> ArrayRecord:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kfca_llm import InputError
-from kfca_llm.valuation.adapters import mean_values, reconstruct, value_round
+from kfca_llm.valuation.adapters import ROUND_METHODS, mean_values, reconstruct, value_round
 
 
 def _regression_round(seed: int = 0):
@@ -38,12 +38,13 @@ def _regression_round(seed: int = 0):
 def test_flip_and_zero_get_the_lowest_values_from_every_method():
     global_state, updates, sizes, loss = _regression_round()
     r = value_round(global_state, updates, sizes, loss, seed=3)
-    for method in ("mr_sv", "gtg_shapley", "kfca_qp"):
-        values = dict(zip(r.clients, getattr(r, method)))
+    assert list(r.values) == list(ROUND_METHODS) == ["mr_sv", "gtg_shapley", "kfca_qp"]
+    for method in ROUND_METHODS:
+        values = dict(zip(r.clients, r.values[method]))
         honest = min(v for c, v in values.items() if c.startswith("honest"))
         assert max(values["flip"], values["zero"]) < honest, method
     # MR-SV is the exact Shapley value of v = -loss: efficiency
-    assert sum(r.mr_sv) == pytest.approx(r.v_grand - r.v_empty, rel=1e-9)
+    assert sum(r.values["mr_sv"]) == pytest.approx(r.v_grand - r.v_empty, rel=1e-9)
     assert r.coalitions["mr_sv"] == 2 ** 6 and 0 < r.coalitions["gtg_shapley"] <= 2 ** 6
     assert r.distance_to_mr["kfca_qp"]["spearman"] > 0.5
 

@@ -13,7 +13,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flower_local import (SHAPES, LocalGrid, honest_update, initial_arrays,  # noqa: E402
-                          num_examples, numpy_node, reply_with)
+                          num_examples, numpy_node, pid, reply_with)
 
 from kfca_llm import InputError, score_updates  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger, update_sha256  # noqa: E402
@@ -47,7 +47,7 @@ def run(nodes, *, rounds=2, ledger=None, **options):
 
 def updates_of(inner, server_round):
     sent = inner.sent[server_round]
-    return {str(m.metadata.src_node_id): {k: a.numpy() - sent[k] for k, a in m.content["arrays"].items()}
+    return {pid(m.metadata.src_node_id): {k: a.numpy() - sent[k] for k, a in m.content["arrays"].items()}
             for m in inner.received[server_round]}
 
 
@@ -76,9 +76,9 @@ def test_rewards_equal_score_updates_bit_for_bit(mixed_run):
 def test_flip_negative_zero_about_zero_honest_positive(mixed_run):
     strategy = mixed_run[0]
     for rewards in strategy.rewards.values():
-        assert all(rewards[str(n)] > 0.01 for n in (1, 2, 3))
-        assert rewards["4"] < -0.1
-        assert abs(rewards["5"]) < 0.02
+        assert all(rewards[pid(n)] > 0.01 for n in (1, 2, 3))
+        assert rewards[pid(4)] < -0.1
+        assert abs(rewards[pid(5)]) < 0.02
 
 
 def test_rewards_in_train_metrics(mixed_run):
@@ -96,15 +96,17 @@ def test_ledger_rows_match_rewards_and_sign_digests(mixed_run):
     assert [(r.round, r.status) for r in contents.rounds] == [(1, "scored"), (2, "scored")]
     assert contents.failures == []
     for server_round in (1, 2):
-        rows = {r.node_id: r for r in contents.rewards if r.round == server_round}
+        rows = {r.participant: r for r in contents.rewards if r.round == server_round}
         assert {n: r.reward for n, r in rows.items()} == strategy.rewards[server_round]
         updates = updates_of(inner, server_round)
-        for node, row in rows.items():
-            assert row.sign_sha256 == update_sha256(updates[node])
-            assert row.num_examples == num_examples(int(node))
-            assert row.peers == tuple(sorted(set(rows) - {node}))
-            assert row.seed == strategy.round_seed(server_round) and row.penalty == "expected"
+        for who, row in rows.items():
+            assert who == pid(int(row.node_id))
+            assert row.sign_sha256 == update_sha256(updates[who])
+            assert row.num_examples == num_examples(int(row.node_id))
+            assert row.peers == tuple(sorted(set(rows) - {who}))
             assert row.run_id == strategy.run_id
+        (round_row,) = [r for r in contents.rounds if r.round == server_round]
+        assert round_row.seed == strategy.round_seed(server_round) and round_row.settings["penalty"] == "expected"
     digests = {r.sign_sha256 for r in contents.rewards if r.round == 1}
     assert len(digests) == 5  # every node's report differs (the zero node's is all non-negative)
     assert contents.totals() == pytest.approx(
@@ -125,8 +127,9 @@ def test_exclude_negative_keeps_the_flip_node_out_of_the_global_arrays():
                                   aggregation="exclude-negative")
     rewards = strategy.rewards[1]
     kept = sorted(m.metadata.src_node_id for m in inner.received[1])
-    assert kept == sorted(int(n) for n, r in rewards.items() if r >= 0) and 4 not in kept and {1, 2, 3} <= set(kept)
-    expected = fedavg_by_hand(inner.received[1], [num_examples(n) for n in kept])
+    assert kept == sorted(int(strategy.node_ids[1][p]) for p, r in rewards.items() if r >= 0)
+    assert 4 not in kept and {1, 2, 3} <= set(kept)
+    expected = fedavg_by_hand(inner.received[1], [num_examples(m.metadata.src_node_id) for m in inner.received[1]])
     sent = inner.sent[1]
     for k in SHAPES:
         np.testing.assert_allclose(result.arrays[k].numpy(), expected[k], rtol=1e-6, atol=1e-7)
@@ -141,7 +144,7 @@ def test_reward_weighted_scales_the_weight_key_by_positive_reward():
     rewards = strategy.rewards[1]
     handed = inner.received[1]
     weights = [m.content["metrics"]["num-examples"] for m in handed]
-    assert weights == [num_examples(m.metadata.src_node_id) * max(rewards[str(m.metadata.src_node_id)], 0.0)
+    assert weights == [num_examples(m.metadata.src_node_id) * max(rewards[pid(m.metadata.src_node_id)], 0.0)
                        for m in handed]
     assert weights[[m.metadata.src_node_id for m in handed].index(4)] == 0.0
     expected = fedavg_by_hand(handed, weights)
@@ -235,7 +238,7 @@ def test_replies_from_unknown_or_repeated_nodes_are_failures():
     reasons = strategy.failures[1]
     assert (str(replies[0].metadata.src_node_id), "more than one reply from this node") in reasons
     assert ("99", "reply from a node that was not sent a training message this round") in reasons
-    assert sorted(strategy.rewards[1]) == ["1", "2", "3"]
+    assert sorted(strategy.rewards[1]) == sorted(pid(n) for n in (1, 2, 3))
 
 
 class Unweighted(Strategy):
@@ -253,12 +256,14 @@ class Unweighted(Strategy):
     ({"peers": 1.5}, "peers must be None"),
     ({"seed": -1}, "seed must be an integer"),
     ({"penalty": "exact"}, "penalty must be one of"),
-    ({"bonus_fraction": 1.0}, "bonus_fraction must be a number in (0, 1)"),
-    ({"bonus_fraction": "0.5"}, "bonus_fraction must be a number in (0, 1)"),
+    ({"bonus_fraction": 1.0}, "bonus_fraction must lie strictly between 0 and 1"),
+    ({"bonus_fraction": "0.5"}, "bonus_fraction must be a number strictly between 0 and 1"),
     ({"backend": "cuda"}, "unknown backend 'cuda'"),
     ({"ledger": 3}, "ledger must be a file path or None"),
     ({"aggregation": "median"}, "aggregation must be one of"),
     ({"duplicates": "pay"}, "duplicates must be one of"),
+    ({"identity": "node-id"}, "identity must be one of"),
+    ({"resume": True}, "resume needs a ledger"),
     ({"strategy": Unweighted(), "aggregation": "reward-weighted"}, "has no `weighted_by_key`"),
 ])
 def test_odd_constructor_arguments_raise_clear_errors(options, message):
@@ -291,7 +296,7 @@ def test_non_float_arrays_must_come_back_unchanged_in_type_and_are_not_scored():
     result = strategy.start(grid=LocalGrid(nodes), initial_arrays=arrays, num_rounds=1)
     assert dict(strategy.failures[1]) == {"4": "array 'bn.num_batches': dtype float64 differs from the sent dtype int64"}
     updates = {n: {k: v for k, v in u.items() if k in SHAPES} for n, u in updates_of(strategy.strategy, 1).items()}
-    assert sorted(updates) == ["1", "2", "3"]
+    assert sorted(updates) == sorted(pid(n) for n in (1, 2, 3))
     assert strategy.rewards[1] == score_updates(updates, seed=strategy.round_seed(1)).rewards
     assert result.arrays["bn.num_batches"].numpy().tolist() == [7]
 
@@ -302,16 +307,18 @@ def test_two_nodes_replying_the_same_update_are_paid_nothing_and_recorded(tmp_pa
     strategy, inner, result = run(nodes, rounds=1, ledger=ledger, aggregation="reward-weighted")
     flag = score_updates(updates_of(inner, 1), seed=strategy.round_seed(1), duplicates="flag")
     paid = strategy.rewards[1]
-    assert paid["1"] == paid["6"] == 0.0 < flag.rewards["1"]
-    assert {n: paid[n] for n in ("2", "3", "4", "5")} == {n: flag.rewards[n] for n in ("2", "3", "4", "5")}
-    assert paid["2"] > 0 and result.train_metrics_clientapp[1]["kfca.copies"] == 2
-    rows = {r.node_id: r for r in read_ledger(ledger).rewards}
+    assert paid[pid(1)] == paid[pid(6)] == 0.0 < flag.rewards[pid(1)]
+    others = [pid(n) for n in (2, 3, 4, 5)]
+    assert {n: paid[n] for n in others} == {n: flag.rewards[n] for n in others}
+    assert paid[pid(2)] > 0 and result.train_metrics_clientapp[1]["kfca.copies"] == 2
+    rows = {r.participant: r for r in read_ledger(ledger).rewards}
     assert {n: r.reward for n, r in rows.items()} == paid
     assert {n: r.unadjusted_reward for n, r in rows.items()} == flag.rewards
-    assert {n: r.duplicate_group for n, r in rows.items() if r.duplicate_group} == {"1": ("1", "6"), "6": ("1", "6")}
+    group = tuple(sorted((pid(1), pid(6))))
+    assert {n: r.duplicate_group for n, r in rows.items() if r.duplicate_group} == {pid(1): group, pid(6): group}
     # reward-weighted acts on the paid reward: the copies (and the flipper) weigh nothing
-    weights = {str(m.metadata.src_node_id): m.content["metrics"]["num-examples"] for m in inner.received[1]}
-    assert weights["1"] == weights["6"] == weights["4"] == 0.0 < weights["2"]
+    weights = {m.metadata.src_node_id: m.content["metrics"]["num-examples"] for m in inner.received[1]}
+    assert weights[1] == weights[6] == weights[4] == 0.0 < weights[2]
     # "flag" records the group but pays the unadjusted reward
     flagged, _, _ = run(nodes, rounds=1, duplicates="flag")
     assert flagged.rewards[1] == flag.rewards and flagged.reports[1].duplicates == flag.duplicates
@@ -337,3 +344,61 @@ def test_a_version_1_ledger_is_read_but_not_appended_to(tmp_path):
     assert (row.reward, row.unadjusted_reward, row.duplicate_group, row.peers) == (0.25, 0.25, None, ("8",))
     with pytest.raises(InputError, match="schema version 1.*new ledger file"):
         KFCAStrategy(ledger=old)
+
+
+def declaring(kind: str, name: str):
+    """A numpy node whose replies declare the participant ``name`` (as a node config ``participant`` would)."""
+    from kfca_llm.flower import declare_participant
+
+    answer = numpy_node(kind)
+
+    def reply(message):
+        out = answer(message)
+        declare_participant(out.content, {"participant": name})
+        return out
+
+    return reply
+
+
+def test_declared_identities_keep_a_restarted_nodes_balance_and_refuse_a_second_claimant(tmp_path):
+    """Nodes 1-4 declare org-1..org-4; node 9 claims org-1 as well. Round 2: org-1's SuperNode restarted and
+    replies from node 11. Round 3: the impostor's reply arrives first, but org-1 was last paid from node 11."""
+    ledger = tmp_path / "rewards.sqlite"
+    nodes = {n: declaring("honest" if n != 4 else "flip", f"org-{n}") for n in (1, 2, 3, 4)}
+    impostor, restarted = declaring("honest", "org-1"), declaring("honest", "org-1")
+    rounds = [{**nodes, 9: impostor},                                              # node 1 replies first
+              {11: restarted, **{n: nodes[n] for n in (2, 3, 4)}, 9: impostor},  # node 1 is gone
+              {9: impostor, **{n: nodes[n] for n in (2, 3, 4)}, 11: restarted}]  # the impostor replies first
+    paid_from, refused = [], []
+    for t, grid_nodes in enumerate(rounds, start=1):
+        strategy = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=ledger, identity="declared", resume=t > 1)
+        strategy.start(grid=LocalGrid(grid_nodes), initial_arrays=initial_arrays(), num_rounds=1)
+        assert sorted(strategy.rewards[t]) == [f"name:org-{n}" for n in (1, 2, 3, 4)]
+        paid_from.append(strategy.node_ids[t]["name:org-1"])
+        refused += [(t, node) for node, reason in strategy.failures[t] if "a second live node claiming it" in reason]
+    assert paid_from == ["1", "11", "11"] and refused == [(1, "9"), (2, "9"), (3, "9")]
+    contents = read_ledger(ledger)
+    assert len({r.run_id for r in contents.rounds}) == 1  # one run, resumed twice
+    nodes_used = {}
+    for row in contents.rewards:
+        nodes_used.setdefault(row.participant, []).append(row.node_id)
+    assert nodes_used["name:org-1"] == ["1", "11", "11"] and nodes_used["name:org-2"] == ["2"] * 3
+    assert contents.totals()["name:org-1"] == sum(r.reward for r in contents.rewards if r.participant == "name:org-1")
+    assert {p.participant: p.first_node_id for p in contents.participants}["name:org-1"] == "1"
+    # Undeclared replies have no identity under "declared": refused, never paid.
+    strategy = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=None, identity="declared")
+    strategy.start(grid=LocalGrid({**nodes, 5: numpy_node("honest")}), initial_arrays=initial_arrays(), num_rounds=1)
+    assert "no participant identity" in dict(strategy.failures[1])["5"] and len(strategy.rewards[1]) == 4
+
+
+def test_public_key_identities_refuse_a_name_pinned_to_another_key(tmp_path):
+    ledger = tmp_path / "rewards.sqlite"
+    nodes = {n: declaring("honest", f"org-{n}") for n in (1, 2, 3)}
+    first = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=ledger, identity="public-key")
+    first.start(grid=LocalGrid(nodes), initial_arrays=initial_arrays(), num_rounds=1)
+    assert {p.participant: p.label for p in read_ledger(ledger).participants} == {pid(n): f"org-{n}" for n in nodes}
+    # Node 7, another key, declares org-1: the name is pinned to node 1's key.
+    later = KFCAStrategy(FedAvg(fraction_evaluate=0.0), ledger=ledger, identity="public-key", resume=True)
+    later.start(grid=LocalGrid({**nodes, 7: declaring("honest", "org-1")}), initial_arrays=initial_arrays(),
+                num_rounds=1)
+    assert "pinned on first sight" in dict(later.failures[2])["7"] and pid(7) not in later.rewards[2]

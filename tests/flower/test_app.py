@@ -38,6 +38,22 @@ def test_the_server_app_pays_copies_by_the_recipes_kfca_duplicates(tmp_path):
     assert build_strategy(split, ledger).duplicates == "split"
 
 
+def test_the_server_app_reads_identity_keep_signs_and_resume_from_the_run_config(tmp_path):
+    from kfca_llm.flower.server_app import build_strategy
+
+    config = {**CONFIG, "kfca.ledger": str(tmp_path / "rewards.sqlite"), "kfca.identity": "declared",
+              "kfca.keep-signs": True}
+    recipe = recipe_from_config(config)
+    strategy = build_strategy(recipe, config)
+    assert (strategy.identity, strategy.keep_signs, strategy.round_offset) == ("declared", True, 0)
+    assert strategy.resume_arrays() is None  # nothing committed yet
+    assert build_strategy(recipe, {**config, "kfca.resume": True}).run_id == strategy.run_id  # continues its run
+    with pytest.raises(InputError, match="'kfca.resume' must be true or false"):
+        build_strategy(recipe, {**config, "kfca.resume": "yes"})
+    with pytest.raises(InputError, match="cannot resume: scoring setting 'identity'"):
+        build_strategy(recipe, {**config, "kfca.resume": True, "kfca.identity": "public-key"})
+
+
 def test_a_node_attacks_through_its_node_config_or_kfca_attackers():
     recipe = recipe_from_config({"kfca.attackers": "1=flip"}, num_partitions=4)
     assert node_attack(recipe, {"partition-id": 1}, 1) == "flip"

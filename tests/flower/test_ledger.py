@@ -1,0 +1,341 @@
+"""The reward ledger: crashes leave complete rounds only, a resume continues the run, the CLI reads it."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+
+from flower_ledger_server import NODES, serve  # noqa: E402
+from flower_local import pid  # noqa: E402
+
+from kfca_llm import InputError  # noqa: E402
+from kfca_llm.cli import main  # noqa: E402
+from kfca_llm.flower import read_ledger, verify_ledger  # noqa: E402
+from kfca_llm.flower.ledger import store_dir  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def kill_inside_round(ledger: Path, server_round: int, *options: str) -> list[dict]:
+    """Run the server in a subprocess, SIGKILL it inside ``server_round``'s transaction; the rounds it reported."""
+    proc = subprocess.Popen([sys.executable, str(HERE / "flower_ledger_server.py"), str(ledger),
+                             "--pause-round", str(server_round), *options],
+                            cwd=HERE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    reported, paused = [], False
+    try:
+        for line in proc.stdout:
+            if line.startswith("ROUND "):
+                reported.append(json.loads(line[len("ROUND "):]))
+            elif line.startswith("IN-TRANSACTION"):
+                paused = True
+                break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert paused, "the server never reached the paused transaction"
+    return reported
+
+
+def test_a_server_killed_mid_round_leaves_complete_rounds_and_a_restart_appends(tmp_path, capsys):
+    ledger = tmp_path / "rewards.sqlite"
+    crashed = kill_inside_round(ledger, 3)
+    assert [r["round"] for r in crashed] == [1, 2]
+    # The killed transaction had written round 3's status row and a reward row: none of it may be visible.
+    contents = read_ledger(ledger)
+    assert [r.round for r in contents.rounds] == [1, 2]
+    assert sorted({r.round for r in contents.rewards}) == [1, 2]
+    assert len(contents.rewards) == 2 * len(NODES)
+    with sqlite3.connect(ledger) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT count(*) FROM rewards WHERE round = 3").fetchone()[0] == 0
+
+    restarted = []
+    strategy = serve(ledger, rounds=3, report=restarted.append)
+    contents = read_ledger(ledger)
+    runs = sorted({r.run_id for r in contents.rounds})
+    assert len(runs) == 2 and strategy.run_id in runs
+    assert sorted((r.run_id == strategy.run_id, r.round) for r in contents.rounds) == [
+        (False, 1), (False, 2), (True, 1), (True, 2), (True, 3)]
+    # Same seed and nodes: the restarted run pays rounds 1-2 exactly as the killed one did.
+    assert strategy.rewards[1] == crashed[0]["rewards"] and strategy.rewards[2] == crashed[1]["rewards"]
+
+    expected: dict[str, float] = {}
+    for record in crashed + [json.loads(line[len("ROUND "):]) for line in restarted]:
+        for who, reward in record["rewards"].items():
+            expected[who] = expected.get(who, 0.0) + reward
+    assert contents.totals() == pytest.approx(expected, rel=1e-12, abs=1e-15)
+
+    assert main(["ledger", str(ledger), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    totals = {t["participant"]: t for t in printed["totals"]}
+    assert {p: t["total"] for p, t in totals.items()} == pytest.approx(expected, rel=1e-12, abs=1e-15)
+    assert {p: (t["rounds"], t["node_ids"]) for p, t in totals.items()} == {pid(n): (5, [str(n)]) for n in NODES}
+    assert printed["runs"] == 2
+    assert main(["verify", str(ledger)]) == 0  # the chain holds across the crash (signs not kept: unverifiable)
+    assert "chain intact" in capsys.readouterr().out
+
+
+def test_resume_after_a_crash_continues_the_run_from_its_last_committed_round(tmp_path, capsys):
+    ledger = tmp_path / "rewards.sqlite"
+    crashed = kill_inside_round(ledger, 3, "--keep-signs", "--rounds", "4")
+    assert [r["round"] for r in crashed] == [1, 2]
+    assert main(["verify", str(ledger)]) == 0
+    assert "2 match, 0 mismatch, 0 unverifiable" in capsys.readouterr().out
+
+    resumed = serve(ledger, rounds=4, keep_signs=True, resume=True, report=lambda line: None)
+    assert resumed.round_offset == 2 and sorted(resumed.rewards) == [3, 4]
+    contents = read_ledger(ledger)
+    assert [(r.run_id, r.round) for r in contents.rounds] == [(resumed.run_id, t) for t in (1, 2, 3, 4)]
+    uninterrupted = serve(tmp_path / "other.sqlite", rounds=4, report=lambda line: None)
+    assert {t: resumed.rewards[t] for t in (3, 4)} == {t: uninterrupted.rewards[t] for t in (3, 4)}
+    # Round 3 started from the arrays round 2 produced (stored before round 2 committed): every round's
+    # resulting arrays equal the uninterrupted run's.
+    other = read_ledger(tmp_path / "other.sqlite")
+    assert [r.global_sha256 for r in contents.rounds] == [r.global_sha256 for r in other.rounds]
+    assert len({r.global_sha256 for r in contents.rounds}) == 4
+    # Only the newest round's arrays are kept as the resume point; a resume with no round left runs none.
+    assert sorted(p.stem for p in (store_dir(ledger) / "global").iterdir()) == [contents.rounds[3].global_sha256]
+    assert serve(ledger, rounds=4, keep_signs=True, resume=True, report=lambda line: None).rewards == {}
+    assert main(["verify", str(ledger)]) == 0
+    assert "4 match, 0 mismatch, 0 unverifiable" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("setting, value", [("penalty", "sampled"), ("bonus_fraction", 0.4), ("peers", 2),
+                                            ("duplicates", "split"), ("aggregation", "exclude-negative"),
+                                            ("identity", "public-key")])
+def test_resume_refuses_a_changed_scoring_setting_naming_it(tmp_path, setting, value):
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=1, report=lambda line: None)
+    with pytest.raises(InputError, match=f"cannot resume: scoring setting '{setting}' was .* this run has {value!r}"):
+        serve(ledger, rounds=2, resume=True, report=lambda line: None, **{setting: value})
+    assert len(read_ledger(ledger).rounds) == 1  # nothing written by the refused run
+    serve(ledger, rounds=2, resume=True, report=lambda line: None)  # the same settings resume
+    assert [r.round for r in read_ledger(ledger).rounds] == [1, 2]
+
+
+def test_ledger_command_prints_balances_as_table_and_csv(tmp_path, capsys):
+    ledger = tmp_path / "rewards.sqlite"
+    strategy = serve(ledger, rounds=2, report=lambda line: None)
+    capsys.readouterr()
+    totals = {n: strategy.rewards[1][n] + strategy.rewards[2][n] for n in strategy.rewards[1]}
+    assert main(["ledger", str(ledger), "--csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "participant,label,node_ids,total,rounds,mean"
+    rows = {line.split(",")[0]: line.split(",")[1:] for line in lines[1:]}
+    assert {n: float(v[2]) for n, v in rows.items()} == totals  # repr: the exact float
+    assert {n: (v[1], v[3]) for n, v in rows.items()} == {pid(n): (str(n), "2") for n in NODES}
+    assert main(["ledger", str(ledger)]) == 0
+    table = capsys.readouterr().out
+    assert f"{totals[pid(4)]:+.6f}" in table and "1 run(s), 2 round(s) recorded (2 scored), 0 failure(s)" in table
+
+
+def test_csv_export_cannot_turn_names_into_formulas(tmp_path, capsys):
+    from kfca_llm.flower.ledger import Ledger, RewardRow, RoundEntry
+
+    ledger = tmp_path / "rewards.sqlite"
+    writer = Ledger(ledger, run_id="r", strategy="FedAvg", package_version="0", settings={}, keep_signs=False)
+    names = ["=HYPERLINK(\"http://x\")", "+1+2", "-3", "@SUM(A1)", "\tTAB", "plain"]
+    rows = [RewardRow("r", 1, f"name:{n}" if n == "plain" else n, str(k), -0.5, (), None, "0" * 64, -0.5)
+            for k, n in enumerate(names)]
+    writer.record_round(RoundEntry(1, 0, {}, len(rows), True, rows, []))
+    assert main(["ledger", str(ledger), "--csv"]) == 0
+    import csv
+
+    parsed = list(csv.reader(capsys.readouterr().out.splitlines()))[1:]
+    cells = {row[0] for row in parsed}
+    assert cells == {"'=HYPERLINK(\"http://x\")", "'+1+2", "'-3", "'@SUM(A1)", "'\tTAB", "name:plain"}
+    assert {row[3] for row in parsed} == {"-0.5"}  # numbers stay numbers
+
+
+def test_reading_something_that_is_not_a_ledger_is_an_input_error(tmp_path, capsys):
+    with pytest.raises(InputError, match="no ledger at"):
+        read_ledger(tmp_path / "missing.sqlite")
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    with pytest.raises(InputError, match="not a kfca-llm reward ledger"):
+        read_ledger(other)
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"\x00garbage" * 512)
+    assert main(["ledger", str(junk)]) == 2
+    assert "cannot read the reward ledger" in capsys.readouterr().err
+    assert main(["verify", str(junk)]) == 2
+
+
+def test_a_full_disk_gives_one_clear_error_and_no_half_round(tmp_path):
+    """SQLite's page limit is how it reports a full disk (SQLITE_FULL); the round before it stays whole."""
+    from kfca_llm.flower import ledger as ledger_module
+
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=1, report=lambda line: None, keep_signs=True)
+    connect = ledger_module._connect
+
+    def full(path):
+        conn = connect(path)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+        return conn
+
+    ledger_module._connect = full
+    try:
+        with pytest.raises(ledger_module.LedgerWriteError) as caught:
+            serve(ledger, rounds=2, resume=True, keep_signs=True, report=lambda line: None)
+    finally:
+        ledger_module._connect = connect
+    message = str(caught.value)
+    assert "round 2 was not recorded" in message and "full" in message and "\n" not in message
+    contents = read_ledger(ledger)
+    assert [r.round for r in contents.rounds] == [1] and {r.round for r in contents.rewards} == {1}
+    assert verify_ledger(ledger).ok
+
+
+def test_a_read_only_ledger_gives_one_clear_error_before_round_one():
+    import shutil
+    import tempfile
+
+    # As root, file modes do not stop writes: the attempt then runs as an unprivileged user (imports done
+    # first, while the interpreter's files are readable), in a folder that user can reach.
+    folder = Path(tempfile.mkdtemp(prefix="kfca-readonly-"))
+    ledger = folder / "rewards.sqlite"
+    try:
+        serve(ledger, rounds=1, report=lambda line: None)
+        ledger.chmod(0o444)
+        folder.chmod(0o555)
+        drop = "os.setgid(65534); os.setuid(65534)" if os.geteuid() == 0 else "pass"
+        script = (f"import os, sys; sys.path.insert(0, {str(HERE)!r}); from flower_ledger_server import serve\n"
+                  f"from kfca_llm.errors import InputError\n{drop}\n"
+                  f"try:\n    serve({str(ledger)!r}, rounds=2, resume=True, report=print)\n"
+                  f"except InputError as exc:\n    print('ERROR', exc)\n")
+        done = subprocess.run([sys.executable, "-c", script], cwd=HERE, capture_output=True, text=True, timeout=300)
+        lines = [line for line in done.stdout.splitlines() if line.startswith(("ERROR", "ROUND"))]
+        assert len(lines) == 1 and lines[0].startswith("ERROR cannot use") and "readonly" in lines[0], done.stderr
+        assert [r.round for r in read_ledger(ledger).rounds] == [1]
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder)
+
+
+def test_verify_detects_edits_deletions_and_reordering_without_stored_signs(tmp_path, capsys):
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=3, report=lambda line: None)
+    assert verify_ledger(ledger).ok
+    head = verify_ledger(ledger).head
+    with sqlite3.connect(ledger) as conn:  # one self-contained file to copy (no WAL beside it)
+        conn.execute("PRAGMA journal_mode=DELETE")
+    pristine = ledger.read_bytes()
+
+    def tampered(sql: str) -> list[str]:
+        ledger.write_bytes(pristine)
+        with sqlite3.connect(ledger) as conn:
+            conn.executescript(sql)
+        return verify_ledger(ledger, expect_head=head).chain_errors
+
+    assert tampered("SELECT 1") == []
+    edited = tampered("UPDATE rewards SET reward = reward + 0.01 WHERE round = 2 AND node_id = '4'")
+    assert any("round 2: its rows do not hash" in e for e in edited)
+    assert any("round 2" in e for e in tampered("UPDATE rewards SET participant = 'name:thief' WHERE round = 2 "
+                                                 "AND node_id = '1'"))
+    deleted = tampered("DELETE FROM rounds WHERE round = 2")
+    assert any("a round deleted" in e for e in deleted) and any("rows of a round the ledger does not list" in e
+                                                                 for e in deleted)
+    # Swap the first two rounds' rowids: the chain now runs out of order.
+    reordered = tampered("UPDATE rounds SET rowid = 100 WHERE rowid = 1; UPDATE rounds SET rowid = 1 WHERE rowid = 2; "
+                         "UPDATE rounds SET rowid = 2 WHERE rowid = 100;")
+    assert any("rows reordered" in e for e in reordered)
+    truncated = tampered("DELETE FROM rewards WHERE round = 3")
+    assert truncated  # rows of round 3 deleted: its hash no longer matches
+    ledger.write_bytes(pristine)
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("DELETE FROM rewards WHERE round = 3")
+        conn.execute("DELETE FROM rounds WHERE round = 3")
+    assert verify_ledger(ledger).chain_errors == []  # a clean cut of the newest round keeps a valid chain...
+    assert "expected" in verify_ledger(ledger, expect_head=head).chain_errors[0]  # ...but not the published head
+    assert main(["verify", str(ledger), "--expect-head", head]) == 1
+    assert "chain BROKEN" in capsys.readouterr().out
+
+
+def test_verify_recomputes_kept_rounds_and_reports_mismatched_rows(tmp_path, capsys):
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=2, keep_signs=True, report=lambda line: None)
+    check = verify_ledger(ledger)
+    assert [(r.round, r.status) for r in check.rounds] == [(1, "match"), (2, "match")] and check.ok
+    contents = read_ledger(ledger)
+    # One file per participant per round, named by its SHA-256, plus each round's task words.
+    stored = {p.name for p in (store_dir(ledger) / "signs").iterdir()}
+    assert {r.sign_sha256 for r in contents.rewards} | {r.task_sha256 for r in contents.rounds} == stored
+
+    # A row paid more than its signs earn: the chain is re-sealed (an insider rewriting history), so only
+    # the recomputation can see it.
+    from kfca_llm.flower.ledger import chain_hash
+
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("UPDATE rewards SET reward = reward + 0.25 WHERE round = 2 AND node_id = '3'")
+    _reseal(ledger, chain_hash)
+    check = verify_ledger(ledger)
+    assert check.chain_errors == []
+    assert [(r.round, r.status) for r in check.rounds] == [(1, "match"), (2, "mismatch")] and not check.ok
+    (row,) = check.rounds[1].rows
+    assert row.startswith(pid(3)) and "reward" in row and "recomputed" in row
+    assert main(["verify", str(ledger)]) == 1
+    out = capsys.readouterr().out
+    assert "round 2: mismatch (1 row(s) differ)" in out and "1 match, 1 mismatch, 0 unverifiable" in out
+
+    # A missing or altered sign file makes the round unverifiable, never a match.
+    victim = contents.rewards[0].sign_sha256
+    (store_dir(ledger) / "signs" / victim).write_bytes(b"\x00" * 8)
+    first = verify_ledger(ledger).rounds[0]
+    assert first.status == "unverifiable" and "altered" in first.detail
+    (store_dir(ledger) / "signs" / victim).unlink()
+    assert "missing" in verify_ledger(ledger).rounds[0].detail
+
+
+def _reseal(ledger: Path, chain_hash) -> None:
+    """Recompute every round's chain hash in place (what a forger with write access would do)."""
+    contents = read_ledger(ledger)
+    prev = "0" * 64
+    with sqlite3.connect(ledger) as conn:
+        for r in contents.rounds:
+            rows = [w for w in contents.rewards if (w.run_id, w.round) == (r.run_id, r.round)]
+            fails = [f for f in contents.failures if (f.run_id, f.round) == (r.run_id, r.round)]
+            digest = chain_hash(prev, r, rows, fails)
+            conn.execute("UPDATE rounds SET prev_hash = ?, chain_hash = ? WHERE run_id = ? AND round = ?",
+                         (prev, digest, r.run_id, r.round))
+            prev = digest
+
+
+def test_a_participant_checks_that_its_own_update_is_the_one_scored(tmp_path, capsys):
+    from flower_local import honest_update
+    from safetensors.numpy import save_file
+
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=2, report=lambda line: None)
+    mine = tmp_path / "mine.safetensors"
+    save_file(honest_update(2, 2), str(mine))
+    assert main(["verify", str(ledger), "--node-update", str(mine), "--round", "2"]) == 0
+    assert f"the one scored for participant {pid(2)} (node 2)" in capsys.readouterr().out
+    assert main(["verify", str(ledger), "--node-update", str(mine), "--round", "1"]) == 1  # round 1's differs
+    other = tmp_path / "other.npz"
+    np.savez(other, **{k: -v for k, v in honest_update(2, 2).items()})
+    assert main(["verify", str(ledger), "--node-update", str(other), "--round", "2"]) == 1
+    assert "no participant was scored with this update" in capsys.readouterr().out
+    assert main(["verify", str(ledger), "--node-update", str(mine)]) == 2
+    assert "needs --round" in capsys.readouterr().err
+    assert main(["verify", str(ledger), "--node-update", str(mine), "--round", "9"]) == 2
+
+
+def test_random_kills_leave_complete_verifiable_rounds():
+    """A few trials of benchmarks/bench_ledger_crash.py (the benchmark runs 30 or more)."""
+    root = HERE.parents[1]
+    done = subprocess.run([sys.executable, "benchmarks/bench_ledger_crash.py", "--trials", "3", "--seed", "1",
+                           "--json"], cwd=root, capture_output=True, text=True, timeout=600, check=True)
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["trials"] == 3 and summary["failed"] == [] and summary["verified"] == 3
+    assert summary["resumed_complete"] == 3

@@ -1,0 +1,230 @@
+"""kfca-llm check on hand-made reports: what an expectation measures, the table, failures, JUnit, exit status."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from kfca_llm.check import check_runs, load_runs
+from kfca_llm.cli import main
+from kfca_llm.errors import InputError
+from kfca_llm.expectations import expectations_from_dict
+
+HOLDS = [[0.1, -0.1], [-0.1, 0.1]]
+
+
+def write_report(folder, seed, rewards, deltas=None):
+    """A report.json with these per-round strategy rewards; ``deltas[t]``: the honest pairs' deltas of round t."""
+    rounds = len(next(iter(rewards.values())))
+    deltas = deltas or [[HOLDS, HOLDS]] * rounds
+    records = [{"round": t + 1, "pairs": [
+        *({"client": f"client-{k:03d}", "peer": "client-009", "honest_pair": True, "delta": d, "payment": 0.1}
+          for k, d in enumerate(round_deltas)),
+        {"client": "client-000/flip", "peer": "client-001", "honest_pair": False, "delta": [[-1, 1], [1, -1]]}]}
+        for t, round_deltas in enumerate(deltas)]
+    report = {"domain": "general-nlp", "recipe": "hand", "seed": seed, "rounds": rounds,
+              "strategies": {s: {"mean_reward": sum(v) / len(v), "per_round": v} for s, v in rewards.items()},
+              "round_records": records}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps(report))
+    return folder / "report.json"
+
+
+def check(expect, *reports):
+    return check_runs(expectations_from_dict({"expect": expect, "name": "mine"}), load_runs(reports))
+
+
+def one(expect, **rewards):
+    """The outcome of one expectation on one hand-made run (in a fresh temporary folder)."""
+    return check([expect], write_report(one.tmp / "run", 0, rewards)).outcomes[0]
+
+
+@pytest.fixture(autouse=True)
+def _tmp(tmp_path):
+    one.tmp = tmp_path
+
+
+@pytest.mark.parametrize("expect, rewards, gap, holds", [
+    ({"check": "a > b", "margin": 0.1}, {"a": [0.3], "b": [0.1]}, 0.2, True),
+    ({"check": "a > b", "margin": 0.25}, {"a": [0.5], "b": [0.25]}, 0.25, False),  # strict: equal is not above
+    ({"check": "a > b", "tolerance": 0.01}, {"a": [0.3], "b": [0.305]}, -0.005, True),
+    ({"check": "a > b", "tolerance": 0.01}, {"a": [0.3], "b": [0.32]}, -0.02, False),
+    ({"check": "a > b > c", "margin": 0.0}, {"a": [0.3], "b": [0.2], "c": [0.25]}, -0.05, False),
+    ({"check": "|z| < 0.02"}, {"z": [-0.03, 0.01]}, 0.01, True),  # |mean|, not mean of |.|
+    ({"check": "|z| < 0.02"}, {"z": [-0.03, -0.01]}, -0.0, False),
+    ({"check": "f < -0.5 x h"}, {"f": [-0.2], "h": [0.3]}, 0.05, True),
+    ({"check": "f < -0.5 x h"}, {"f": [-0.1], "h": [0.3]}, -0.05, False),
+    ({"check": "h > *", "margin": 0.03}, {"h": [0.3], "x": [0.2], "y": [0.28]}, 0.02, False),
+    ({"check": "h > *", "margin": 0.01}, {"h": [0.3], "x": [0.2], "y": [0.28]}, 0.02, True),
+    ({"check": "a > b"}, {"a": [0.3, float("nan")], "b": [0.1, 0.1]}, float("nan"), False),
+    ({"check": "c < b < a"}, {"a": [float("nan")], "b": [0.2], "c": [0.1]}, float("nan"), False),  # NaN is worst
+])
+def test_gap_and_margin(expect, rewards, gap, holds):
+    outcome = one(expect, **rewards)
+    measured = outcome.runs[0]
+    assert measured.gap == pytest.approx(gap, nan_ok=True) and measured.holds == holds == outcome.passed
+
+
+def test_mean_over_rounds_or_every_round_from_a_round():
+    rewards = {"a": [0.1, 0.5, 0.5], "b": [0.2, 0.1, 0.1]}
+    assert one({"check": "a > b"}, **rewards).passed
+    failed = one({"check": "a > b", "over": "every-round"}, **rewards)
+    assert not failed.passed and [b.round for b in failed.runs[0].breaches] == [1]
+    assert one({"check": "a > b", "over": "every-round", "from-round": 2}, **rewards).passed
+    assert not one({"check": "a > b", "from-round": 1}, a=[0.1, 0.5], b=[0.2, 0.5]).passed
+    assert one({"check": "a > b", "from-round": 3}, **rewards).runs[0].gap == pytest.approx(0.4)
+
+
+def test_from_round_beyond_the_run_is_bad_input():
+    with pytest.raises(InputError, match="starts at round 4"):
+        one({"check": "a > b", "from-round": 4}, a=[0.1], b=[0.0])
+
+
+def test_categorical_world_reads_every_honest_pair(tmp_path):
+    broken = [[0.1, 0.02], [-0.1, 0.1]]  # an off-diagonal entry above 0
+    good = write_report(tmp_path / "good", 0, {"h": [0.1, 0.1]})
+    bad = write_report(tmp_path / "bad", 1, {"h": [0.1, 0.1]}, deltas=[[HOLDS, HOLDS], [HOLDS, broken]])
+    outcome = check([{"check": "categorical-world", "over": "every-round"}], good, bad).outcomes[0]
+    assert [m.holds for m in outcome.runs] == [True, False] and not outcome.passed
+    (breach,) = outcome.runs[1].breaches
+    assert breach.round == 2 and "delta(client-001, client-009)" in breach.left
+    assert (breach.left_value, breach.right_value, breach.gap) == (0.1, 0.02, -0.02)
+    # a margin demands more than the signs; the attack pair (not honest) is never read
+    assert outcome.runs[0].gap == pytest.approx(0.1)
+    assert not check([{"check": "categorical-world", "margin": 0.1}], good).passed
+    nan = write_report(tmp_path / "nan", 2, {"h": [0.1]}, deltas=[[[[0.1, float("nan")], [-0.1, 0.1]]]])
+    assert not check([{"check": "categorical-world"}], nan).passed  # a NaN entry never holds
+
+
+def test_seeds_all_or_a_quantile(tmp_path):
+    runs = [write_report(tmp_path / f"s{s}", s, {"a": [a], "b": [0.0]}) for s, a in enumerate([0.3, -0.1, 0.2])]
+    assert not check([{"check": "a > b"}], *runs).passed
+    assert check([{"check": "a > b", "seeds": 0.5}], *runs).passed  # the median seed
+    assert not check([{"check": "a > b", "seeds": 0.0}], *runs).passed  # the worst seed
+    outcome = check([{"check": "a > b", "seeds": 0.5, "margin": 0.25}], *runs).outcomes[0]
+    assert outcome.quantile_gap == pytest.approx(0.2) and not outcome.passed
+    # the quantile is one seed's own gap (numpy's 'lower'), never an interpolation between two seeds
+    runs.append(write_report(tmp_path / "s3", 3, {"a": [-0.05], "b": [0.0]}))
+    outcome = check([{"check": "a > b", "seeds": 0.5}], *runs).outcomes[0]
+    assert outcome.quantile_gap == pytest.approx(-0.05) and not outcome.passed
+
+
+def test_failure_names_seed_rounds_values_margin_and_figure(tmp_path):
+    run = write_report(tmp_path / "run", 7, {"honest": [0.3, 0.3, 0.3], "sparse:0.5": [0.2, 0.29, 0.28]})
+    (tmp_path / "run" / "rewards.png").write_bytes(b"png")
+    result = check([{"name": "honest first", "check": "honest > *", "margin": 0.03, "over": "every-round"},
+                    {"name": "on the mean", "check": "honest > sparse:0.5", "margin": 0.06}], run)
+    every_round, mean = (result.failure_text(o) for o in result.outcomes)
+    assert f"seed 7 ({run})" in every_round
+    assert "round 2: honest = +0.3000, sparse:0.5 = +0.2900: gap +0.0100 is not above the margin +0.03" in every_round
+    assert "round 3: honest = +0.3000, sparse:0.5 = +0.2800: gap +0.0200" in every_round
+    assert "round 1:" not in every_round
+    assert f"figure: {tmp_path / 'run' / 'rewards.png'}\n" in every_round + "\n"
+    assert "mean over rounds: honest = +0.3000, sparse:0.5 = +0.2567: gap +0.0433" in mean
+    assert "(broken on its own in rounds 2, 3)" in mean
+    table = result.table()
+    assert "FAILED honest first" in table and "0/2 expectations hold" in table
+
+
+def test_cli_exit_status_table_and_junit(tmp_path, capsys):
+    good = write_report(tmp_path / "a", 0, {"honest": [0.3], "zero": [0.0]})
+    bad = write_report(tmp_path / "b", 1, {"honest": [0.3], "zero": [0.05]})
+    expect = tmp_path / "mine.toml"
+    expect.write_text('[[expect]]\nname = "honest first"\ncheck = "honest > *"\nmargin = 0.1\n'
+                      '[[expect]]\ncheck = "|zero| < 0.02"\n')
+    junit = tmp_path / "out" / "junit.xml"
+    assert main(["check", str(tmp_path / "a"), "--expect", str(expect), "--junit", str(junit)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 expectations hold" in out and "seed 0" in out
+    cases = ET.parse(junit).getroot().findall("testsuite/testcase")
+    assert [c.get("name") for c in cases] == ["honest first", "|zero| < 0.02"]
+    assert all(c.find("failure") is None for c in cases)
+
+    assert main(["check", str(good), str(tmp_path / "b"), "--expect", str(expect), "--junit", str(junit)]) == 1
+    out = capsys.readouterr().out
+    assert "1/2 expectations hold" in out and "FAILED |zero| < 0.02" in out
+    root = ET.parse(junit).getroot()
+    suite = root.find("testsuite")
+    assert (root.tag, root.get("tests"), root.get("failures")) == ("testsuites", "2", "1")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("2", "1", "0", "0")
+    failed = [c for c in suite.findall("testcase") if c.find("failure") is not None]
+    assert [c.get("name") for c in failed] == ["|zero| < 0.02"]
+    failure = failed[0].find("failure")
+    assert failure.get("message").startswith("FAILED |zero| < 0.02") and f"seed 1 ({bad})" in failure.text
+    assert "seed 0: smallest gap +0.0200" in failed[0].find("system-out").text
+    assert {p.get("name"): p.get("value") for p in suite.iter("property")} == {"seed 0": str(good), "seed 1": str(bad)}
+    assert sorted(p.name for p in junit.parent.iterdir()) == ["junit.xml"]  # written atomically, no leftovers
+
+
+def test_junit_is_valid_xml_whatever_the_report_names(tmp_path):
+    hostile = "evil\x00\x1b[31m<&>\ud800"
+    run = write_report(tmp_path / "r", 0, {"honest": [0.3], hostile: [0.4]})
+    result = check([{"check": "honest > *", "name": "honest \x07 first"}], run)
+    root = ET.fromstring(result.junit_xml())  # parses: no raw control character reached the XML
+    assert "evil\\x00" in root.find("testsuite/testcase/failure").text
+    assert "\x1b" not in result.table()
+
+
+def test_runs_sharing_a_seed_get_distinct_columns(tmp_path):
+    runs = [write_report(tmp_path / name, 0, {"a": [0.1], "b": [0.0]}) for name in ("x", "y")]
+    assert check([{"check": "a > b"}], *runs).labels == ["seed 0 (x)", "seed 0 (y)"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json", "cannot be read as JSON"),
+    ('{"seed": 0, "rounds": 1, "strategies": {"a": {"per_round": ["0.1"]}}}', "strategies.a.per_round.0"),
+    ('{"seed": 0, "rounds": 2, "strategies": {"a": {"per_round": [0.1]}}}', "1 per-round rewards for 2 rounds"),
+    ('{"seed": 0, "rounds": 1, "strategies": {}}', "no strategies"),
+    ('{"seed": 0, "rounds": 1, "strategies": {"a": {"per_round": [0.1]}}, "round_records": []}', "0 round records"),
+    ('{"seed": 0, "rounds": 1, "strategies": {"a": {"per_round": [0.1]}}, "round_records": [{"pairs": ['
+     '{"client": "c", "peer": "p", "honest_pair": true, "delta": [[1, 2, 3]]}]}]}', "not a square matrix"),
+    ('{"seed": 0, "rounds": 1, "strategies": {"b": {"per_round": [0.1]}}}', "has no strategy 'a'"),
+])
+def test_bad_reports_are_bad_input(tmp_path, capsys, content, message):
+    (tmp_path / "report.json").write_text(content)
+    expect = tmp_path / "e.toml"
+    expect.write_text('[[expect]]\ncheck = "a > 0"\n')
+    assert main(["check", str(tmp_path), "--expect", str(expect)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "nothing to check"),
+    (["{run}", "--recipe", "tiny"], "not both"),
+    (["{run}", "--seeds", "0,1"], "not both"),
+    (["{tmp}/missing"], "no report"),
+    (["{tmp}/empty"], "holds no report.json nor summary.json"),
+    (["{tmp}/outside"], "must list report paths inside"),
+    (["{run}", "--junit", "{tmp}"], "is not a regular file"),
+    (["--recipe", "tiny", "--seeds", "0", "--attacks", "honest,flip"], "recipe 'tiny' has no strategy 'sparse:0.75'"),
+])
+def test_bad_arguments_are_bad_input(tmp_path, capsys, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)  # where a run would go (runs/...)
+    run = write_report(tmp_path / "run", 0, {"honest": [0.3]}).parent
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "summary.json").write_text(json.dumps({"runs": {"0": "../run/report.json"}}))
+    args = [a.format(run=run, tmp=tmp_path) for a in args]
+    assert main(["check", *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_junit_is_replaced_atomically(tmp_path, monkeypatch):
+    import os
+
+    run = write_report(tmp_path / "run", 0, {"zero": [0.0]})
+    expect = tmp_path / "e.toml"
+    expect.write_text('[[expect]]\ncheck = "|zero| < 0.02"\n')
+    junit = tmp_path / "junit.xml"
+    junit.write_text("previous")
+
+    def fail(*args):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", fail)  # the last step of an atomic write fails
+    with pytest.raises(OSError, match="disk full"):
+        main(["check", str(run), "--expect", str(expect), "--junit", str(junit)])
+    assert junit.read_text() == "previous"  # readers never see a torn file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.toml", "junit.xml", "run"]  # no temporary left
