@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
 
 import numpy as np
 import torch
 
-from .checkpoints import check_same_tensors, client_paths, open_adapter
+from .checkpoints import AdapterFile, check_same_tensors, client_paths, open_adapter
 from .engine.duplicates import DuplicateRule, check_duplicate_policy, find_duplicates
 from .engine.labels import LabelRound
+from .engine.layout import FlatUpdate, Layout
 from .engine.stats import PairPayment, label_pair_payments
 from .errors import InputError
+from .kernels.intrinsics import WORD_BITS
 from .mechanism import check_num_labels
 from .packer import SignPacker
 from .partition import check_penalty, check_seed, peer_pairs
@@ -24,9 +25,11 @@ MAX_LABELS = 1024
 MAX_REPORT_CELLS = 1 << 27  # 1 GiB of float64 delta matrices
 
 
-def _as_state_dict(client: str, update) -> dict:
+def _as_state_dict(client: str, update) -> Mapping:
     if isinstance(update, (torch.Tensor, np.ndarray)):
         return {FLAT_UPDATE_NAME: update.reshape(-1)}
+    if isinstance(update, FlatUpdate):  # kept whole: packed as one buffer
+        return update
     if isinstance(update, Mapping):
         if not update:
             raise InputError("empty update (no tensors)", client=client)
@@ -35,8 +38,12 @@ def _as_state_dict(client: str, update) -> dict:
                      client=client)
 
 
-def _shared_shapes(state_dicts: Mapping[str, Mapping]) -> dict[str, tuple[int, ...]]:
+def _shared_shapes(state_dicts: Mapping[str, Mapping]) -> dict[str, tuple[int, ...]] | Layout:
+    """The layout every client shares (that of the ``FlatUpdate``s when all are; no per-tensor check then)."""
     first = min(state_dicts)
+    layout = getattr(state_dicts[first], "layout", None)
+    if layout is not None and all(isinstance(u, FlatUpdate) and u.layout.same_as(layout) for u in state_dicts.values()):
+        return layout
     for client, sd in state_dicts.items():  # shapes are read below: non-tensors first
         for name, t in sd.items():
             if not isinstance(t, (torch.Tensor, np.ndarray)):
@@ -52,7 +59,7 @@ def _shared_shapes(state_dicts: Mapping[str, Mapping]) -> dict[str, tuple[int, .
 
 def _device_of(state_dicts: Mapping[str, Mapping]):
     for sd in state_dicts.values():
-        for t in sd.values():
+        for t in (sd.buffer,) if isinstance(sd, FlatUpdate) else sd.values():
             if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                 return t.device
     return None
@@ -64,8 +71,9 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
                   copy_candidates: Sequence[str] | None = None) -> RewardReport:
     """KFCA-QP rewards of adapter updates: each coordinate is a task, the report is its sign.
 
-    ``updates`` maps client id -> state dict (name -> tensor, any float dtype, CPU or CUDA) or one
-    flat tensor / numpy array. Every client is scored against ``peers`` sampled peers (all other
+    ``updates`` maps client id -> state dict (name -> tensor, any float dtype, CPU or CUDA), ``FlatUpdate``
+    (a whole update in one padded flat buffer: packed with no per-tensor work) or one flat tensor / numpy
+    array (a single tensor named ``update``). Every client is scored against ``peers`` sampled peers (all other
     clients when None), or only the explicit ordered ``pairs`` (client, peer). ``backend="auto"``
     runs Triton on CUDA tensors (no host round trip) and the CPU engine otherwise. Copies among the
     clients are reported in ``report.duplicates``; ``duplicates`` is the payment policy for them
@@ -103,10 +111,11 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
     """KFCA-QP rewards of adapter checkpoints (PEFT directories or .safetensors files).
 
     With ``reference`` (the previous global adapter) a client's update is its adapter minus the
-    reference; without it the files hold the updates. All headers are validated first; then the
-    tensors stream one name at a time (the reference tensor is read once per name), so peak memory
-    is the packed bits plus a few tensors. ``device="cuda"`` streams them to the GPU. ``duplicates``:
-    as in ``score_updates`` (two paths to one file are caught as identical reports).
+    reference; without it the files hold the updates. All headers are validated first; then each
+    client's file is read in one sweep into one padded flat buffer (the reference's once) and packed as
+    one batch, so peak memory is the packed bits plus one client's adapter (and the reference's).
+    ``device="cuda"`` streams them to the GPU. ``duplicates``: as in ``score_updates`` (two paths to one
+    file are caught as identical reports).
     """
     files = [open_adapter(path, client) for client, path in client_paths(paths).items()]
     if len(files) < 2:
@@ -114,21 +123,48 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
     ref = open_adapter(reference, "<reference>") if reference is not None else None
     shapes = check_same_tensors(files, ref)
     packer = SignPacker(shapes, [f.client for f in files], backend=backend, device=device)
-    with ExitStack() as stack:
-        handles = {f.client: (f, stack.enter_context(open(f.path, "rb"))) for f in files}
-        ref_handle = stack.enter_context(open(ref.path, "rb")) if ref else None
-        for slot in packer.layout.slots:
-            base = ref.read(ref_handle, slot.name).to(device or "cpu") if ref else None
-            if base is not None and not bool(torch.isfinite(base).all()):
-                raise InputError("reference holds NaN or Inf values", client=ref.client, tensor=slot.name)
-            for client, (file, handle) in handles.items():
-                tensor = file.read(handle, slot.name).to(device or "cpu")
-                if base is not None:
-                    tensor = update_from_reference(tensor, base)
-                packer.add(client, slot.name, tensor)
-                del tensor
+    base = None
+    if ref is not None:
+        with open(ref.path, "rb") as handle:
+            base = _read_update(ref, handle, packer.layout, device)
+        _check_finite_reference(ref, base)
+    for file in files:
+        with open(file.path, "rb") as handle:
+            update = _read_update(file, handle, packer.layout, device)
+        if base is not None:
+            if isinstance(update, FlatUpdate) and isinstance(base, FlatUpdate):
+                update = FlatUpdate(packer.layout, update_from_reference(update.buffer, base.buffer))
+            else:
+                update = {name: update_from_reference(update[name], base[name]) for name in update}
+        packer.add_many(file.client, update)
+        del update
     return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
                         duplicates=duplicates)
+
+
+def _read_update(file: AdapterFile, handle, layout: Layout, device) -> Mapping[str, torch.Tensor]:
+    """One client's tensors, read in one sweep: into a padded flat buffer (``FlatUpdate``, packed with no
+    per-tensor work) when the file holds one dtype, else tensor by tensor; on ``device``."""
+    dtype = file.dtype
+    if dtype is None:
+        return {slot.name: file.read(handle, slot.name).to(device or "cpu") for slot in layout.slots}
+    on_gpu = device is not None and torch.device(device).type == "cuda"
+    buffer = layout.flat_buffer(dtype, pin_memory=on_gpu)
+    raw = memoryview(buffer.view(torch.uint8).numpy())
+    size = buffer.element_size()
+    for slot in layout.slots:
+        start = slot.word_offset * WORD_BITS * size
+        file.read_into(handle, slot.name, raw[start:start + slot.numel * size])
+    return FlatUpdate(layout, buffer.to(device or "cpu", non_blocking=True))
+
+
+def _check_finite_reference(ref: AdapterFile, base: Mapping[str, torch.Tensor]) -> None:
+    values = [base.buffer] if isinstance(base, FlatUpdate) else base.values()
+    if all(bool(torch.isfinite(v).all()) for v in values):
+        return
+    for name, tensor in base.items():  # name the first tensor at fault
+        if not bool(torch.isfinite(tensor).all()):
+            raise InputError("reference holds NaN or Inf values", client=ref.client, tensor=name)
 
 
 def update_from_reference(adapter: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:

@@ -53,11 +53,22 @@ class AdapterFile:
         """Read one tensor from an open binary handle of this file."""
         entry = self.entries[name]
         tensor = torch.empty(entry.shape, dtype=entry.dtype)
-        target = memoryview(tensor.view(torch.uint8).numpy().reshape(-1)) if entry.nbytes else memoryview(b"")
+        self.read_into(handle, name, memoryview(tensor.view(torch.uint8).numpy().reshape(-1)) if entry.nbytes
+                       else memoryview(b""))
+        return tensor
+
+    def read_into(self, handle, name: str, target: memoryview) -> None:
+        """Read one tensor's bytes into ``target`` (exactly its ``nbytes``), e.g. its place in a flat buffer."""
+        entry = self.entries[name]
         handle.seek(entry.start)
         if handle.readinto(target) != entry.nbytes:
             raise InputError("file ended inside the tensor's data", client=self.client, tensor=name)
-        return tensor
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        """The one dtype of all its tensors, or None when they mix dtypes."""
+        dtypes = {e.dtype for e in self.entries.values()}
+        return dtypes.pop() if len(dtypes) == 1 else None
 
 
 def resolve_adapter_path(path: str | os.PathLike, client: str) -> Path:

@@ -12,3 +12,8 @@ class InputError(ValueError):
         super().__init__(f"{where}: {message}" if where else message)
         self.client = client
         self.tensor = tensor
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run where it was asked for (no triton, no GPU, kernels and tensors on different kinds of
+    device); the message says why (no silent fallback)."""

@@ -1,7 +1,9 @@
 """Test setup: without a CUDA device, Triton kernels run under the interpreter on CPU tensors.
 
 TRITON_INTERPRET must be set before anything imports triton (kernels read it when decorated),
-so it is set here, at collection time, before any test module is imported.
+so it is set here, at collection time, before any test module is imported. Kernel tests put their
+tensors on the ``device`` fixture: CUDA where the kernels run compiled, the CPU where they run
+interpreted (a compiled kernel never gets CPU tensors, an interpreted one never CUDA tensors).
 """
 
 import os
@@ -46,6 +48,15 @@ def random_updates(rng: np.random.Generator, n_clients: int, shapes: dict, *, ze
             update[name] = values.reshape(shape)
         updates.append(update)
     return updates
+
+
+KERNELS_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """Where the Triton kernels' tensors live in this session (see the module docstring)."""
+    return torch.device("cpu" if KERNELS_INTERPRETED else "cuda")
 
 
 @pytest.fixture

@@ -35,8 +35,48 @@ def test_cpu_engine_benchmark_small(tmp_path):
 
 
 def test_triton_benchmark_smoke(tmp_path):
+    """Under TRITON_INTERPRET=1 (also where CUDA is present: the benchmark then stays on CPU tensors) it runs a
+    resident and a streamed round of both formats and checks their words against the CPU backend."""
     printed = _run(["benchmarks/bench_triton.py", "--smoke"], tmp_path)
-    assert "ratio pack grouped / copy flat" in printed and "speed-up pack grouped + round_counts vs naive" in printed
+    rows = [line.split("|")[1:4] for line in printed.splitlines() if line.startswith("| bf16") or line.startswith("| fp32")]
+    assert [[c.strip() for c in row] for row in rows] == [["bf16", "2", "resident"], ["bf16", "3", "resident"],
+                                                          ["fp32", "2", "resident"], ["fp32", "3", "streamed"]]
+    assert printed.count("words equal the CPU backend's") == 4 and "cpu (TRITON_INTERPRET=1)" in printed
+
+
+def test_host_benchmark_smoke(tmp_path):
+    printed = _run(["benchmarks/bench_host.py", "--smoke"], tmp_path)
+    launches = {line.split("|")[2].strip(): int(line.split("|")[5]) for line in printed.splitlines()
+                if line.startswith("|    5 |")}
+    # 5 clients, no partial words in this layout: one launch per round, or one per client when called per client
+    assert launches == {"flat, one call": 1, "flat, a call per client": 5, "separate tensors": 1}
+    assert "score_checkpoints (a client's file in one batch)" in printed and "tensor by tensor" in printed
+
+
+def _inspect(*args: str):
+    """inspect_kernels.py's JSON output: compiled, so run without TRITON_INTERPRET."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return json.loads(subprocess.run([sys.executable, "benchmarks/inspect_kernels.py", *args], cwd=ROOT, env=env,
+                                     check=True, capture_output=True, text=True, timeout=900).stdout)
+
+
+def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
+    """Compiled for sm_90 by Triton (no GPU needed): the pack kernels read elements as 16-byte vectors only (the
+    tails' small launch may not), the counting kernel uses popc, nothing spills."""
+    rows = _inspect("--json")
+    assert all(set(row) == {"kernel", "vector_loads", "scalar_loads", "popc", "bar_sync", "sass_per_element", "spills"}
+               for row in rows)
+    by_name = {row["kernel"]: row for row in rows}
+    assert all(row["spills"] == 0 for row in rows)
+    gram = [row for name, row in by_name.items() if name.startswith("pair_counts._gram_kernel")]
+    assert gram and all(row["popc"] > 0 for row in gram)
+    assert by_name["sampled_penalty._planes_kernel"]["popc"] > 0  # member counts per word
+    element_loads = _inspect("--element-loads")
+    words = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_words_kernel")}
+    assert len(words) == 5 and all(vector > 0 and scalar == 0 for vector, scalar in words.values()), words
+    assert all(by_name[k]["vector_loads"] >= v[0] for k, v in words.items())
+    tails = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_tails_kernel")}
+    assert len(tails) == 4 and all(scalar > 0 for _, scalar in tails.values())
 
 
 def test_scaling_benchmark_smoke(tmp_path):

@@ -12,6 +12,7 @@ import torch
 from helpers import TINY
 
 from kfca_llm.data import collate, load_client_datasets
+from kfca_llm.engine.layout import FlatUpdate
 from kfca_llm.fl.client import adapter_state, load_adapter_state, make_optimizer, train_client
 from kfca_llm.modeling import load_model_and_tokenizer
 from kfca_llm.recipe import load_recipe
@@ -104,6 +105,11 @@ def test_adamw_first_step_moves_each_weight_by_the_learning_rate(setup):
                         "train.training-arguments.max-grad-norm=0")
     model, tok, examples, global_state = setup
     got = run_client(setup, recipe)
+    # The update lives in one padded flat buffer (what the scoring engine packs with no per-tensor work),
+    # holding exactly local - global.
+    assert isinstance(got, FlatUpdate) and list(got) == sorted(global_state)
+    local = adapter_state(model)
+    assert all(torch.equal(got[k], local[k] - global_state[k]) for k in global_state)
     load_adapter_state(model, global_state)
     params = dict((n, p) for n, p in model.named_parameters() if p.requires_grad)
     grads = torch.autograd.grad(model(**collate(examples[:2], tok.pad_token_id)).loss, list(params.values()))

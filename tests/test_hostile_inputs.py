@@ -188,7 +188,7 @@ def test_client_names_are_printed_literally():
 def test_cli_expected_conditions_exit_2_with_one_line(tmp_path, capsys):
     paths = [str(p) for p in _three(tmp_path)]
     from kfca_llm.engine import register_backend
-    from kfca_llm.engine.backends import BackendUnavailable
+    from kfca_llm.errors import BackendUnavailable
 
     def unavailable():
         raise BackendUnavailable("triton needs a CUDA GPU\n(none found)")

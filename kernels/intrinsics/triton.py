@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from kfca_llm.errors import BackendUnavailable
 
 
 @triton.jit
@@ -54,7 +57,31 @@ def lanes_to_words(bits):
 # ----------------------------------------------------------------------------- launch helpers
 
 
+def kernels_interpreted() -> bool:
+    """Whether these kernels were defined under ``TRITON_INTERPRET=1`` (triton reads it when a kernel is
+    decorated, so it is what this module's import saw, not what the environment says now)."""
+    return isinstance(popcount32, InterpretedFunction)
+
+
+def check_device(where: torch.Tensor | torch.device) -> None:
+    """Interpreted kernels take CPU tensors, compiled ones CUDA tensors: anything else (a tensor or a device) is
+    refused here (the interpreter would dereference a CUDA pointer as a host address and crash the process)."""
+    device = where.device if isinstance(where, torch.Tensor) else torch.device(where)
+    if kernels_interpreted():
+        if device.type != "cpu":
+            raise BackendUnavailable(
+                f"the Triton kernels run under TRITON_INTERPRET=1 (on the CPU) but got tensors on {device}: "
+                "unset TRITON_INTERPRET before anything imports triton to run them compiled on the GPU, or pass CPU "
+                "tensors")
+    elif device.type != "cuda":
+        raise BackendUnavailable(
+            f"the compiled Triton kernels need CUDA tensors, got tensors on {device}: set TRITON_INTERPRET=1 "
+            "before anything imports triton to run them on the CPU (slow, for tests), or use backend='cpu'")
+
+
 def on_interpreter(t: torch.Tensor) -> bool:
+    """Whether ``t``'s kernels run interpreted (CPU tensors); a tensor on the wrong kind of device is refused."""
+    check_device(t)
     return t.device.type == "cpu"
 
 

@@ -235,9 +235,9 @@ def _columns_kernel(signs_ptr, task_ptr, params_ptr, offsets_ptr, column1_ptr, c
     rank1 = tl.load(offsets_ptr + n_blocks + block) + _exclusive_lane_ranks(in_m1.to(tl.int32)).to(tl.int64)
     rank2 = tl.load(offsets_ptr + 2 * n_blocks + block) + _exclusive_lane_ranks(in_m2.to(tl.int32)).to(tl.int64)
     lanes = tl.arange(0, 32)
-    for column_word in tl.static_range(COLUMN_WORDS):
+    sign_row = signs_ptr  # advances one client at a time through both loops
+    for column_word in range(COLUMN_WORDS):
         column = tl.zeros((BLOCK_WORDS, 32), dtype=tl.int32)
-        sign_row = signs_ptr + tl.full((), column_word * 32, tl.int64) * n_words
         for bit in range(0, tl.minimum(n_clients - column_word * 32, 32)):
             sign_words = tl.load(sign_row + words, mask=in_range, other=0)
             column |= ((sign_words[:, None] >> lanes[None, :]) & 1) << bit

@@ -187,3 +187,35 @@ def sign_pack(tensors: Sequence[tuple[int, Sequence[tuple[int, torch.Tensor]]]],
     parallel = int(np.diff(slot_items) @ full_words) >= _PARALLEL_FROM_WORDS
     return _PACK[parallel](slot_items, addresses, sign_offsets, full_words, task_offsets, tails.numpy(), has_tail,
                            signs, task, np.int64(exp_mask))
+
+
+def sign_pack_flat(numels: np.ndarray, word_offsets: np.ndarray, flats: Sequence[torch.Tensor],
+                   sign_rows: np.ndarray, signs: np.ndarray, task: np.ndarray, exp_mask: int) -> np.ndarray:
+    """Pack whole updates held in padded flat buffers (raw bits, one format; tensor t from element
+    ``32 * word_offsets[t]``) in one pass, with the same kernel and words as ``sign_pack``.
+
+    ``sign_rows[s]``: the first word of flat ``s``'s row in ``signs``. The item tables are built with numpy
+    over (tensor, flat) at once: no Python work per tensor. Returns uint32 [flats, tensors]: non-zero where
+    that tensor of that flat held NaN or Inf.
+    """
+    n_flats, n_tensors = len(flats), numels.size
+    itemsize = flats[0].element_size()
+    full_words = numels // 32
+    bases = np.array([flat.data_ptr() for flat in flats], dtype=np.uint64)
+    # Items grouped by tensor (item t * n_flats + s), as the kernel wants them.
+    addresses = (bases[None, :] + (word_offsets * (32 * itemsize)).astype(np.uint64)[:, None]).ravel()
+    sign_offsets = (np.asarray(sign_rows, dtype=np.int64)[None, :] + word_offsets[:, None]).ravel()
+    slot_items = np.arange(0, n_tensors * n_flats + 1, n_flats, dtype=np.int64)
+    tails = np.zeros((n_tensors, n_flats, 32), dtype=flats[0].numpy().dtype)
+    has_tail = numels % 32 != 0
+    tailed = np.flatnonzero(has_tail)
+    if tailed.size:
+        lanes = np.arange(32)
+        index = 32 * (word_offsets[tailed] + full_words[tailed])[:, None] + lanes[None, :]
+        real = lanes[None, :] < (numels[tailed] % 32)[:, None]  # the padding after a tensor is never read
+        for s, flat in enumerate(flats):
+            tails[tailed, s] = np.where(real, flat.numpy()[index], 0)
+    parallel = int(full_words.sum()) * n_flats >= _PARALLEL_FROM_WORDS
+    bad = _PACK[parallel](slot_items, addresses, sign_offsets, full_words, word_offsets, tails.reshape(-1, 32),
+                          has_tail, signs, task, np.int64(exp_mask))
+    return bad.reshape(n_tensors, n_flats).T

@@ -54,7 +54,7 @@ def _hide_known_third_party_noise() -> None:
 
 # Conditions a user can fix (bad input, no GPU/backend, no bitsandbytes): one line and exit status 2, no
 # traceback. Looked up in sys.modules: an exception of a class whose module was never imported cannot occur.
-_EXPECTED_ERRORS = (("kfca_llm.errors", "InputError"), ("kfca_llm.engine.backends", "BackendUnavailable"),
+_EXPECTED_ERRORS = (("kfca_llm.errors", "InputError"), ("kfca_llm.errors", "BackendUnavailable"),
                     ("kfca_llm.modeling", "QuantizationUnavailableError"))
 
 

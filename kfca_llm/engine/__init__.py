@@ -8,11 +8,12 @@ counts). ``kfca_llm.packer`` streams into it.
 
 import importlib.util
 
-from .backends import Backend, BackendUnavailable, PackedBuffers, available_backends, get_backend, register_backend
+from ..errors import BackendUnavailable
+from .backends import Backend, PackedBuffers, available_backends, get_backend, register_backend
 from .cpu import CpuBackend
 from .duplicates import (DUPLICATE_POLICIES, DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy,
                          disagreement_counts, find_duplicates)
-from .layout import Layout, TensorSlot
+from .layout import FlatUpdate, Layout, TensorSlot
 
 
 def _triton_backend() -> Backend:
@@ -28,5 +29,5 @@ register_backend("cpu", CpuBackend)
 register_backend("triton", _triton_backend)
 
 __all__ = ["DUPLICATE_POLICIES", "Backend", "BackendUnavailable", "CpuBackend", "DuplicateGroup", "DuplicatePair",
-           "DuplicateRule", "Layout", "PackedBuffers", "TensorSlot", "apply_duplicate_policy",
+           "DuplicateRule", "FlatUpdate", "Layout", "PackedBuffers", "TensorSlot", "apply_duplicate_policy",
            "available_backends", "disagreement_counts", "find_duplicates", "get_backend", "register_backend"]

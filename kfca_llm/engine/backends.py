@@ -1,8 +1,8 @@
 """Backend registry (in the manner of bitsandbytes): a CPU default that always works, GPU where present.
 
-A backend owns the packed buffers of one scoring round and three operations on them: pack one
-tensor of one client, count the integer statistics (``RoundCounts``) and, for the paper's sampled
-penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
+A backend owns the packed buffers of one scoring round and three operations on them: pack clients'
+tensors (one at a time, in batches, or whole updates in padded flat buffers), count the integer
+statistics (``RoundCounts``) and, for the paper's sampled penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
 integers of the numpy references (``kfca_llm.kernels.<operation>.reference``).
 """
 
@@ -21,10 +21,6 @@ from .layout import Layout
 from .stats import RoundCounts
 
 
-class BackendUnavailable(RuntimeError):
-    """The backend cannot run where it was asked for (no triton, no GPU); the message says why (no silent fallback)."""
-
-
 @dataclass
 class PackedBuffers:
     """Backend-native arrays of one round (numpy arrays or torch tensors)."""
@@ -37,6 +33,15 @@ class PackedBuffers:
     nonfinite: Any
     """int32 [n_clients, n_tensors]: non-zero where a tensor held NaN or Inf."""
     device: Any = None
+
+
+def check_rows(buffers: PackedBuffers, rows: np.ndarray) -> np.ndarray:
+    """``rows`` as int64, every one a client of the buffers (kernels write where they say: never out of range)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    n_clients = buffers.nonfinite.shape[0]
+    if rows.size and (rows.min() < 0 or rows.max() >= n_clients):
+        raise InputError(f"client indices must lie in [0, {n_clients})")
+    return rows
 
 
 class Backend(ABC):
@@ -61,6 +66,14 @@ class Backend(ABC):
             by_client.setdefault(client, []).append((tensor, values))
         for client, client_items in by_client.items():
             self.pack_many(buffers, client, client_items)
+
+    def pack_flat(self, buffers: PackedBuffers, clients: Sequence[int], flats: Sequence[Any]) -> None:
+        """Pack whole updates held in padded flat buffers (``Layout.flat_buffer``; torch tensor or numpy array,
+        one float dtype each) of the given clients; backends pack them with no per-tensor work."""
+        from .layout import FlatUpdate
+
+        self.pack_clients(buffers, [(client, k, view) for client, flat in zip(clients, flats)
+                                    for k, view in enumerate(FlatUpdate(buffers.layout, flat).values())])
 
     @abstractmethod
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:

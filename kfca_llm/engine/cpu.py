@@ -15,7 +15,7 @@ from ..kernels.pair_counts import cpu as pair_counts
 from ..kernels.sampled_penalty import cpu as sampled_penalty
 from ..kernels.sign_pack import cpu as sign_pack
 from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
-from .backends import Backend, PackedBuffers
+from .backends import Backend, PackedBuffers, check_rows
 from .layout import Layout
 from .stats import RoundCounts
 
@@ -53,6 +53,7 @@ class CpuBackend(Backend):
         """One kernel launch per float format for every client's tensors (read by address)."""
         slots = buffers.layout.slots
         groups: dict[tuple, dict[int, list]] = {}
+        check_rows(buffers, [client for client, _, _ in items])
         for client, tensor, values in items:
             raw, exp_mask = sign_pack.raw_view(values)
             if raw.numel() != slots[tensor].numel:
@@ -68,6 +69,25 @@ class CpuBackend(Backend):
             clients = [client for copies in by_tensor.values() for client, _ in copies]
             tensor_ids = [tensor for tensor, copies in by_tensor.items() for _ in copies]
             buffers.nonfinite[clients, tensor_ids] = bad != 0
+
+    def pack_flat(self, buffers: PackedBuffers, clients, flats) -> None:
+        """Whole updates in padded flat buffers: one pass per float format, tables built with numpy."""
+        layout = buffers.layout
+        groups: dict[tuple, tuple[list, list]] = {}
+        for client, flat in zip(clients, flats):
+            raw, exp_mask = sign_pack.raw_view(flat)
+            if raw.dim() != 1 or raw.numel() != layout.padded_numel:
+                raise InputError(f"a flat update is a 1-D buffer of {layout.padded_numel} elements "
+                                 f"(Layout.flat_buffer), got shape {tuple(raw.shape)}")
+            rows, raws = groups.setdefault((raw.dtype, exp_mask), ([], []))
+            rows.append(client)
+            raws.append(raw)
+        row_words = buffers.signs.shape[1]
+        signs, task = buffers.signs.view(np.uint32).reshape(-1), buffers.task.view(np.uint32)
+        for (_, exp_mask), (rows, raws) in groups.items():
+            bad = sign_pack.sign_pack_flat(layout.numels, layout.word_offsets, raws, check_rows(buffers, rows) * row_words,
+                                           signs, task, exp_mask)
+            buffers.nonfinite[rows] = bad != 0
 
     def nonfinite(self, buffers: PackedBuffers) -> np.ndarray:
         return buffers.nonfinite != 0

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..engine.layout import FlatUpdate, Layout
 from ..errors import InputError
 from ..recipe import Recipe, examples_per_step, lr_for_round
 from ..tensors import StateDict
@@ -27,8 +28,9 @@ from .seeds import derive_seed
 class ClientUpdate:
     """What one client returns after a round of local training."""
 
-    update: StateDict
-    """``local adapter - global adapter`` (float32, CPU), sorted tensor names."""
+    update: Mapping[str, torch.Tensor]
+    """``local adapter - global adapter`` (float32, CPU), sorted tensor names: a ``FlatUpdate`` (one padded flat
+    buffer, which the scoring engine packs in one pass; a read-only mapping of views)."""
     num_examples: int
     loss_before: float
     """Loss on the probe batch (the first optimizer step's examples), eval mode, before training."""
@@ -152,5 +154,14 @@ def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequ
             step_callback()
     loss_after = _probe_loss(model, probe, pad_token_id, device)
     local = adapter_state(model)
-    update = {k: local[k] - global_state[k] for k in global_state}
+    # The update lives in one padded flat buffer (the scoring engine packs it with no per-tensor work).
+    layout = Layout.from_shapes({k: tuple(v.shape) for k, v in global_state.items()})
+    update = FlatUpdate(layout, layout.flat_buffer(torch.result_type(*_first_pair(local, global_state))))
+    for k in global_state:
+        torch.sub(local[k], global_state[k], out=update[k])
     return ClientUpdate(update, len(examples), loss_before, loss_after)
+
+
+def _first_pair(local: Mapping[str, torch.Tensor], global_state: Mapping[str, torch.Tensor]):
+    name = next(iter(global_state))
+    return local[name], global_state[name]

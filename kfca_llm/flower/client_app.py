@@ -40,7 +40,7 @@ def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}
     spec = node_attack(recipe, node_config, partition)
     if spec is not None:
         history = _history(context.state)
-        context.state[f"{HISTORY_PREFIX}{server_round}"] = ArrayRecord(update)
+        context.state[f"{HISTORY_PREFIX}{server_round}"] = ArrayRecord(dict(update))
         update = attacked_update(recipe, spec, partition, server_round, update, history)
     arrays = ArrayRecord({k: Array((global_state[k] + update[k]).numpy()) for k in global_state})
     metrics = MetricRecord({"num-examples": result.num_examples, "train-loss-before": result.loss_before,

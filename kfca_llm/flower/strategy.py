@@ -6,8 +6,8 @@
 Each training round: ``configure_train`` remembers the arrays sent to each node and what the grid says
 of each node (its registered public key and name); ``aggregate_train`` checks every reply, maps it to a
 participant identity (``identity.py``; a second node claiming a participant already in the round is
-refused), turns each valid reply into the participant's update (reply minus what it was sent), streams
-the arrays one at a time into ``SignPacker`` (only packed sign bits are kept), scores the round with
+refused), turns each valid reply into the participant's update (reply minus what it was sent), packs each
+participant's arrays as one batch into ``SignPacker`` (only packed sign bits are kept), scores the round with
 KFCA-QP, writes the round to the ledger in one transaction (the packed signs first, with ``keep_signs``),
 and hands the replies (all, the non-negative ones, or re-weighted by reward) to the wrapped strategy.
 """
@@ -361,9 +361,9 @@ class KFCAStrategy(Strategy):
         for participant, reply in paid.items():
             sent = self._sent_arrays(reply.metadata.src_node_id, sent_numpy)
             returned = reply.content.array_records[self.arrayrecord_key]
-            for name in shapes:
-                # Deserialised again (the check pass kept nothing): one array in memory at a time.
-                packer.add(participant, name, returned[name].numpy() - sent[name])
+            # Deserialised again (the check pass kept nothing): one participant's update in memory at a time,
+            # packed as one batch.
+            packer.add_many(participant, {name: returned[name].numpy() - sent[name] for name in shapes})
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
         report = packer.score(peers=peers, seed=self.round_seed(server_round), penalty=self.penalty,
                               bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,

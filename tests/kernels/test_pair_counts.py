@@ -19,13 +19,14 @@ def _random_words(rng, n_clients):
 
 
 @pytest.mark.parametrize("n_clients", [2, 3, 16, 33])
-def test_triton_gram_matches_reference(n_clients, rng):
+def test_triton_gram_matches_reference(n_clients, rng, device):
     signs, task = _random_words(rng, n_clients)
     seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
-    gram, sizes = binary_gram(torch.from_numpy(signs), torch.from_numpy(task), *partition_params(seed, fraction))
+    gram, sizes = binary_gram(torch.from_numpy(signs).to(device), torch.from_numpy(task).to(device),
+                              *partition_params(seed, fraction))
     ref_gram, ref_sizes = reference.binary_gram(signs, task, seed, fraction)
-    np.testing.assert_array_equal(gram.numpy(), ref_gram)
-    np.testing.assert_array_equal(sizes.numpy(), ref_sizes)
+    np.testing.assert_array_equal(gram.cpu().numpy(), ref_gram)
+    np.testing.assert_array_equal(sizes.cpu().numpy(), ref_sizes)
 
 
 @pytest.mark.parametrize("n_clients", [2, 3, 16, 33])

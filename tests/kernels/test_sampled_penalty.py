@@ -3,12 +3,16 @@
 import numpy as np
 import pytest
 import torch
+from conftest import KERNELS_INTERPRETED
 from helpers import counter_words
 
 from kfca_llm.kernels.sampled_penalty import cpu, reference
 from kfca_llm.kernels.sampled_penalty import triton as triton_penalty
 from kfca_llm.kernels.sampled_penalty.triton import sampled_matches
 from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params
+
+
+DEVICE = "cpu" if KERNELS_INTERPRETED else "cuda"  # compiled kernels get CUDA tensors (conftest's device)
 
 
 def _cpu_matches(signs, task, seed, fraction, pairs):
@@ -20,8 +24,8 @@ def _cpu_matches(signs, task, seed, fraction, pairs):
 
 def _triton_matches(signs, task, seed, fraction, pairs, shared=None, keys=None):
     keys = pair_keys(seed, pairs) if keys is None else keys
-    return sampled_matches(torch.from_numpy(signs), torch.from_numpy(task), *partition_params(seed, fraction), pairs,
-                           keys, DRAW2_SALT, shared=shared).numpy()
+    return sampled_matches(torch.from_numpy(signs).to(DEVICE), torch.from_numpy(task).to(DEVICE),
+                           *partition_params(seed, fraction), pairs, keys, DRAW2_SALT, shared=shared).cpu().numpy()
 
 
 def _triton_shared(signs, task, seed, fraction, pairs):
@@ -112,12 +116,12 @@ def test_triton_planes_and_bonus_list_equal_the_cpu_ones(n_words, rng):
             signs, task = _random_words(rng, n_clients, n_words)
         key, t_bonus, t_m1 = partition_params(int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95)))
         bonus, n_bonus, plane1, plane2, m1, m2 = triton_penalty.penalty_planes(
-            torch.from_numpy(signs), torch.from_numpy(task), key, t_bonus, t_m1)
+            torch.from_numpy(signs).to(DEVICE), torch.from_numpy(task).to(DEVICE), key, t_bonus, t_m1)
         expected = cpu.penalty_planes(signs.view(np.uint32), task.view(np.uint32), *(np.uint32(v) for v in
                                                                                     (key, t_bonus, t_m1)))
-        np.testing.assert_array_equal(bonus.numpy()[:n_bonus].view(np.uint32), expected[0])
-        np.testing.assert_array_equal(plane1.numpy().view(np.uint32), expected[1])
-        np.testing.assert_array_equal(plane2.numpy().view(np.uint32), expected[2])
+        np.testing.assert_array_equal(bonus.cpu().numpy()[:n_bonus].view(np.uint32), expected[0])
+        np.testing.assert_array_equal(plane1.cpu().numpy().view(np.uint32), expected[1])
+        np.testing.assert_array_equal(plane2.cpu().numpy().view(np.uint32), expected[2])
         assert (m1, m2) == expected[3:]
 
 
