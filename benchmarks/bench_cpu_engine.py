@@ -6,7 +6,11 @@ Baselines:
            by tensor (its temporaries stay in cache when tensors are small) and, "naive flat", over each
            client's whole update as one vector (concatenated outside the timing: no cache to flatter it)
 Engine: kfca_llm.score_updates (pack + counts + report), backend "cpu", penalty "expected"; and
-"sampled" (the paper's Algorithm 1 draws), interleaved with it: sampled_over_expected.
+"sampled" (the paper's Algorithm 1 draws), interleaved with it: sampled_over_expected. Where the sampled
+round's extra time goes, on the same packed bits: sampled_planes_s (compacting the signs on M_1 and M_2,
+listing the bonus tasks), sampled_draws_s for `draws` draws (every ordered pair x bonus task), draw_ns
+(wall time per draw, all threads), and draw_in_cache_ns: the same draws with every rank below 4,096 (each
+lookup in L1; a probe of the draws' own instructions, its matches are not used).
 Memory: growth of the resident set (sampled every 0.5 ms) while score_checkpoints reads
 safetensors files of the same updates in a fresh process, against the packed bits plus the
 largest tensors it must hold.
@@ -71,6 +75,25 @@ def _make_updates(n: int, d: int, tensor_size: int, dtype: torch.dtype, seed: in
                                for k, sig in enumerate(signal)} for i in range(n)}
 
 
+def _penalty_probes(packer):
+    """(compact the planes, draw, draw with every lookup in L1) on a packed round, as callables, and the
+    number of draws: every ordered pair, seed 0, bonus fraction 0.5, as score_updates(penalty="sampled")."""
+    import numpy as np
+
+    from kfca_llm.kernels.sampled_penalty import cpu as sampled_penalty
+    from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params, peer_pairs
+
+    signs, task = (words.view(np.uint32) for words in packer.words())
+    params = tuple(np.uint32(v) for v in partition_params(0, 0.5))
+    bonus, plane1, plane2, m1, m2 = sampled_penalty.penalty_planes(signs, task, *params)
+    pairs = peer_pairs(signs.shape[0], None, 0)
+    draws = (bonus, plane1, plane2, pairs, pair_keys(0, pairs), DRAW2_SALT)
+    return (lambda: sampled_penalty.penalty_planes(signs, task, *params),
+            lambda: sampled_penalty.draw_matches(*draws, m1, m2),
+            lambda: sampled_penalty.draw_matches(*draws, min(m1, 4096), min(m2, 4096)),
+            len(pairs) * bonus.size)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=8)
@@ -97,7 +120,7 @@ def main() -> None:
     # pack / score split the engine's time: packing every client in one pass as score_updates does (reads
     # the floats), scoring (bits only); pack_per_client is the streaming path (one add_many per client).
     shapes = {k: tuple(v.shape) for k, v in next(iter(updates.values())).items()}
-    floor = engine = sampled = pack = pack_per_client = score = float("inf")
+    floor = engine = sampled = pack = pack_per_client = score = planes = draws = draws_in_cache = float("inf")
     for _ in range(args.repeat):
         floor = min(floor, best_of(lambda: [t.sum() for sd in updates.values() for t in sd.values()], 1))
         engine = min(engine, best_of(lambda: kfca_llm.score_updates(updates, backend="cpu"), 1))
@@ -110,6 +133,11 @@ def main() -> None:
         streamed = kfca_llm.SignPacker(shapes, list(updates), backend="cpu")
         pack_per_client = min(pack_per_client, best_of(lambda: [streamed.add_many(c, sd) for c, sd in updates.items()],
                                                        1))
+        if not args.skip_sampled:
+            compact, draw, draw_in_cache, n_draws = _penalty_probes(packer)
+            planes = min(planes, best_of(compact, 1))
+            draws = min(draws, best_of(draw, 1))
+            draws_in_cache = min(draws_in_cache, best_of(draw_in_cache, 1))
     load = os.getloadavg()
     results = {
         "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {threads}",
@@ -120,7 +148,9 @@ def main() -> None:
         "pack_s": pack, "pack_over_floor": pack / floor, "pack_per_client_s": pack_per_client, "score_s": score,
     }
     if not args.skip_sampled:
-        results.update({"sampled_s": sampled, "sampled_over_expected": sampled / engine})
+        results.update({"sampled_s": sampled, "sampled_over_expected": sampled / engine,
+                        "sampled_planes_s": planes, "sampled_draws_s": draws, "draws": n_draws,
+                        "draw_ns": draws / n_draws * 1e9, "draw_in_cache_ns": draws_in_cache / n_draws * 1e9})
     if not args.skip_naive:
         def naive():
             for a, b in combinations(updates.values(), 2):

@@ -101,10 +101,20 @@ def _variants() -> dict[str, list[Variant]]:
                    sign_pack.GPU_BLOCK_WORDS * 32, _PACK_TYPES)],
         "sign_pack._pack_tails_kernel": [_tails(d) for d in floats],
         "pair_counts._gram_kernel": gram,
-        "sampled_penalty._penalty_count_kernel": [Variant("", dict(BLOCK_WORDS=64), 64 * 32)],
-        "sampled_penalty._compact_kernel": [Variant("", dict(BLOCK_WORDS=64), 2 * 64 * 32)],
-        "sampled_penalty._sampled_kernel": [Variant("", dict(BLOCK_WORDS=32), 32 * 32)],
+        # sampled penalty (tile sizes of its launchers on a GPU): per pass, the task bits of a block; one
+        # client's sign bits of a block; the draws of a [pairs x block] tile; the values of a tile.
+        "sampled_penalty._set_sizes_kernel": [Variant("", dict(BLOCK_WORDS=32), 32 * 32, _PENALTY_TYPES)],
+        "sampled_penalty._planes_kernel": [Variant("", dict(BLOCK_WORDS=32, CLIENTS=1), 32 * 32, _PENALTY_TYPES)],
+        "sampled_penalty._draws_kernel": [Variant("", dict(BLOCK=256, PAIRS=4), 4 * 256, _PENALTY_TYPES)],
+        "sampled_penalty._columns_kernel": [Variant(f"{w} column words", dict(BLOCK_WORDS=32, COLUMN_WORDS=w), 32 * 32,
+                                                    _PENALTY_TYPES) for w in (1, 4)],
+        "sampled_penalty._shared_draws_kernel": [Variant(f"{w} column words", dict(TILE_WORDS=128 // w, COLUMN_WORDS=w),
+                                                         128 // w * 32, _PENALTY_TYPES) for w in (1, 4)],
     }
+
+
+_PENALTY_TYPES = {"params_ptr": "*i64", "sizes_ptr": "*i64", "offsets_ptr": "*i64", "matches_ptr": "*i64",
+                  "groups_ptr": "*i64", "table_ptr": "*i64"}
 
 
 def discover() -> dict[str, JITFunction]:

@@ -82,6 +82,14 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     the policy stay in ``report.unadjusted_rewards`` for review. ``copy_candidates`` restricts detection
     to those client ids (None: every client).
     """
+    return pack_updates(updates, backend=backend).score(
+        peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs, duplicates=duplicates,
+        copy_candidates=copy_candidates)
+
+
+def pack_updates(updates: Mapping[str, object], *, backend: str = "auto") -> SignPacker:
+    """``score_updates``' first half: the updates (as it takes them) packed into sign bits, ready to
+    ``score`` (once or several times); timing the two halves apart says what packing costs."""
     if not isinstance(updates, Mapping):
         raise InputError("updates must be a mapping client id -> update")
     state_dicts = {str(c): _as_state_dict(str(c), u) for c, u in updates.items()}
@@ -92,8 +100,7 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     packer = SignPacker(_shared_shapes(state_dicts), list(state_dicts), backend=backend,
                         device=_device_of(state_dicts))
     packer.add_clients(state_dicts)
-    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
-                        duplicates=duplicates, copy_candidates=copy_candidates)
+    return packer
 
 
 def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os.PathLike], *,

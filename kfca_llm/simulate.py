@@ -56,6 +56,7 @@ def rewards_csv(report: dict[str, Any]) -> str:
 
 def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
     """The table of mean rewards per strategy, sorted, as text."""
+    from .fl.records import timing_note
     from .report import text_table  # here, not at the top: the simulate parser (--help) stays light
 
     strategies = report["strategies"]
@@ -78,6 +79,8 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
     for client, rounds in duplicates.get("flagged", {}).items():
         notes.append(f"copies: {client} flagged in round(s) {', '.join(map(str, rounds))} "
                      f"(kfca.duplicates = {duplicates['policy']}; unadjusted rewards in report.json)")
+    if timed := [t for t in report.get("timing", []) if t]:
+        notes.append(timing_note(timed))
     if wall_s is not None:
         notes.append(f"wall time {wall_s:.1f} s")
     recipe, domain = report.get("recipe", report["domain"]), report["domain"]

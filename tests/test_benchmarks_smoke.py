@@ -70,6 +70,7 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     assert all(row["spills"] == 0 for row in rows)
     gram = [row for name, row in by_name.items() if name.startswith("pair_counts._gram_kernel")]
     assert gram and all(row["popc"] > 0 for row in gram)
+    assert by_name["sampled_penalty._planes_kernel"]["popc"] > 0  # member counts per word
     element_loads = _inspect("--element-loads")
     words = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_words_kernel")}
     assert len(words) == 5 and all(vector > 0 and scalar == 0 for vector, scalar in words.values()), words

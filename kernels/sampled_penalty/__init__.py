@@ -4,5 +4,6 @@ The draws are regenerated from counters (``kfca_llm.partition``: ranks into M_1 
 the bonus task and the pair's key), so every implementation counts the same draws.
 
 ``reference.py`` (numpy, the definition), ``cpu.py`` (numba), ``triton.py`` (GPU). Both compiled
-implementations first compact each client's signs on M_1 and M_2 into bitstreams ("planes").
+implementations can compact each client's signs on M_1 and M_2 into bitstreams ("planes") and draw per
+pair; the GPU one also draws once for all pairs whose keys agree above the coordinates' span.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -68,12 +69,93 @@ class RoundRecord:
         return RoundRecord(**d)
 
 
+@dataclass(frozen=True)
+class RoundTiming:
+    """Where one round's time went on the main process: wall seconds per phase, and peak device memory.
+
+    The phases are disjoint laps of one clock; ``wall_s`` is the whole round, so the rest (making the
+    attacks' submissions, a round observer such as the valuation, waiting for other processes) is
+    ``wall_s`` minus their sum.
+    """
+
+    train_s: float
+    """Local training of this process's clients, and gathering every client's update."""
+    pack_s: float
+    """Packing the round's submissions into sign bits."""
+    score_s: float
+    """Counts, penalty, copy detection, rewards and the pair records."""
+    aggregate_s: float
+    """FedAvg."""
+    save_s: float
+    """Adapters, client updates and resume state written this round (0 without an output folder)."""
+    wall_s: float
+    peak_device_bytes: int | None
+    """``torch.cuda.max_memory_allocated`` over the round (reset when it starts); None on the CPU."""
+
+
+def wait_for_device(device) -> None:
+    """Wait for the work queued on a CUDA device (kernels run asynchronously), so that a clock read
+    after it charges that work to the phase that queued it; nothing to wait for elsewhere."""
+    if device is not None and getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+class RoundClock:
+    """Laps of one round's phases on ``device`` (a torch device), and its peak memory on CUDA."""
+
+    def __init__(self, device):
+        self.device = device
+        self._cuda = getattr(device, "type", None) == "cuda"
+        if self._cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(device)
+        self.started = self._last = self._now()
+
+    def _now(self) -> float:
+        wait_for_device(self.device)
+        return time.perf_counter()
+
+    def lap(self) -> float:
+        """Seconds since the previous lap (or the start)."""
+        now = self._now()
+        elapsed, self._last = now - self._last, now
+        return elapsed
+
+    def timing(self, *, train_s: float, pack_s: float, score_s: float, aggregate_s: float,
+               save_s: float) -> RoundTiming:
+        peak = None
+        if self._cuda:
+            import torch
+
+            peak = int(torch.cuda.max_memory_allocated(self.device))
+        return RoundTiming(train_s=train_s, pack_s=pack_s, score_s=score_s, aggregate_s=aggregate_s, save_s=save_s,
+                           wall_s=self._now() - self.started, peak_device_bytes=peak)
+
+
+def timing_note(timings: list[Mapping[str, Any]]) -> str:
+    """One line for a summary: mean seconds per phase over the timed rounds, and the peak device memory."""
+    def mean(key: str) -> float:
+        return float(np.mean([t[key] for t in timings]))
+
+    line = (f"time per round (mean of {len(timings)}): training {mean('train_s'):.3g} s, packing "
+            f"{mean('pack_s'):.3g} s, scoring {mean('score_s'):.3g} s, aggregating {mean('aggregate_s'):.3g} s, "
+            f"saving {mean('save_s'):.3g} s, of {mean('wall_s'):.3g} s")
+    peaks = [t["peak_device_bytes"] for t in timings if t["peak_device_bytes"] is not None]
+    return line + (f"; peak device memory {max(peaks) / 2**30:.3g} GiB" if peaks else "")
+
+
 @dataclass
 class FederationResult:
     recipe: Recipe
     seed: int
     strategies: list[str]
     rounds: list[RoundRecord] = field(default_factory=list)
+    timings: dict[int, RoundTiming] = field(default_factory=dict)
+    """Round -> where its time went: the rounds run by this process (not those resumed from disk). Kept
+    apart from the records, which two runs of one seed reproduce bit for bit."""
 
     def mean_strategy_rewards(self) -> dict[str, float]:
         """Attack spec -> mean reward over rounds."""
@@ -117,6 +199,7 @@ class FederationResult:
             "duplicates": {"policy": self.recipe.kfca.duplicates, "flagged": self.flagged_clients()},
             "categorical_world": [r.categorical_world for r in self.rounds],
             "delta": [r.honest_delta() for r in self.rounds],
+            "timing": [asdict(self.timings[r.round]) if r.round in self.timings else None for r in self.rounds],
             "round_records": [asdict(r) for r in self.rounds],
             "config": recipe_to_dict(self.recipe),
         }

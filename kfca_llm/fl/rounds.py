@@ -33,7 +33,7 @@ from ..tensors import StateDict
 from .aggregate import fedavg
 from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client
 from .distributed import Processes
-from .records import FederationResult, RoundRecord
+from .records import FederationResult, RoundClock, RoundRecord
 from .scoring import Submission, score_round
 from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
 from .state import last_complete_round, load_checkpoint, save_checkpoint, save_client_updates
@@ -155,6 +155,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     show = options.progress and procs.is_main
     rounds_bar = tqdm(total=T, initial=start - 1, desc="rounds", unit="round", disable=not show)
     for t in range(start, T + 1):
+        clock = RoundClock(procs.device)  # where the round's time goes (result.timings)
         indices = sample_round_clients(recipe, t, seed)
         mine = procs.my_share(indices)
         steps_bar = tqdm(total=sum(local_steps(recipe, len(datasets[i])) for i in mine),
@@ -165,13 +166,18 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
                  for i in mine]
         steps_bar.close()
         trained = dict(sorted(procs.gather(local)))
+        train_s = clock.lap()
         submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories)
         kfca_seed = derive_seed(seed, KFCA, t)
+        clock.lap()
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed)
+        scoring_s = clock.lap()
         start_state = global_state
         if options.on_round is not None and procs.is_main:
             options.on_round(RoundContext(t, model, tokenizer, pad_id, procs.device, start_state, submissions))
+        clock.lap()
         global_state = aggregate_round(recipe, global_state, trained, submissions)
+        aggregate_s = clock.lap()
         for cid, history in histories.items():
             if cid in trained:
                 history.append(trained[cid].update)
@@ -191,6 +197,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
                                     {s.client: s.update for s in submissions if not s.analysis})
             if t % max(recipe.train.save_every_round, 1) == 0 or t == T:
                 save_checkpoint(out_dir, t, model, global_state, histories, result)
+        result.timings[t] = clock.timing(train_s=train_s, pack_s=scores.pack_s, score_s=scoring_s - scores.pack_s,
+                                         aggregate_s=aggregate_s, save_s=clock.lap())
         procs.barrier()
         rounds_bar.update(1)
         if show:

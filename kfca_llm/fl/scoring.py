@@ -13,16 +13,17 @@ own client's update, and their rewards are not adjusted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..api import score_updates
+from ..api import pack_updates
 from ..errors import InputError
 from ..recipe import KfcaConfig
 from ..tensors import StateDict
-from .records import PairRecord
+from .records import PairRecord, wait_for_device
 from .seeds import derive_seed
 
 
@@ -61,6 +62,8 @@ class RoundScores:
     duplicates: list[dict]
     """Groups of copies among the real submissions (``DuplicateGroup.to_dict``), with each member's
     unadjusted reward under ``unadjusted_rewards``."""
+    pack_s: float = 0.0
+    """Seconds spent packing the submissions into sign bits (the rest of ``score_round`` is scoring)."""
 
 
 def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
@@ -95,8 +98,12 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
 
     updates = {cid: participants[cid].update for cid in ids}
     updates.update({s.id: s.update for s in submissions if s.analysis})
-    report = score_updates(updates, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
-                           bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids)
+    started = time.perf_counter()
+    packer = pack_updates(updates)
+    wait_for_device(packer.buffers.device)
+    pack_s = time.perf_counter() - started
+    report = packer.score(pairs=pairs, seed=kfca_seed, penalty=kfca.penalty, bonus_fraction=kfca.bonus_fraction,
+                          duplicates=kfca.duplicates, copy_candidates=ids)
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),
                           delta=np.asarray(report.pair_delta[(c, p)], dtype=float).tolist(),
@@ -111,4 +118,5 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         pairs=records,
         categorical_world=all(r.categorical_world for r in records if r.honest_pair),
         duplicates=[{**g.to_dict(), "unadjusted_rewards": {c: report.unadjusted_rewards[c] for c in g.clients}}
-                    for g in report.duplicates])
+                    for g in report.duplicates],
+        pack_s=pack_s)

@@ -7,8 +7,12 @@ from conftest import KERNELS_INTERPRETED
 from helpers import counter_words
 
 from kfca_llm.kernels.sampled_penalty import cpu, reference
+from kfca_llm.kernels.sampled_penalty import triton as triton_penalty
 from kfca_llm.kernels.sampled_penalty.triton import sampled_matches
 from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params
+
+
+DEVICE = "cpu" if KERNELS_INTERPRETED else "cuda"  # compiled kernels get CUDA tensors (conftest's device)
 
 
 def _cpu_matches(signs, task, seed, fraction, pairs):
@@ -18,13 +22,21 @@ def _cpu_matches(signs, task, seed, fraction, pairs):
     return cpu.draw_matches(bonus_coords, plane1, plane2, pairs, pair_keys(seed, pairs), DRAW2_SALT, m1, m2)
 
 
-def _triton_matches(signs, task, seed, fraction, pairs):
-    device = "cpu" if KERNELS_INTERPRETED else "cuda"  # compiled kernels get CUDA tensors (conftest's device)
-    return sampled_matches(torch.from_numpy(signs).to(device), torch.from_numpy(task).to(device),
-                           *partition_params(seed, fraction), pairs, pair_keys(seed, pairs), DRAW2_SALT).cpu().numpy()
+def _triton_matches(signs, task, seed, fraction, pairs, shared=None, keys=None):
+    keys = pair_keys(seed, pairs) if keys is None else keys
+    return sampled_matches(torch.from_numpy(signs).to(DEVICE), torch.from_numpy(task).to(DEVICE),
+                           *partition_params(seed, fraction), pairs, keys, DRAW2_SALT, shared=shared).cpu().numpy()
 
 
-KERNELS = {"cpu": _cpu_matches, "triton": _triton_matches}
+def _triton_shared(signs, task, seed, fraction, pairs):
+    return _triton_matches(signs, task, seed, fraction, pairs, shared=True)
+
+
+def _triton_per_pair(signs, task, seed, fraction, pairs):
+    return _triton_matches(signs, task, seed, fraction, pairs, shared=False)
+
+
+KERNELS = {"cpu": _cpu_matches, "triton": _triton_per_pair, "triton-shared": _triton_shared}
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -84,3 +96,82 @@ def test_plane_compaction_by_byte_table_equals_pext(monkeypatch):
     for a, b in zip(expected, got):
         np.testing.assert_array_equal(a, b)
     assert expected[1].any() and expected[2].any()
+
+
+def _random_words(rng, n_clients, n_words):
+    task = rng.integers(-2**31, 2**31, size=n_words, dtype=np.int64).astype(np.int32)
+    task[rng.random(n_words) < 0.1] = -1
+    task[rng.random(n_words) < 0.1] = 0  # blocks of the compaction with few or no members
+    signs = rng.integers(-2**31, 2**31, size=(n_clients, n_words), dtype=np.int64).astype(np.int32) & task
+    return signs, task
+
+
+@pytest.mark.parametrize("n_words", [1, 31, 64, 65, 200, 3 * 64 + 17])
+def test_triton_planes_and_bonus_list_equal_the_cpu_ones(n_words, rng):
+    """Bit for bit: the compacted planes (every block edge, whole and partial words) and the bonus list."""
+    for n_clients, sparse in [(2, False), (5, True), (33, False)]:
+        if sparse:
+            signs, task = counter_words(n_clients, n_words, sparse_task=True)
+        else:
+            signs, task = _random_words(rng, n_clients, n_words)
+        key, t_bonus, t_m1 = partition_params(int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95)))
+        bonus, n_bonus, plane1, plane2, m1, m2 = triton_penalty.penalty_planes(
+            torch.from_numpy(signs).to(DEVICE), torch.from_numpy(task).to(DEVICE), key, t_bonus, t_m1)
+        expected = cpu.penalty_planes(signs.view(np.uint32), task.view(np.uint32), *(np.uint32(v) for v in
+                                                                                    (key, t_bonus, t_m1)))
+        np.testing.assert_array_equal(bonus.cpu().numpy()[:n_bonus].view(np.uint32), expected[0])
+        np.testing.assert_array_equal(plane1.cpu().numpy().view(np.uint32), expected[1])
+        np.testing.assert_array_equal(plane2.cpu().numpy().view(np.uint32), expected[2])
+        assert (m1, m2) == expected[3:]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_triton_draws_for_every_client_count_match_reference(shared, rng):
+    """2 to 34 clients (draw tiles of 4 pairs: every remainder; columns of one and two words), odd sizes,
+    seeds, bonus fractions."""
+    for n_clients in range(2, 35):
+        signs, task = _random_words(rng, n_clients, int(rng.integers(20, 300)))
+        seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
+        pairs = np.array([(i, j) for i in range(n_clients) for j in range(n_clients) if i != j])
+        if len(pairs) > 45:  # a random subset, duplicates included, of every length modulo 4
+            pairs = pairs[rng.integers(0, len(pairs), size=(40 if shared else 45) + n_clients % 5)]
+        np.testing.assert_array_equal(_triton_matches(signs, task, seed, fraction, pairs, shared=shared),
+                                      reference.sampled_matches(signs, task, seed, fraction, pairs),
+                                      err_msg=f"{n_clients} clients")
+
+
+@pytest.mark.parametrize("n_clients", [5, 40, 70])  # columns of 1, 2 and 4 words
+def test_shared_draws_with_many_pairs_per_group_equal_the_per_pair_draws(n_clients, rng):
+    """Keys that agree above the coordinates' span put many pairs in one group (what a round of many
+    clients or a large adapter gives): every pair of a group counts its own draws from the shared values,
+    whatever its key's low bits (word and bit permutations), coordinates beyond the round included."""
+    signs, task = _random_words(rng, n_clients, 203)  # 6,496 coordinates: keys agree above bit 13
+    seed, fraction = 77, 0.45
+    pairs = rng.integers(0, n_clients, size=(150, 2))
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    keys = rng.integers(0, 2**13, size=len(pairs), dtype=np.int64)
+    keys |= rng.choice([0x12345, 0x7FFFF, 0x0], size=len(pairs)) << 13  # three groups
+    keys = keys.astype(np.uint32)
+    key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(seed, fraction))
+    bonus, plane1, plane2, m1, m2 = cpu.penalty_planes(signs.view(np.uint32), task.view(np.uint32), key, t_bonus,
+                                                       t_m1)
+    expected = cpu.draw_matches(bonus, plane1, plane2, pairs, keys, DRAW2_SALT, m1, m2)
+    for shared in (True, False):
+        np.testing.assert_array_equal(_triton_matches(signs, task, seed, fraction, pairs, shared, keys), expected)
+
+
+def test_shared_draws_are_chosen_where_they_save_lookups():
+    """Per-pair draws for a few pairs; values shared by the pairs of a group once the groups fill up."""
+    rng = np.random.default_rng(0)
+    n_words = 2_500_000  # 80M coordinates (a rank-32 7B LoRA): keys agree above bit 27 in groups of 32
+    for n_clients, shared in [(8, False), (20, True), (100, True)]:
+        n_pairs = n_clients * (n_clients - 1)
+        keys = rng.integers(0, 2**32, size=n_pairs, dtype=np.int64)
+        assert triton_penalty.shared_draws_pay_off(n_pairs, 40_000_000, keys, n_words) is shared
+    assert not triton_penalty.shared_draws_pay_off(2, 100, np.array([5, 2**31]), 10)
+
+
+def test_shared_draws_refuse_more_clients_than_their_columns_hold():
+    signs, task = _random_words(np.random.default_rng(1), triton_penalty.MAX_SHARED_CLIENTS + 1, 20)
+    with pytest.raises(ValueError, match="at most 128 clients"):
+        _triton_matches(signs, task, 0, 0.5, np.array([[0, 1]]), shared=True)
