@@ -15,6 +15,7 @@ the policy). Honest-only federations with 4 to 20 clients over several seeds cou
 
     python benchmarks/bench_robustness.py                  # the figures in benchmarks/ROBUSTNESS.md
     python benchmarks/bench_robustness.py --seeds 5 --rounds 1 --steps 1 --federation-seeds 1 --sizes 4   # quick
+    python benchmarks/bench_robustness.py --seeds 1 --federation-seeds 5 --sizes 4 6 10 --one-step-sizes 4 6 10
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def _paid(record, policy: str) -> dict[str, float]:
     return apply_duplicate_policy(rewards, found, policy)
 
 
-def tiny_federation(rounds: int, steps: int, seeds: int, sizes: list[int]) -> None:
+def tiny_federation(rounds: int, steps: int, seeds: int, sizes: list[int], one_step_sizes: list[int]) -> None:
     register_copy_flip()
     shape = [f"num-server-rounds={rounds}", f"train.training-arguments.max-steps={steps}", *TINY_BASE]
     start = time.perf_counter()
@@ -168,7 +169,7 @@ def tiny_federation(rounds: int, steps: int, seeds: int, sizes: list[int]) -> No
     print("|---|---|---|---|---|---|")
     # One local step is the stress case: LoRA's A factors do not move in the first step (B starts at 0)
     # and AdamW's first step is the sign of the gradient, so honest updates are far more alike.
-    cases = [(n, steps) for n in sizes] + [(6, 1)]
+    cases = [(n, steps) for n in sizes] + [(n, 1) for n in one_step_sizes]
     total = 0
     for n, local_steps in cases:
         for seed in range(seeds):
@@ -201,10 +202,12 @@ def main() -> None:
     parser.add_argument("--federation-seeds", type=int, default=3, help="seeds of the honest-only federations")
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 6, 10, 20],
                         help="clients in the honest-only federations")
+    parser.add_argument("--one-step-sizes", type=int, nargs="*", default=[6],
+                        help="clients in the honest-only federations of one local step (the stress case)")
     args = parser.parse_args()
     synthetic(args.seeds)
     if args.rounds:
-        tiny_federation(args.rounds, args.steps, args.federation_seeds, args.sizes)
+        tiny_federation(args.rounds, args.steps, args.federation_seeds, args.sizes, args.one_step_sizes)
 
 
 if __name__ == "__main__":
