@@ -193,6 +193,12 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
 
     settings = round_row.settings
     try:
+        # A rule recorded without one of today's fields was applied by a version whose copy rule differed (before
+        # copy_fit_sigma the copy fit was taken 3 standard errors up): today's defaults would not reproduce it.
+        missing = sorted({f.name for f in dataclasses.fields(DuplicateRule)} - set(settings["duplicate_rule"]))
+        if missing:
+            raise _Unverifiable(f"the round's duplicate rule was recorded by a version without {', '.join(missing)}; "
+                                f"this version's copy rule differs from the one applied then")
         rule = DuplicateRule(**settings["duplicate_rule"])
         penalty, bonus_fraction, policy = settings["penalty"], settings["bonus_fraction"], settings["duplicates"]
         peers = settings["peers"]

@@ -297,6 +297,25 @@ def test_verify_recomputes_kept_rounds_and_reports_mismatched_rows(tmp_path, cap
     assert "missing" in verify_ledger(ledger).rounds[0].detail
 
 
+def test_rounds_scored_under_an_earlier_copy_rule_are_unverifiable_not_mismatched(tmp_path):
+    """A ledger of the version before ``DuplicateRule.copy_fit_sigma`` (its copy fit was taken 3 standard errors
+    up): recomputing it with today's rule could flag other pairs, which would read as tampering."""
+    from kfca_llm.flower.ledger import chain_hash
+
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=1, keep_signs=True, report=lambda line: None)
+    with sqlite3.connect(ledger) as conn:
+        (settings,) = conn.execute("SELECT settings FROM rounds").fetchone()
+        settings = json.loads(settings)
+        del settings["duplicate_rule"]["copy_fit_sigma"]
+        conn.execute("UPDATE rounds SET settings = ?", (json.dumps(settings),))
+    _reseal(ledger, chain_hash)
+    check = verify_ledger(ledger)
+    assert check.chain_errors == []
+    (only,) = check.rounds
+    assert only.status == "unverifiable" and "copy_fit_sigma" in only.detail
+
+
 def _reseal(ledger: Path, chain_hash) -> None:
     """Recompute every round's chain hash in place (what a forger with write access would do)."""
     contents = read_ledger(ledger)
