@@ -101,9 +101,10 @@ def test_robustness_benchmark_synthetic_part(tmp_path):
     # strongest client and the colluding pair caught, 10% flipped from 10 clients on (a weak client's copy can
     # be missed in smaller rounds; the 20%-noise copy is caught in some rounds only)
     for honest in (6, 10, 20):
-        cells = next(line for line in printed.splitlines() if line.startswith(f"| {honest} |")).strip("|").split("|")
-        flipped_1_5, flipped_10, flipped_20, _, strongest, pair = [c.strip() for c in cells[2:4]], *cells[4:]
-        assert cells[1].strip() == "0/2", cells
-        assert flipped_1_5 == ["2/2", "2/2"] and [c.strip() for c in (flipped_20, strongest, pair)] == ["2/2"] * 3
-        assert honest < 10 or flipped_10.strip() == "2/2", cells
+        row = next(line for line in printed.splitlines() if line.startswith(f"| {honest} |"))
+        _, false_positives, flipped_1, flipped_5, flipped_10, flipped_20, _, strongest, pair = (
+            cell.strip() for cell in row.strip("|").split("|"))
+        assert false_positives == "0/2", row
+        assert [flipped_1, flipped_5, flipped_20, strongest, pair] == ["2/2"] * 5, row
+        assert honest < 10 or flipped_10 == "2/2", row
     assert "Honest rounds with any pair flagged: 0 of 12." in printed
