@@ -22,7 +22,9 @@ from ..fl.rounds import attack_context
 from ..fl.seeds import TRAIN, client_id, derive_seed
 from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
-APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume")
+APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume",
+            "kfca.wrapped-strategy", "kfca.wrapped.num-malicious-nodes", "kfca.wrapped.num-nodes-to-select",
+            "kfca.wrapped.beta", "strategy.fraction-evaluate")
 """Run-config keys of the app itself; every other key is a recipe key."""
 DEFAULT_LEDGER = "rewards.sqlite"
 
@@ -83,6 +85,30 @@ def train_partition(recipe: Recipe, partition: int, global_state: Mapping[str, t
     return train_client(model, global_state, _datasets(key)[partition], recipe, server_round=server_round,
                         seed=derive_seed(recipe.kfca.seed, TRAIN, server_round, partition),
                         device=torch.device("cpu"), pad_token_id=pad_id)
+
+
+@lru_cache(maxsize=2)
+def _heldout(key: str) -> list:
+    """The held-out rows every node evaluates the global adapter on (``data.load_heldout_examples``)."""
+    from ..data import load_heldout_examples
+    from ..recipe import recipe_from_dict
+
+    return load_heldout_examples(recipe_from_dict(json.loads(key)), _model(key)[1])
+
+
+def evaluate_global_adapter(recipe: Recipe, global_state: Mapping[str, torch.Tensor]) -> dict[str, float | int]:
+    """The global adapter's held-out loss and exact-answer accuracy (``fl.evaluate``), as ``kfca-llm simulate``
+    measures them after each round."""
+    from ..fl.evaluate import evaluate_global
+
+    key = recipe_key(recipe)
+    examples = _heldout(key)
+    if not examples:
+        raise InputError(f"data set {recipe.dataset.name!r} has no held-out rows to evaluate on "
+                         "(only the synthetic data sets have them); set strategy.fraction-evaluate = 0")
+    model, tokenizer = _model(key)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return evaluate_global(model, global_state, examples, pad_id, torch.device("cpu"))
 
 
 def node_attack(recipe: Recipe, node_config: Mapping[str, Any], partition: int) -> str | None:
