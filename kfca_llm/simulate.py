@@ -80,7 +80,7 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
     for client, rounds in duplicates.get("flagged", {}).items():
         notes.append(f"copies: {client} flagged in round(s) {', '.join(map(str, rounds))} "
                      f"(kfca.duplicates = {duplicates['policy']}; unadjusted rewards in report.json)")
-    if heldout := report.get("heldout"):
+    if report.get("heldout"):
         notes.append(heldout_note(report))
     if timed := [t for t in report.get("timing", []) if t]:
         notes.append(timing_note(timed))
