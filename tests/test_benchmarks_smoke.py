@@ -108,3 +108,17 @@ def test_robustness_benchmark_synthetic_part(tmp_path):
         assert [flipped_1, flipped_5, flipped_20, strongest, pair] == ["2/2"] * 5, row
         assert honest < 10 or flipped_10 == "2/2", row
     assert "Honest rounds with any pair flagged: 0 of 12." in printed
+
+
+def test_aggregation_benchmark_smoke(tmp_path):
+    """bench_aggregation --smoke: 6 clients, 2 rounds, flip: the oracle, exclude-negative and FedMedian behind
+    KFCA, each one table row with the held-out loss; exclude-negative reports the flipper left out."""
+    out = tmp_path / "agg.json"
+    printed = _run(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)], tmp_path)
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in printed.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")}
+    assert set(rows) == {"honest", "exclude-negative", "kfca+fedmedian"}, printed
+    assert re.fullmatch(r"\d\.\d{3} \(\d\.\d{3}-\d\.\d{3}\), \d+%", rows["honest"]), rows
+    assert "; out 100%/" in rows["exclude-negative"], rows
+    cells = json.loads(out.read_text())["cells"]
+    assert len(cells) == 3 and all(len(c["loss_per_round"]) == 2 for c in cells)
