@@ -137,8 +137,11 @@ def verify_ledger(path: str | os.PathLike, *, expect_head: str | None = None, re
     for row in contents.rewards:
         by_round.setdefault((row.run_id, row.round), []).append(row)
     checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend) for r in contents.rounds]
-    return LedgerCheck(checks, chain_errors, head, schema_notes(contents.schema_version), contents.bad_rows,
-                       receipt_errors, receipts_checked)
+    notes = schema_notes(contents.schema_version)
+    if chained and receipts is None and expect_head is None:
+        notes.append("no receipts and no published head given: an intact chain shows only that no row was edited "
+                     "without recomputing the hashes after it (whoever can write the ledger can do that)")
+    return LedgerCheck(checks, chain_errors, head, notes, contents.bad_rows, receipt_errors, receipts_checked)
 
 
 def schema_notes(version: int) -> list[str]:

@@ -28,6 +28,8 @@ from .ledger import LedgerContents, RewardRow, canonical_json, sha256_hex
 
 RECEIPTS_RECORD = "kfca.receipts"
 """The ``ConfigRecord`` of a train or evaluate message that carries the node's receipts (key ``receipts``)."""
+RECEIPTS_DIR_KEY = "receipts-dir"
+"""The node-config key of the folder where the recipes' ClientApp keeps its receipts."""
 RECEIPT_VERSION = 1
 MAX_RECEIPT_BYTES = 64 * 1024
 MAX_RECEIPTS = 100_000
@@ -202,7 +204,7 @@ def check_receipts(contents: LedgerContents, folder: str | os.PathLike, public_k
                             f"(signed by another key, or altered)")
             continue
         checked += 1
-        where = f"{path.name}: run {body['run_id'][:8]} round {body['round']} ({body['participant'][:40]})"
+        where = f"{path.name[:16]}...: run {body['run_id'][:8]} round {body['round']} ({body['participant'][:40]})"
         round_row = rounds.get((body["run_id"], body["round"]))
         if round_row is None:
             problems.append(f"{where}: the ledger has no such round (deleted)")
@@ -220,3 +222,43 @@ def check_receipts(contents: LedgerContents, folder: str | os.PathLike, public_k
         problems += [f"{where}: {n} is {s!r} in the ledger, {r!r} in the signed receipt"
                      for n, s, r in zip(names, stored, signed) if s != r]
     return problems, checked
+
+
+class ReceiptPost:
+    """The server side: receipts due per participant, attached to its node's next messages until it replies."""
+
+    def __init__(self, private_key):
+        self.key = private_key
+        self.due: dict[str, list[str]] = {}
+        """Participant -> receipts not yet in a message its node replied to."""
+        self._attached: dict[int, list[str]] = {}
+
+    def issue(self, rows: Iterable[RewardRow], chain_hash: str) -> None:
+        for row in rows:
+            self.due.setdefault(row.participant, []).append(make_receipt(self.key, row, chain_hash))
+
+    def attach(self, messages: Sequence, last_node: Mapping[str, str]) -> list:
+        """``messages`` (Flower instructions), each to a node whose participant (``last_node``: participant ->
+        the node id it was last paid from) has receipts due carrying them in ``RECEIPTS_RECORD``."""
+        from flwr.app import ConfigRecord, RecordDict
+
+        participant_of = {node: participant for participant, node in last_node.items()}
+        for message in messages:
+            due = self.due.get(participant_of.get(str(message.metadata.dst_node_id)), [])
+            if due and message.has_content():
+                content = RecordDict(dict(message.content.items()))  # a strategy may share one content
+                content[RECEIPTS_RECORD] = ConfigRecord({"receipts": list(due)})
+                message.content = content
+                self._attached[message.metadata.dst_node_id] = list(due)
+        return list(messages)
+
+    def delivered(self, replies: Iterable) -> None:
+        """A node that replied received its message: the receipts it carried are no longer due."""
+        for reply in replies:
+            sent = set(self._attached.pop(reply.metadata.src_node_id, ()))
+            for participant in [p for p, due in self.due.items() if sent & set(due)]:
+                kept = [r for r in self.due[participant] if r not in sent]
+                if kept:
+                    self.due[participant] = kept
+                else:
+                    del self.due[participant]
