@@ -69,30 +69,9 @@ def run_main(capsys, *args) -> tuple[int, str, str]:
 def _serve(folder: Path, *, keep_signs: bool) -> Path:
     pytest.importorskip("flwr", reason="the ledgers are written by KFCAStrategy (the flower extra)")
     sys.path.insert(0, str(HERE / "flower"))
-    from flower_local import LocalGrid, initial_arrays, numpy_node
-    from flwr.serverapp.strategy import FedAvg
+    from flower_local import serve_with_receipts
 
-    from kfca_llm.flower import KFCAStrategy
-    from kfca_llm.flower.receipts import receipts_in_message, save_receipts
-
-    def keeping(kind: str, node: int):
-        answer = numpy_node(kind)
-
-        def reply(message):  # what the recipes' ClientApp does with a node config receipts-dir
-            save_receipts(receipts_in_message(message.content.config_records), folder / f"receipts-{node}")
-            return answer(message)
-
-        return reply
-
-    ledger = folder / "rewards.sqlite"
-    # fraction_evaluate=1: the last round's receipts travel in its evaluate round.
-    strategy = KFCAStrategy(FedAvg(fraction_evaluate=1.0), ledger=ledger, seed=3, keep_signs=keep_signs,
-                            receipt_key=folder / "keys" / "server.key")
-    strategy.start(grid=LocalGrid({n: keeping(k, n) for n, k in NODES.items()}), initial_arrays=initial_arrays(),
-                   num_rounds=3)
-    with sqlite3.connect(ledger) as conn:  # one self-contained file to copy per case
-        conn.execute("PRAGMA journal_mode=DELETE")
-    return folder
+    return serve_with_receipts(folder, keep_signs=keep_signs, nodes=NODES)
 
 
 @pytest.fixture(scope="module")

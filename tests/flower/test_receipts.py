@@ -108,3 +108,24 @@ def test_a_node_keeps_only_well_formed_receipts(tmp_path):
     kept = save_receipts(receipts_in_message(record), tmp_path / "kept")
     assert [p.read_text() for p in kept] == [good]
     assert save_receipts(receipts_in_message(record), tmp_path / "kept") == kept  # the same file, not a second
+
+
+def test_the_recipes_client_app_keeps_its_receipts_in_its_receipts_dir(tmp_path):
+    from flower_local import set_task_identity
+    from flwr.app import ArrayRecord, Context, Message, RecordDict
+
+    from kfca_llm.flower.client_app import train_reply
+    from kfca_llm.flower.task import initial_adapter, recipe_from_config
+
+    strategy, _ = serve(tmp_path, rounds=1)
+    due = strategy._post.due[pid(4)]
+    config = {"train.training-arguments.max-steps": 1, "num-server-rounds": 2}
+    set_task_identity()
+    content = RecordDict({"arrays": ArrayRecord(initial_adapter(recipe_from_config(config, num_partitions=4))),
+                          "config": ConfigRecord({"server-round": 2}), RECEIPTS_RECORD: ConfigRecord({"receipts": due})})
+    context = Context(run_id=1, node_id=11, state=RecordDict(), run_config={},
+                      node_config={"num-partitions": 4, "partition-id": 1, "receipts-dir": str(tmp_path / "mine")})
+    train_reply(Message(content, dst_node_id=11, message_type="train"), context, config)
+    assert [p.read_text() for p in (tmp_path / "mine").iterdir()] == due
+    check = verify_ledger(tmp_path / "rewards.sqlite", receipts=tmp_path / "mine", server_key=tmp_path / "server.key.pub")
+    assert check.ok and check.receipts_checked == 1
