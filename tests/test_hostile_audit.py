@@ -246,9 +246,18 @@ def test_receipts_catch_a_rewrite_of_the_runs_keep_signs_flag_too(kept, tmp_path
     assert code == 1 and out.count("(the round was rewritten after it was paid)") == 3
 
 
-def test_a_relabelled_participant_breaks_the_chain(plain, tmp_path, capsys):
+@pytest.mark.parametrize("sql", ["UPDATE participants SET label = 'honest-alice' WHERE first_node_id = '4'",
+                                 "UPDATE participants SET key_fingerprint = NULL WHERE first_node_id = '4'",
+                                 "UPDATE runs SET keep_signs = 1", "UPDATE runs SET settings = '{}'",
+                                 "UPDATE runs SET receipt_key = NULL",
+                                 "UPDATE failures SET reason = 'fine' WHERE round = 1"])
+def test_an_edit_to_any_table_verify_or_ledger_reads_breaks_the_chain(plain, tmp_path, capsys, sql):
     ledger = copy_of(plain, tmp_path)
-    edit(ledger, "UPDATE participants SET label = 'honest-alice' WHERE first_node_id = '4'")
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("INSERT INTO failures VALUES ((SELECT run_id FROM runs), 1, '9', NULL, 'late reply')")
+    reseal(ledger)
+    assert verify(capsys, ledger)[0] == 0
+    edit(ledger, sql)
     code, out = verify(capsys, ledger)
     assert code == 1 and "round 1: its rows do not hash to its chain hash (edited)" in out
 
@@ -457,6 +466,14 @@ def test_a_long_check_text_under_the_cap_parses_in_linear_time(tmp_path, capsys,
     report = write_report(tmp_path / "r", {"honest": [0.1]})
     code, _, err = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, text))
     assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("term", ["1" * 65536 + "y", "1" * 65536 + " x", "| " + " " * 65536, "a" + "." * 65536 + "!"])
+def test_each_terms_regular_expressions_stay_linear_past_the_cap(term):
+    from kfca_llm.expectations import _term
+
+    with limited(10), pytest.raises(ValueError, match="is not a strategy"):
+        _term(term)
 
 
 def test_a_newline_in_a_check_text_is_refused(tmp_path, capsys):
