@@ -397,28 +397,34 @@ def test_a_name_from_supernode_register_is_stored_escaped():
 
 def test_a_ledger_in_a_read_only_folder_is_read_without_writing(kept, tmp_path, capsys):
     ledger = copy_of(kept, tmp_path)
-    # A WAL ledger whose last commit is still in its -wal file (a writer holds it open): SQLite cannot open it
-    # read-only in a read-only folder (it would create the -shm file); reading it must still see that commit.
+    # Handed over as a WAL ledger whose last commit is still in its -wal file, without the -shm file: SQLite
+    # cannot open that read-only in a read-only folder (it would create the -shm); reading must see the commit.
+    handed = tmp_path / "handed"
+    handed.mkdir()
     writer = sqlite3.connect(ledger)
     try:
         writer.execute("PRAGMA journal_mode=WAL")
         writer.execute("PRAGMA wal_autocheckpoint=0")
         writer.execute("UPDATE participants SET label = 'wal-only' WHERE first_node_id = '1'")
         writer.commit()
-        mount = tmp_path / "ro"
-        mount.mkdir()
-        bind = subprocess.run(["mount", "--bind", str(ledger.parent), str(mount)], capture_output=True, text=True)
-        if bind.returncode != 0:
-            pytest.skip(f"a read-only folder needs a bind mount, which this user cannot make: {bind.stderr[-200:]}")
-        try:
-            subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True)
-            code, out = verify(capsys, mount / "rewards.sqlite")
-            assert "readonly" not in out and "3 match" in out
-            assert code == 1 and "round 1: its rows do not hash to its chain hash (edited)" in out  # the -wal's edit
-        finally:
-            subprocess.run(["umount", "-l", str(mount)], check=True)
+        for suffix in ("", "-wal"):
+            shutil.copy(f"{ledger}{suffix}", handed / f"rewards.sqlite{suffix}")
     finally:
         writer.close()
+    shutil.copytree(f"{ledger}.d", handed / "rewards.sqlite.d")
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(handed), str(mount)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"a read-only folder needs a bind mount, which this user cannot make: {bind.stderr[-200:]}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(mount)], check=True)
+        code, out = verify(capsys, mount / "rewards.sqlite")
+        assert "readonly" not in out and "3 match" in out
+        assert code == 1 and "round 1: its rows do not hash to its chain hash (edited)" in out  # the -wal's edit
+        assert sorted(p.name for p in handed.iterdir()) == ["rewards.sqlite", "rewards.sqlite-wal", "rewards.sqlite.d"]
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
 
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "not sqlite"])
