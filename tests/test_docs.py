@@ -54,3 +54,37 @@ def test_every_relative_link_reaches_a_file_and_its_heading(name):
         assert file.exists(), f"{name}: {target} points at a missing file"
         if anchor:
             assert file.suffix == ".md" and anchor in anchors(file.read_text()), f"{name}: no heading #{anchor}"
+
+
+def test_the_recipe_table_is_what_the_recipe_files_hold():
+    from doc_pages import markdown_table
+    from helpers import RECIPES
+
+    from kfca_llm.recipe import clients_per_round, load_recipe
+
+    def lr(value: float) -> str:
+        return f"{value:.0e}".replace("e-0", "e-")
+
+    def targets(names: tuple[str, ...]) -> str:
+        return "all 7" if len(names) == 7 else ", ".join(n.removesuffix("_proj") for n in names)
+
+    rows = markdown_table(page("docs/recipes.md"), "| recipe | base model |")
+    assert [r[0] for r in rows] == ["general-nlp", "finance", "medical", "code"]
+    for row in rows:
+        rec = load_recipe(RECIPES / f"{row[0]}.toml")
+        lora, ta = rec.model.lora, rec.train.training_arguments
+        assert row == [rec.name, rec.model.name, "LoRA + DoRA" if lora.peft_use_dora else "LoRA",
+                       f"{lora.peft_lora_r} / {lora.peft_lora_alpha}", targets(lora.target_modules),
+                       f"{ta.per_device_train_batch_size} x {ta.gradient_accumulation_steps}",
+                       f"{lr(rec.train.learning_rate_max)} / {lr(rec.train.learning_rate_min)}",
+                       f"{rec.num_clients} ({clients_per_round(rec)})"]
+
+
+def test_the_shapley_example_prints_what_its_comment_says(capsys):
+    from doc_pages import one_block
+
+    block = one_block("docs/evidence.md", "python", "shapley_exact(v, 3)")
+    exec(compile(block, "docs/evidence.md", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    commented = re.search(r"print\(shapley_exact\(v, 3\)\.round\(4\)\)\s+# (\[[^\]]+\])", block)[1]
+    assert printed[0] == commented
