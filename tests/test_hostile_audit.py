@@ -468,7 +468,7 @@ def test_a_64_kb_check_text_is_refused_at_once(tmp_path, capsys, text):
 @pytest.mark.parametrize("text, message", [("honest" + " " * 4000 + "x > 0", "is not a strategy"),
                                            ("1" * 4000 + " x honest > 0", "the factor is not a finite number"),
                                            ("1" * 4000 + "y > honest", "is not a strategy")])
-def test_a_long_check_text_under_the_cap_parses_in_linear_time(tmp_path, capsys, text, message):
+def test_a_long_check_text_under_the_cap_gets_the_error_of_its_term(tmp_path, capsys, text, message):
     report = write_report(tmp_path / "r", {"honest": [0.1]})
     code, _, err = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, text))
     assert code == 2 and message in err
