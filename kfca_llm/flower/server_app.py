@@ -5,7 +5,8 @@ recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.agg
 ``exclude-negative``, ``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the
 directory the ServerApp runs in), ``kfca.identity`` (``auto``, ``public-key``, ``declared``),
 ``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``), ``kfca.resume`` (continue the
-ledger's last run from the arrays its last committed round produced), ``kfca.wrapped-strategy`` (Flower's
+ledger's last run from the arrays its last committed round produced), ``kfca.receipt-key`` (the server's
+Ed25519 key file that signs each participant's receipts; empty: no receipts), ``kfca.wrapped-strategy`` (Flower's
 own strategy that aggregates what KFCA keeps: ``WRAPPED_STRATEGIES``, with ``kfca.wrapped.num-malicious-nodes``
 for krum/multikrum/bulyan, ``kfca.wrapped.num-nodes-to-select`` for multikrum, ``kfca.wrapped.beta`` for
 fedtrimmedavg; a parameter the chosen strategy does not take is ignored) and ``strategy.fraction-evaluate``
@@ -75,12 +76,13 @@ def build_wrapped_strategy(recipe: Recipe, config: Mapping[str, Any]):
 def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: type = KFCAStrategy
                    ) -> KFCAStrategy:
     """KFCAStrategy around the wrapped Flower strategy (``build_wrapped_strategy``) with the recipe's KFCA settings."""
-    return strategy_class(build_wrapped_strategy(recipe, config), peers=recipe.kfca.peers, seed=recipe.kfca.seed, penalty=recipe.kfca.penalty,
-                          bonus_fraction=recipe.kfca.bonus_fraction,
+    return strategy_class(build_wrapped_strategy(recipe, config), peers=recipe.kfca.peers, seed=recipe.kfca.seed,
+                          penalty=recipe.kfca.penalty, bonus_fraction=recipe.kfca.bonus_fraction,
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
                           aggregation=str(config.get("kfca.aggregation", "all")),
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
-                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"))
+                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"),
+                          receipt_key=str(config.get("kfca.receipt-key", "")) or None)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,

@@ -23,8 +23,8 @@ from ..fl.seeds import TRAIN, client_id, derive_seed
 from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
 APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume",
-            "kfca.wrapped-strategy", "kfca.wrapped.num-malicious-nodes", "kfca.wrapped.num-nodes-to-select",
-            "kfca.wrapped.beta", "strategy.fraction-evaluate")
+            "kfca.receipt-key", "kfca.wrapped-strategy", "kfca.wrapped.num-malicious-nodes",
+            "kfca.wrapped.num-nodes-to-select", "kfca.wrapped.beta", "strategy.fraction-evaluate")
 """Run-config keys of the app itself; every other key is a recipe key."""
 DEFAULT_LEDGER = "rewards.sqlite"
 
