@@ -194,8 +194,9 @@ def summarise(cells: list[dict]) -> dict:
 
 
 def table(cells: list[dict]) -> str:
-    """Markdown: one row per method, one column per (fraction, attack): final held-out loss, (min-max) over
-    seeds, exact answers; KFCA modes add attackers / honest updates excluded."""
+    """Markdown: one row per method, one column per (fraction, attack): final held-out loss (mean, min-max over
+    seeds), exact answers; KFCA modes add the shares of attacker / honest updates left out; rounds whose
+    aggregation kept nothing (the global adapter stayed) are counted."""
     summary = summarise(cells)
     columns = sorted({(f, a) for f, a, _ in summary}, key=lambda c: (c[0], ATTACKS.index(c[1]) if c[1] in ATTACKS else 99))
     methods = [m for m in METHODS if any((f, a, m) in summary for f, a in columns)]
@@ -209,7 +210,9 @@ def table(cells: list[dict]) -> str:
             if e is None:
                 row.append("not run")
                 continue
-            text = f"{e['loss']:.3f} ({e['loss_min']:.3f}-{e['loss_max']:.3f}), {100 * e['accuracy']:.0f}%"
+            seeds = len(e["seeds"])
+            spread = f"{e['loss_min']:.3f}-{e['loss_max']:.3f}, {seeds} seeds" if seeds > 1 else "1 seed"
+            text = f"{e['loss']:.3f} ({spread}), {100 * e['accuracy']:.0f}%"
             if "attackers_excluded" in e:
                 text += f"; out {100 * e['attackers_excluded']:.0f}%/{100 * e.get('honest_excluded', 0):.0f}%"
             if e["rounds_kept_global"]:
