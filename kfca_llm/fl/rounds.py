@@ -34,7 +34,8 @@ from .aggregate import fedavg
 from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client
 from .distributed import Processes
 from .records import FederationResult, RoundClock, RoundRecord
-from .scoring import Submission, score_round
+from .peer_pool import PeerPool
+from .scoring import Submission, pool_settings, score_round
 from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
 from .state import last_complete_round, load_checkpoint, save_checkpoint, save_client_updates
 
@@ -140,6 +141,9 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
     histories: dict[str, list[StateDict]] = {cid: [] for cid in [*([analysis_client] if analysis else []), *fixed]}
+    # The pool restarts empty on a resume (its sign words are not in the checkpoint): the first rounds after
+    # it may borrow fewer peers than an uninterrupted run.
+    pool = PeerPool(pool_settings(recipe.kfca))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
     if options.resume:
@@ -170,7 +174,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories)
         kfca_seed = derive_seed(seed, KFCA, t)
         clock.lap()
-        scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed)
+        scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
+                             pool=pool, round_=t)
         scoring_s = clock.lap()
         start_state = global_state
         if options.on_round is not None and procs.is_main:
@@ -190,7 +195,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             categorical_world=scores.categorical_world,
             loss_before={c: r.loss_before for c, r in trained.items()},
             loss_after={c: r.loss_after for c, r in trained.items()},
-            num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates))
+            num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates,
+            undetermined=scores.undetermined, pool_peers=scores.pool_peers))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:
                 save_client_updates(out_dir, t, model, start_state,

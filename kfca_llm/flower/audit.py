@@ -36,15 +36,20 @@ from .ledger import (GENESIS, SCORED, LedgerContents, RewardRow, RoundRow, chain
 
 MATCH, MISMATCH, UNVERIFIABLE = "match", "mismatch", "unverifiable"
 SETTINGS_COMPARED_ON_RESUME = ("peers", "penalty", "bonus_fraction", "duplicates", "duplicate_rule", "aggregation",
-                               "seed", "identity")
+                               "seed", "identity", "pool")
 
 
 def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, duplicates: str,
-                     duplicate_rule: DuplicateRule, aggregation: str, seed: int, identity: str) -> dict[str, Any]:
-    """What decides a round's payments, as the ledger records it per run and per round (JSON)."""
-    return {"peers": peers, "penalty": penalty, "bonus_fraction": float(bonus_fraction), "duplicates": duplicates,
-            "duplicate_rule": dataclasses.asdict(duplicate_rule), "aggregation": aggregation, "seed": int(seed),
-            "identity": identity}
+                     duplicate_rule: DuplicateRule, aggregation: str, seed: int, identity: str,
+                     pool: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What decides a round's payments, as the ledger records it per run and per round (JSON); ``pool``: the
+    peer pool's settings (``PoolSettings.to_dict``), left out where there is none."""
+    out = {"peers": peers, "penalty": penalty, "bonus_fraction": float(bonus_fraction), "duplicates": duplicates,
+           "duplicate_rule": dataclasses.asdict(duplicate_rule), "aggregation": aggregation, "seed": int(seed),
+           "identity": identity}
+    if pool is not None:
+        out["pool"] = dict(pool)
+    return out
 
 
 def words_bytes(words: np.ndarray) -> bytes:
@@ -102,7 +107,8 @@ def verify_ledger(path: str | os.PathLike, *, expect_head: str | None = None, ba
     by_round: dict[tuple[str, int], list[RewardRow]] = {}
     for row in contents.rewards:
         by_round.setdefault((row.run_id, row.round), []).append(row)
-    checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend) for r in contents.rounds]
+    checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend, by_round)
+              for r in contents.rounds]
     notes = [] if contents.schema_version >= 3 else [
         f"schema version {contents.schema_version}: no hash chain and no stored signs"]
     return LedgerCheck(checks, chain_errors, head, notes)
@@ -137,8 +143,10 @@ def check_chain(contents: LedgerContents) -> tuple[list[str], str | None]:
 
 
 def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequence[RewardRow],
-                    backend: str = "auto") -> RoundCheck:
-    """Score one round again from its stored signs and compare it with its rows."""
+                    backend: str = "auto",
+                    earlier: Mapping[tuple[str, int], Sequence[RewardRow]] | None = None) -> RoundCheck:
+    """Score one round again from its stored signs and compare it with its rows; ``earlier`` (run, round) ->
+    rows holds the rounds a peer pool draws from (rounds recorded with pool settings)."""
     check = RoundCheck(round_row.run_id, round_row.round, UNVERIFIABLE)
     if round_row.status != SCORED:
         return dataclasses.replace(check, detail="not scored (nothing paid)")
@@ -147,7 +155,8 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
     try:
         words = {row.participant: _read_words(ledger, row.sign_sha256) for row in rows}
         task = _read_words(ledger, round_row.task_sha256)
-        report = _rescore(round_row, words, task, backend)
+        pool = _rebuilt_pool(ledger, round_row, earlier or {})
+        report = _rescore(round_row, words, task, backend, pool)
     except _Unverifiable as exc:
         return dataclasses.replace(check, detail=str(exc))
     mismatched = _compare(report, rows)
@@ -188,7 +197,31 @@ def updates_from_words(layout: Sequence[tuple[str, tuple[int, ...]]], words: np.
     return out
 
 
-def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str):
+def pool_from_rows(settings: Mapping[str, Any], run_id: str, round_: int,
+                   earlier: Mapping[tuple[str, int], Sequence[RewardRow]], read_words) -> Any:
+    """The peer pool a run had at ``round_``: its rounds of the window, each participant not in a group of
+    copies, with the words ``read_words(sha256)`` gives (None: a round recorded without a pool)."""
+    from ..fl.peer_pool import PeerPool, PoolSettings
+
+    if "pool" not in settings:
+        return None
+    pool = PeerPool(PoolSettings(**settings["pool"]))
+    for t in range(max(1, round_ - pool.settings.window), round_):
+        rows = [r for r in earlier.get((run_id, t), []) if r.duplicate_group is None]
+        pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows})
+    return pool
+
+
+def _rebuilt_pool(ledger, round_row: RoundRow, earlier: Mapping[tuple[str, int], Sequence[RewardRow]]):
+    try:
+        return pool_from_rows(round_row.settings, round_row.run_id, round_row.round, earlier,
+                              lambda sha: _read_words(ledger, sha))
+    except (TypeError, InputError) as exc:
+        raise _Unverifiable(f"this version cannot rebuild the round's peer pool ({exc})") from None
+
+
+def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None):
+    from ..fl.peer_pool import score_with_pool
     from ..packer import SignPacker
 
     settings = round_row.settings
@@ -216,8 +249,8 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
     if sha256_hex(words_bytes(repacked_task)) != round_row.task_sha256:
         raise _Unverifiable("the task words do not repack to themselves with this version's packing")
     peers = None if peers is None else min(int(peers), len(words) - 1)
-    return packer.score(peers=peers, seed=round_row.seed, penalty=penalty, bonus_fraction=bonus_fraction,
-                        duplicates=policy, duplicate_rule=rule)
+    return score_with_pool(packer, pool, round_row.round, peers=peers, seed=round_row.seed, penalty=penalty,
+                           bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule).report
 
 
 def _compare(report, rows: Sequence[RewardRow]) -> list[str]:

@@ -59,7 +59,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     categorical_world INTEGER, valid_replies INTEGER NOT NULL, failed_replies INTEGER NOT NULL,
     recorded_at TEXT NOT NULL, package_version TEXT NOT NULL, settings TEXT NOT NULL, layout TEXT,
     task_sha256 TEXT, signs_kept INTEGER NOT NULL, global_sha256 TEXT, prev_hash TEXT NOT NULL,
-    chain_hash TEXT NOT NULL UNIQUE, PRIMARY KEY (run_id, round));
+    chain_hash TEXT NOT NULL UNIQUE, undetermined TEXT, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS rewards (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, participant TEXT NOT NULL, node_id TEXT NOT NULL,
     reward REAL NOT NULL, peers TEXT NOT NULL, num_examples INTEGER, sign_sha256 TEXT NOT NULL,
@@ -125,6 +125,9 @@ class RoundRow:
     prev_hash: str | None = None
     chain_hash: str | None = None
     """None in version 1-2 ledgers (no chain)."""
+    undetermined: tuple[str, ...] | None = None
+    """Participants paid with fewer than ``min_peers`` distinct peers (no majority that could outvote one
+    deviator: their reward cannot tell who deviated); None in rounds recorded before the peer pool."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ class RoundEntry:
     global_arrays: tuple[str, bytes] | None = None
     """(SHA-256, safetensors bytes) of the arrays the round produced; None: the round produced none."""
     new_participants: Sequence[Participant] = ()
+    undetermined: Sequence[str] | None = None
 
 
 def canonical_json(value: Any) -> str:
@@ -198,11 +202,16 @@ def sha256_hex(data: bytes) -> str:
 
 def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow], failures: Sequence[FailureRow]) -> str:
     """SHA-256 over the previous round's hash and every field of this round, its rewards and failures."""
+    # A field added later is hashed only where it is recorded: rounds written before it keep their hash.
     body = {"round": {f.name: getattr(round_row, f.name) for f in fields(RoundRow)
-                      if f.name not in ("prev_hash", "chain_hash")},
+                      if f.name not in ("prev_hash", "chain_hash")
+                      and not (f.name in _ADDED_ROUND_FIELDS and getattr(round_row, f.name) is None)},
             "rewards": [_plain(r) for r in sorted(rewards, key=lambda r: r.participant)],
             "failures": [_plain(f) for f in failures]}
     return sha256_hex((prev_hash + canonical_json(body)).encode())
+
+
+_ADDED_ROUND_FIELDS = ("undetermined",)
 
 
 def _plain(row) -> dict:
@@ -274,6 +283,8 @@ class Ledger:
                                      f"(`kfca-llm ledger` still reads the old one)")
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)  # idempotent; executescript commits first, so before BEGIN
+                if not _has_column(conn, "rounds", "undetermined"):  # a version 3 ledger of before the pool
+                    conn.execute("ALTER TABLE rounds ADD COLUMN undetermined TEXT")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -350,7 +361,8 @@ class Ledger:
             package_version=self.package_version, settings=dict(entry.settings),
             layout=None if entry.layout is None else tuple((n, tuple(s)) for n, s in entry.layout),
             task_sha256=entry.task_sha256, signs_kept=entry.signs is not None,
-            global_sha256=None if entry.global_arrays is None else entry.global_arrays[0])
+            global_sha256=None if entry.global_arrays is None else entry.global_arrays[0],
+            undetermined=None if entry.undetermined is None else tuple(entry.undetermined))
         conn = _connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -360,11 +372,12 @@ class Ledger:
                 prev_hash = GENESIS if prev is None else prev[0]
                 digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures)
                 r = round_row
-                conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (r.run_id, r.round, r.status, r.seed, None if r.categorical_world is None
                               else int(r.categorical_world), r.valid_replies, r.failed_replies, r.recorded_at,
                               r.package_version, canonical_json(r.settings), _json_or_null(r.layout),
-                              r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest))
+                              r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest,
+                              _json_or_null(None if r.undetermined is None else list(r.undetermined))))
                 for p in entry.new_participants:
                     conn.execute("INSERT OR IGNORE INTO participants VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (p.participant, p.label, p.key_fingerprint, p.first_run, p.first_round,
@@ -412,15 +425,21 @@ def _reward_row(r: dict) -> dict:
             "duplicate_group": None if group is None else tuple(json.loads(group))}
 
 
+def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
 def _round_row(r: dict) -> dict:
     layout = None if r["layout"] is None else tuple((n, tuple(s)) for n, s in json.loads(r["layout"]))
-    return {**r, "categorical_world": None if r["categorical_world"] is None else bool(r["categorical_world"]),
+    undetermined = r.get("undetermined")
+    return {**r, "undetermined": None if undetermined is None else tuple(json.loads(undetermined)),
+            "categorical_world": None if r["categorical_world"] is None else bool(r["categorical_world"]),
             "settings": json.loads(r["settings"]), "layout": layout, "signs_kept": bool(r["signs_kept"])}
 
 
 # Versions 1-2: keyed by node id, settings per run, no chain, no participants; read as version 3 rows.
 _OLD_REWARDS = {"participant": "node_id", "unadjusted_reward": "unadjusted_reward", "duplicate_group": "duplicate_group"}
-_OLD_ROUNDS = {"package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
+_OLD_ROUNDS = {"undetermined": "NULL", "package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
                "global_sha256": "NULL", "prev_hash": "NULL", "chain_hash": "NULL",
                "settings": "(SELECT json_object('peers', peers, 'penalty', penalty, 'seed', runs.seed, 'bonus_fraction', "
                            "bonus_fraction, 'aggregation', aggregation{duplicates}) FROM runs "
@@ -441,7 +460,8 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
             if version == SCHEMA_VERSION:
                 rewards = _rows(conn, RewardRow, "rewards", _reward_row)
                 failures = _rows(conn, FailureRow, "failures")
-                rounds = _rows(conn, RoundRow, "rounds", _round_row)
+                rounds = _rows(conn, RoundRow, "rounds", _round_row,
+                               {} if _has_column(conn, "rounds", "undetermined") else {"undetermined": "NULL"})
                 runs = _rows(conn, RunRow, "runs", lambda r: {**r, "settings": json.loads(r["settings"]),
                                                                "keep_signs": bool(r["keep_signs"])})
                 participants = _rows(conn, Participant, "participants")
@@ -465,16 +485,37 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
     return LedgerContents(rewards, failures, rounds, runs, participants, version)
 
 
+DISTINGUISHABLE_Z = 1.96
+"""A balance is distinguishable from zero when its mean is this many standard errors away (two-sided 5%)."""
+
+
 def ledger_summary(contents: LedgerContents) -> list[dict]:
-    """Per participant: label, the node ids it used, total reward, rounds paid, mean per paid round."""
+    """Per participant: label, the node ids it used, total reward, rounds paid, mean per paid round, the mean's
+    standard error (sample standard deviation / sqrt(rounds); None below 2 rounds), whether the mean lies
+    ``DISTINGUISHABLE_Z`` standard errors from zero (None below 2 rounds), and the paid rounds that were
+    undetermined (``RoundRow.undetermined``)."""
     paid: dict[str, list[float]] = {}
     nodes: dict[str, list[str]] = {}
+    undetermined = {(r.run_id, r.round): set(r.undetermined or ()) for r in contents.rounds}
+    unsure: dict[str, int] = {}
     for row in contents.rewards:
         paid.setdefault(row.participant, []).append(row.reward)
         used = nodes.setdefault(row.participant, [])
         if row.node_id not in used:
             used.append(row.node_id)
+        if row.participant in undetermined.get((row.run_id, row.round), ()):
+            unsure[row.participant] = unsure.get(row.participant, 0) + 1
     labels = {p.participant: p.label for p in contents.participants}
-    return [{"participant": who, "label": labels.get(who), "node_ids": nodes[who], "total": total,
-             "rounds": len(paid[who]), "mean": total / len(paid[who])}
-            for who, total in contents.totals().items()]
+    out = []
+    for who, total in contents.totals().items():
+        values = paid[who]
+        n, mean = len(values), total / len(values)
+        se = None
+        if n >= 2:
+            variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+            se = (variance / n) ** 0.5
+        distinguishable = None if se is None else (abs(mean) > DISTINGUISHABLE_Z * se if se > 0 else mean != 0)
+        out.append({"participant": who, "label": labels.get(who), "node_ids": nodes[who], "total": total,
+                    "rounds": n, "mean": mean, "std_error": se, "distinguishable_from_zero": distinguishable,
+                    "undetermined_rounds": unsure.get(who, 0)})
+    return out

@@ -43,7 +43,9 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
                           aggregation=str(config.get("kfca.aggregation", "all")),
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
-                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"))
+                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"),
+                          min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
+                          pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,
