@@ -11,10 +11,18 @@ also against ``pool_peers`` pool entries:
   participant's own earlier submissions, never a participant of the current round;
 * **how**: on the current round's tasks (its task mask and seeded bonus / penalty partition), the pool
   entry's sign bits read as a report on those tasks; the expected penalty uses the entry's negative counts
-  on this round's penalty sets. A pool peer's payment has weight ``weight`` against an in-round peer's 1;
+  on this round's penalty sets;
+* **weights**: an update agrees with updates of earlier rounds by an amount, and even a sign, that depends on
+  the lag: the tiny recipe's honest updates *anti*-agree with the previous round's (the global overshoots and
+  turns back; mean payment -0.049, 87% of such pairs negative) and agree with those two rounds back
+  (``benchmarks/ROBUSTNESS.md``). So each lag k gets a signed weight ``weight * m_k / max_j |m_j|``, where
+  ``m_k`` is the median payment between pool entries k rounds apart (other participants, this round's
+  partition): estimated from the pool alone, no ground truth, robust to a minority of deviators in it. A
+  participant's reward is ``(sum of in-round payments + sum_k w_k * payment_k) / (in-round peers + sum |w_k|)``;
 * **copies**: a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
-  to any pool entry in the window (its own earlier submissions included: ``stale``) is a copy, paid under
-  the round's duplicate policy, and is not added to the pool;
+  to any pool entry in the window, or, on a fixed 4,096-bit sketch of its signs, to any earlier submission of
+  the run (its own included: ``stale``), is a copy, paid under the round's duplicate policy, and is not added
+  to the pool;
 * **undetermined**: a participant with fewer than ``min_peers`` distinct peers (in-round and pool) has no
   majority of independent peers that could outvote one deviator; the round is marked undetermined.
 
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import get_backend
-from ..engine.duplicates import DuplicateGroup, DuplicateRule, apply_duplicate_policy, disagreement_counts, find_duplicates
+from ..engine.duplicates import DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy, disagreement_counts, find_duplicates
 from ..engine.stats import PairPayment, joint_tables, pair_payments
 from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
@@ -105,6 +113,8 @@ class PooledRound:
     """Participants with fewer than ``min_peers`` distinct peers: their reward cannot tell who deviated."""
     pool_copies: tuple[DuplicateGroup, ...] = ()
     """Groups of a participant and the pool entries it copies (also in ``report.duplicates``)."""
+    lag_weights: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Lag (rounds back) -> the signed weight of a pool peer that old (see the module docstring)."""
 
     @property
     def used_pool(self) -> bool:
@@ -117,11 +127,12 @@ class PeerPool:
     def __init__(self, settings: PoolSettings = PoolSettings()):
         self.settings = settings
         self._rounds: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._sketches: list[tuple[str, np.ndarray]] = []
         self._words: int | None = None
 
-    def entries(self, before_round: int) -> list[PoolEntry]:
-        """Entries of the ``window`` rounds before ``before_round``, newest round first, then by name."""
-        low = before_round - self.settings.window
+    def entries(self, before_round: int, extra: int = 0) -> list[PoolEntry]:
+        """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name."""
+        low = before_round - self.settings.window - extra
         return [PoolEntry(t, who, words) for t, members in reversed(self._rounds.items()) if low <= t < before_round
                 for who, words in sorted(members.items())]
 
@@ -141,10 +152,41 @@ class PeerPool:
         widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
         if len(widths) != 1 or (self._words is not None and widths != {self._words}):
             self._rounds.clear()  # another layout: earlier words are not comparable (a new model)
+            self._sketches.clear()
         self._words = widths.pop()
         self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
-        for t in [t for t in self._rounds if t <= round_ - self.settings.window]:
+        self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
+        # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
+        for t in [t for t in self._rounds if t < round_ - self.settings.window]:
             del self._rounds[t]
+
+    def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
+                      ) -> list[tuple[str, float]]:
+        """(entry, agreement) of earlier submissions older than the window whose sketch ``words`` matches."""
+        mask, mine = sketch(task), sketch(words)
+        bits = int(np.unpackbits(mask.view(np.uint8)).sum())
+        if bits == 0:
+            return []
+        low = before_round - self.settings.window
+        out = []
+        for name, other in self._sketches:
+            if parse_pool_name(name)[1] >= low:
+                continue  # in the window: compared on every bit
+            differ = int(np.unpackbits(((mine ^ other) & mask).view(np.uint8)).sum())
+            if differ <= max_disagreement * bits:
+                out.append((name, 1.0 - differ / bits))
+        return out
+
+
+SKETCH_WORDS = 128
+
+
+def sketch(words: np.ndarray) -> np.ndarray:
+    """A fixed sample of ``SKETCH_WORDS`` words (4,096 sign bits) spread over the update: the long memory of
+    copy detection (512 bytes a submission)."""
+    words = np.asarray(words, dtype=np.int32)
+    stride = max(1, words.size // SKETCH_WORDS)
+    return np.ascontiguousarray(words[::stride][:SKETCH_WORDS])
 
 
 def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, peers: int | None = None,
@@ -173,19 +215,20 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     if not short:
         return PooledRound(report, {c: [] for c in report.rewards}, ())
     chosen = {c: pool.candidates(round_, owner[c], exclude=sorted(real)) for c in short}
-    window = pool.entries(round_)
-    rows = {e.name: e for e in window}  # every entry in the window: copy detection covers them all
+    # Every entry of the window and the round before it: copy detection covers them all, lag weights need them.
+    rows = {e.name: e for e in pool.entries(round_, extra=1)}
     if not rows:
         undetermined = tuple(c for c in short if c in real)
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined)
-    return _score_pooled(packer, report, rows, chosen, real, settings, seed=seed, penalty=penalty,
+    return _score_pooled(packer, pool, round_, report, rows, chosen, real, seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule)
 
 
-def _score_pooled(packer: SignPacker, round_report: RewardReport, rows: Mapping[str, PoolEntry],
-                  chosen: Mapping[str, list[PoolEntry]], real: set[str], settings: PoolSettings, *, seed: int,
-                  penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule
+def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
+                  rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str], *,
+                  seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule
                   ) -> PooledRound:
+    settings = pool.settings
     signs, task = packer.words()
     names = [*packer.clients, *rows]
     index = {name: k for k, name in enumerate(names)}
@@ -203,11 +246,13 @@ def _score_pooled(packer: SignPacker, round_report: RewardReport, rows: Mapping[
     counts = cpu.round_counts(buffers, seed, bonus_fraction)
 
     pool_copies = _pool_copies(counts, names, len(packer.clients), real, duplicate_rule)
+    pool_copies += _sketch_copies(pool, round_, signs, task, names[:len(packer.clients)], real, duplicate_rule)
+    lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, settings)
     keys = list(round_report.pairwise)
     weights = [1.0] * len(keys)
     for client, entries in chosen.items():
         keys += [(client, e.name) for e in entries]
-        weights += [float(settings.weight)] * len(entries)
+        weights += [lag_weights.get(round_ - e.round, 0.0) for e in entries]
     index_pairs = np.array([(index[c], index[p]) for c, p in keys], dtype=np.int64)
     matches = cpu.sampled_matches(buffers, seed, bonus_fraction, index_pairs) if penalty == "sampled" else None
     payment, bonus, penalty_agreement = pair_payments(counts, index_pairs, matches)
@@ -220,20 +265,63 @@ def _score_pooled(packer: SignPacker, round_report: RewardReport, rows: Mapping[
     unadjusted = _weighted_means(keys, payment, weights)
     report = dataclasses.replace(report, unadjusted_rewards=unadjusted,
                                  rewards=_apply_policy(unadjusted, round_report.duplicates, pool_copies, duplicates))
-    peers = report.peers
-    undetermined = tuple(c for c in sorted(report.rewards) if c in real and len(
-        {parse_pool_name(p)[0] if parse_pool_name(p) else p for p in peers[c]}) < settings.min_peers)
+    weighted: dict[str, set[str]] = {}
+    for (client, peer), weight in zip(keys, weights):
+        if weight != 0.0:
+            named = parse_pool_name(peer)
+            weighted.setdefault(client, set()).add(named[0] if named else peer)
+    undetermined = tuple(c for c in sorted(report.rewards) if c in real
+                         and len(weighted.get(c, ())) < settings.min_peers)
     return PooledRound(report, {c: [e.name for e in chosen.get(c, [])] for c in report.rewards}, undetermined,
-                       pool_copies)
+                       pool_copies, lag_weights)
+
+
+def _lag_weights(counts, entries: Sequence[PoolEntry], first: int, round_: int, settings: PoolSettings
+                 ) -> dict[int, float]:
+    """Lag -> ``weight * m_k / max_j |m_j|``, ``m_k`` the median payment between pool entries of other
+    participants k rounds apart (rows ``first`` onwards of ``counts``), on this round's partition."""
+    pairs, lags = [], []
+    for a, newer in enumerate(entries):
+        for b, older in enumerate(entries):
+            k = newer.round - older.round
+            if 1 <= k <= settings.window and newer.participant != older.participant:
+                pairs.append((first + a, first + b))
+                lags.append(k)
+    if not pairs:
+        return {}
+    payment, _, _ = pair_payments(counts, np.array(pairs, dtype=np.int64))
+    lags_array = np.array(lags)
+    medians = {k: float(np.median(payment[lags_array == k])) for k in sorted(set(lags))}
+    scale = max(abs(m) for m in medians.values())
+    if scale == 0.0:
+        return {}
+    # Lags the pool cannot estimate (no pair that far apart yet) get no weight.
+    return {k: float(settings.weight) * m / scale for k, m in medians.items() if k <= round_}
 
 
 def _weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weights: Sequence[float]) -> dict[str, float]:
+    """Per scorer: sum of weight x payment over the sum of |weight| (a negative weight reads an anti-agreeing
+    lag the right way round; a peer of weight 0 counts for nothing)."""
     totals: dict[str, list[float]] = {}
     for (client, _), pay, weight in zip(keys, payment.tolist(), weights):
         acc = totals.setdefault(client, [0.0, 0.0])
         acc[0] += weight * pay
-        acc[1] += weight
-    return {c: acc[0] / acc[1] for c, acc in sorted(totals.items())}
+        acc[1] += abs(weight)
+    return {c: acc[0] / acc[1] if acc[1] else 0.0 for c, acc in sorted(totals.items())}
+
+
+def _sketch_copies(pool: PeerPool, round_: int, signs: np.ndarray, task: np.ndarray, clients: Sequence[str],
+                   real: set[str], rule: DuplicateRule) -> tuple[DuplicateGroup, ...]:
+    """Groups of a participant and the submissions older than the window its sketch copies."""
+    out = []
+    for k, client in enumerate(clients):
+        if client not in real:
+            continue
+        found = pool.sketch_copies(signs[k], task, round_, rule.max_disagreement)
+        if found:
+            pairs = tuple(DuplicatePair(client, name, agreement, "near") for name, agreement in found)
+            out.append(DuplicateGroup(tuple(sorted({client, *(name for name, _ in found)})), pairs))
+    return tuple(out)
 
 
 def _pool_copies(counts, names: Sequence[str], n_round: int, real: set[str], rule: DuplicateRule
