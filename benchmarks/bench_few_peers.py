@@ -81,6 +81,20 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
     return dict(sorted(out.items()))
 
 
+def synthetic(rounds: int, size: int = 4096, seed: int = 0) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+    """CI-sized stand-in for ``capture``: 20 clients, two sampled per round; each round's honest direction turns
+    back on the last one (as the tiny recipe's do) around a persistent one, plus each client's noise."""
+    rng = np.random.default_rng(seed)
+    persistent, direction = rng.standard_normal(size), rng.standard_normal(size)
+    out = {}
+    for t in range(1, rounds + 1):
+        direction = -0.6 * direction + 0.8 * rng.standard_normal(size)
+        clients = sorted(rng.choice(20, size=2, replace=False).tolist())
+        out[t] = {client_id(c): {"w": (0.3 * persistent + direction + rng.standard_normal(size)).astype(np.float32)}
+                  for c in clients}
+    return out
+
+
 def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.ndarray]]]:
     """Each round's submissions when the deviators submit ``deviation`` whenever they train."""
     deviators = {client_id(i) for i in DEVIATORS}
@@ -110,7 +124,7 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
 def settings_grid(full: bool) -> dict[str, tuple[type, PoolSettings | None]]:
     grid = {"round peers only (today)": (PeerPool, None), "pool (defaults)": (PeerPool, PoolSettings())}
     if full:
-        for window, peers, weight in itertools.product((5, 10, 20), (2, 4, 8, 16), (0.25, 0.5, 1.0)):
+        for window, peers, weight in itertools.product((5, 10, 20), (4, 8, 16), (0.5, 1.0, 2.0, 4.0)):
             settings = PoolSettings(window=window, pool_peers=peers, weight=weight)
             grid[f"pool W={window} K={peers} w={weight}"] = (PeerPool, settings)
         grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings())
@@ -126,13 +140,15 @@ def auroc(deviators, honest) -> float:
 def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, rounds: int) -> dict:
     deviators = {client_id(i) for i in DEVIATORS}
     honest_fine = deviator_fine = 0.0
-    honest_paid = []
+    honest_paid, partners = [], []
     sums: dict[str, list[float]] = {}
     curve = {}
     for t, rewards in rounds_rewards.items():
         if set(rewards) & deviators and set(rewards) - deviators:
             honest_fine += sum(max(-r, 0.0) for c, r in rewards.items() if c not in deviators)
             deviator_fine += sum(max(-r, 0.0) for c, r in rewards.items() if c in deviators)
+            worst = max(r for c, r in rewards.items() if c in deviators)
+            partners += [r > 0 and r > worst for c, r in rewards.items() if c not in deviators]
         honest_paid += [r for c, r in rewards.items() if c not in deviators]
         for c, r in rewards.items():
             acc = sums.setdefault(c, [0.0, 0])
@@ -142,13 +158,14 @@ def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, roun
         curve[t] = auroc([m for c, m in means.items() if c in deviators], [m for c, m in means.items() if c not in deviators])
     separated = next((t for t in curve if all(curve[u] == 1.0 for u in curve if u >= t)), None)
     return {"partner_fine_ratio": honest_fine / deviator_fine if deviator_fine > 1e-12 else None,
+            "partners_paid_more": (sum(partners), len(partners)),
             "honest_negative_share": float(np.mean([r < 0 for r in honest_paid])) if honest_paid else None,
             "auroc": {t: curve[t] for t in (*CHECKPOINTS, rounds) if t in curve},
-            "separated_from_round": separated, "undetermined_rounds": undetermined}
+            "separated_from_round": separated, "undetermined_rounds": undetermined, "curve": curve}
 
 
-def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS) -> list[dict]:
-    updates = capture(rounds, cache)
+def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake: bool = False) -> list[dict]:
+    updates = synthetic(rounds) if fake else capture(rounds, cache)
     rows = []
     for deviation in deviations:
         submitted = submissions(updates, deviation)
@@ -170,16 +187,41 @@ def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS) -> l
 
 def markdown(rows: list[dict]) -> str:
     checkpoints = sorted({t for r in rows for t in r["auroc"]})
-    lines = ["| deviation | setting | partner's fine / deviator's | honest paid < 0 | "
+    lines = ["| deviation | setting | partner's fine / deviator's | partners paid > 0 and > deviator | honest paid < 0 | "
              + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds |",
-             "|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
+             "|---|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
     for r in rows:
         ratio = "-" if r["partner_fine_ratio"] is None else f"{r['partner_fine_ratio']:.2f}"
         aurocs = " | ".join(f"{r['auroc'][t]:.3f}" if t in r["auroc"] else "" for t in checkpoints)
-        lines.append(f"| {r['deviation']} | {r['setting']} | {ratio} | {r['honest_negative_share']:.2f} | {aurocs} | "
+        good, meetings = r["partners_paid_more"]
+        lines.append(f"| {r['deviation']} | {r['setting']} | {ratio} | {good}/{meetings} | {r['honest_negative_share']:.2f} | {aurocs} | "
                      f"{r['separated_from_round'] if r['separated_from_round'] is not None else 'never'} | "
                      f"{r['undetermined_rounds']} |")
     return "\n".join(lines)
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    """AUROC of the running mean rewards against rounds, per deviation: today's round peers vs the pool."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    deviations = list(dict.fromkeys(r["deviation"] for r in rows))
+    fig, axes = plt.subplots(1, len(deviations), figsize=(2.6 * len(deviations), 2.8), sharey=True, squeeze=False)
+    for ax, deviation in zip(axes[0], deviations):
+        for r in rows:
+            if r["deviation"] == deviation and r["setting"] in ("round peers only (today)", "pool (defaults)"):
+                ax.plot(list(r["curve"]), list(r["curve"].values()), label=r["setting"])
+        ax.set_title(deviation, fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylim(0.0, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("AUROC of mean reward")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("20 clients x 0.1 (two per round), 3 deviators: deviators vs honest clients by mean reward", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv=None) -> int:
@@ -188,10 +230,14 @@ def main(argv=None) -> int:
     parser.add_argument("--cache", type=Path, default=None, help="safetensors file of the honest updates (read or written)")
     parser.add_argument("--grid", action="store_true", help="also every pool variant (window, peers, weight, random draw)")
     parser.add_argument("--deviations", default=",".join(DEVIATIONS))
+    parser.add_argument("--figure", type=Path, default=None, help="draw the AUROC curves into this PNG")
+    parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
     args = parser.parse_args(argv)
     started = time.time()
-    rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")))
+    rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")), fake=args.synthetic)
     print(markdown(rows))
+    if args.figure is not None:
+        figure(rows, args.figure)
     print(f"\n({time.time() - started:.0f} s)")
     return 0
 

@@ -96,10 +96,12 @@ def test_a_participant_never_gets_its_own_earlier_update_nor_a_participant_of_th
             assert all(t - PoolSettings().window <= parse_pool_name(n)[1] < t for n in names)
 
 
-def test_round_one_of_two_participants_is_undetermined_and_later_rounds_are_not():
+def test_the_first_two_rounds_of_two_participants_are_undetermined_and_later_rounds_are_not():
     scored = run_rounds(SCHEDULE)
     assert scored[1].undetermined == ("c02", "c03") and not scored[1].used_pool
-    assert all(not scored[t].undetermined for t in range(2, 15))
+    # Round 2 borrows round 1's entries, but the pool needs two rounds to weigh a lag: no weight, no peer yet.
+    assert scored[2].undetermined == ("c04", "c05") and scored[2].lag_weights == {}
+    assert all(not scored[t].undetermined for t in range(3, 15))
     narrow = run_rounds({1: (1, 2), 2: (3, 4)}, PoolSettings(min_peers=4))
     assert narrow[2].undetermined == ("c03", "c04")  # 1 in-round + 2 pool peers < 4
 
@@ -128,12 +130,26 @@ def test_a_stale_resubmission_and_a_copy_of_a_pool_member_are_copies_paid_nothin
     assert scored[3].report.rewards["c08"] == 0.0
 
 
-def test_an_earlier_peer_is_weighted_by_the_pool_weight():
-    light = run_rounds(SCHEDULE, PoolSettings(weight=0.25), deviations={3: "flip"})[8].report
-    pairs = light.pairwise
-    in_round = pairs[("c01", "c03")]
-    pool = [v for (c, p), v in pairs.items() if c == "c01" and p != "c03"]
-    assert light.rewards["c01"] == pytest.approx((in_round + 0.25 * sum(pool)) / (1 + 0.25 * len(pool)), abs=1e-15)
+def test_an_earlier_peer_is_weighted_by_its_lags_signed_weight_the_strongest_lag_by_the_pool_weight():
+    pooled = run_rounds(SCHEDULE, PoolSettings(weight=0.25), deviations={3: "flip"})[8]
+    weights, light = pooled.lag_weights, pooled.report
+    assert max(abs(w) for w in weights.values()) == 0.25 and weights[1] > 0  # a persistent signal: agreeing lags
+    pool = [(v, weights[8 - parse_pool_name(p)[1]]) for (c, p), v in light.pairwise.items() if c == "c01" and p != "c03"]
+    expected = (light.pairwise[("c01", "c03")] + sum(w * v for v, w in pool)) / (1 + sum(abs(w) for _, w in pool))
+    assert light.rewards["c01"] == pytest.approx(expected, abs=1e-15)
+
+
+def test_a_lag_that_anti_agrees_gets_a_negative_weight_and_still_pays_the_honest_partner():
+    # Updates that turn back every round (the global overshoots): round t's honest direction is (-1)^t.
+    def turning(client, t):
+        return {"w": ((-1) ** t * 0.9 * PERSISTENT + np.random.default_rng(7919 * client + t).standard_normal(SHAPE))
+                .astype(np.float32)}
+    scored = run_rounds(SCHEDULE, deviations={c: (lambda t, c=c: turning(c, t)) for c in range(10) if c != 3}
+                        | {3: lambda t: {"w": -turning(3, t)["w"]}})
+    assert scored[8].lag_weights[1] < 0 < scored[8].lag_weights[2]
+    for t, partner in ((8, "c01"), (11, "c06"), (14, "c09")):
+        rewards = scored[t].report.rewards
+        assert rewards[partner] > 0 > rewards["c03"], (t, rewards)
 
 
 def test_pool_names_and_settings_are_checked_and_the_recipe_defaults_are_the_pools():
