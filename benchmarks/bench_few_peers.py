@@ -10,7 +10,7 @@ they are sampled, and every scoring setting scores the same submissions.
 
 Per (deviation, setting): the honest partner's fine over the deviator's (sum over the rounds where a deviator
 trained beside an honest client of max(-reward, 0), honest over deviator; 1.0: fined alike; "-": the deviator
-was not fined), the share of honest participations paid < 0, the AUROC of per-client mean reward separating
+was not fined), the honest partners paid > 0 and more than the deviator there, the share of honest participations paid < 0, the AUROC of per-client mean reward separating
 deviators from honest clients after T rounds (T = 10, 50, ... up to --rounds), the first round from which the
 AUROC stays 1.0, and the undetermined rounds. Deviations: the attack registry's flip, zero, random, stale
 (its first honest update, resubmitted), sparse:0.5, copy:0 (the partner's update of the round) and copy-pool
@@ -137,8 +137,9 @@ def auroc(deviators, honest) -> float:
     return sum((h > d) + 0.5 * (h == d) for h in honest for d in deviators) / (len(honest) * len(deviators))
 
 
-def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, rounds: int) -> dict:
-    deviators = {client_id(i) for i in DEVIATORS}
+def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, rounds: int,
+            deviators: set[str] | None = None) -> dict:
+    deviators = {client_id(i) for i in DEVIATORS} if deviators is None else deviators
     honest_fine = deviator_fine = 0.0
     honest_paid, partners = [], []
     sums: dict[str, list[float]] = {}
@@ -224,7 +225,7 @@ def figure(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--cache", type=Path, default=None, help="safetensors file of the honest updates (read or written)")
@@ -232,7 +233,11 @@ def main(argv=None) -> int:
     parser.add_argument("--deviations", default=",".join(DEVIATIONS))
     parser.add_argument("--figure", type=Path, default=None, help="draw the AUROC curves into this PNG")
     parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     started = time.time()
     rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")), fake=args.synthetic)
     print(markdown(rows))

@@ -30,7 +30,7 @@ def auroc(deviators: list[float], honest: list[float]) -> float:
     return wins / (len(honest) * len(deviators))
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--fraction", type=float, default=0.1)
@@ -39,7 +39,11 @@ def main(argv=None) -> int:
     parser.add_argument("--min-peers", type=int, default=None, help="KFCAStrategy min_peers (default: its default)")
     parser.add_argument("--max-steps", type=int, default=8, help="local steps per round (the tiny recipe: 8)")
     parser.add_argument("--out", type=Path, default=None, help="write the per-round rewards as JSON here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
 
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
@@ -87,6 +91,13 @@ def main(argv=None) -> int:
         rounds.append({"round": t, "rewards": {str(p): r for p, r in sorted(by_partition.items())},
                        "undetermined": [strategy.partition_of[nodes[w]] for w in strategy.undetermined.get(t, ())]})
     print(summarise(rounds, attack_of, args, wall))
+    from bench_few_peers import markdown, measure
+
+    figures = measure({r["round"]: r["rewards"] for r in rounds}, sum(bool(r["undetermined"]) for r in rounds),
+                      len(rounds), deviators={str(p) for p in attack_of})
+    print(markdown([{"deviation": ", ".join(sorted(attacks.values())), "setting": "today (min_peers 0)"
+                     if args.min_peers == 0 else "pool (defaults)" if args.min_peers is None
+                     else f"min_peers {args.min_peers}", **figures}]))
     if args.out is not None:
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "wall_s": wall,
                                         "attacks": attacks, "rounds": rounds}, indent=1))

@@ -147,7 +147,7 @@ class KfcaConfig(_Section):
     min_peers: StrictInt = Field(2, ge=0)
     pool_window: StrictInt = Field(10, ge=1)
     pool_peers: StrictInt = Field(8, ge=0)
-    pool_weight: StrictFloat = Field(1.0, gt=0.0)
+    pool_weight: StrictFloat = Field(4.0, gt=0.0)
 
     @field_validator("attacks")
     @classmethod

@@ -161,3 +161,13 @@ def test_pool_names_and_settings_are_checked_and_the_recipe_defaults_are_the_poo
     kfca = KfcaConfig()
     assert (kfca.min_peers, kfca.pool_window, kfca.pool_peers, kfca.pool_weight) == (
         PoolSettings().min_peers, PoolSettings().window, PoolSettings().pool_peers, PoolSettings().weight)
+
+
+def test_a_stale_resubmission_older_than_the_window_is_caught_on_the_sketch():
+    first = honest(3, 1)
+    scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (1, 2), 4: (8, 9), 5: (3, 7)}, PoolSettings(window=2),
+                        deviations={3: lambda t: first})
+    r5 = scored[5]
+    assert [g.clients for g in r5.pool_copies] == [("c03", "c03@1")]  # round 1 is outside the window of 2
+    assert r5.pool_copies[0].pairs[0].agreement == 1.0 and r5.report.rewards["c03"] == 0.0
+    assert r5.report.rewards["c07"] == r5.report.unadjusted_rewards["c07"]

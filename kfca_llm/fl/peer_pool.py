@@ -61,8 +61,8 @@ class PoolSettings:
     """Rounds of sign words kept."""
     pool_peers: int = 8
     """Pool peers per short participant (distinct participants, most recent first)."""
-    weight: float = 1.0
-    """A pool peer's payment weight, an in-round peer's being 1."""
+    weight: float = 4.0
+    """The weight of a pool peer of the strongest lag (an in-round peer's is 1); other lags in proportion."""
 
     def __post_init__(self):
         for name in ("min_peers", "window", "pool_peers"):

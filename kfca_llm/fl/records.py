@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .peer_pool import parse_pool_name
 from ..recipe import Recipe, recipe_to_dict
 
 
@@ -188,7 +189,8 @@ class FederationResult:
         for r in self.rounds:
             for group in r.duplicates:
                 for c in group["clients"]:
-                    out.setdefault(c, []).append(r.round)
+                    if parse_pool_name(c) is None:  # an earlier round's entry the client copied is not flagged again
+                        out.setdefault(c, []).append(r.round)
         return dict(sorted(out.items()))
 
     def to_report(self) -> dict[str, Any]:

@@ -136,7 +136,8 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         fixed_attacker_rewards={cid: reward[cid] for cid in ids if not participants[cid].honest},
         pairs=records,
         categorical_world=all(r.categorical_world for r in records if r.honest_pair),
-        duplicates=[{**g.to_dict(), "unadjusted_rewards": {c: report.unadjusted_rewards[c] for c in g.clients}}
+        duplicates=[{**g.to_dict(), "unadjusted_rewards": {c: report.unadjusted_rewards[c] for c in g.clients
+                                                           if c in report.unadjusted_rewards}}  # not pool entries
                     for g in report.duplicates],
         pack_s=pack_s, undetermined=list(pooled.undetermined),
         pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers})
