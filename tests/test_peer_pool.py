@@ -73,11 +73,12 @@ def test_a_round_with_enough_in_round_peers_gives_todays_rewards_bit_for_bit():
     for t in range(1, 4):
         pool.add_round(t, {f"c{c:02d}": w for c, w in zip((t, t + 10), pack_updates(round_updates(t, (t, t + 10))).words()[0])})
     assert pool.entries(4)
-    updates = round_updates(4, (0, 1, 2, 3), {3: "flip"})
-    pooled = score_with_pool(pack_updates(updates), pool, 4, seed=123)
-    today = score_updates(updates, seed=123)
-    assert pooled.report.rewards == today.rewards and pooled.report.pairwise == today.pairwise
-    assert not pooled.used_pool and pooled.undetermined == ()
+    for clients in ((0, 1, 2), (0, 1, 2, 3)):  # exactly min_peers in-round peers each, and more
+        updates = round_updates(4, clients, {2: "flip"})
+        pooled = score_with_pool(pack_updates(updates), pool, 4, seed=123)
+        today = score_updates(updates, seed=123)
+        assert pooled.report.rewards == today.rewards and pooled.report.pairwise == today.pairwise
+        assert not pooled.used_pool and pooled.undetermined == ()
 
 
 def test_min_peers_zero_turns_the_pool_off():
