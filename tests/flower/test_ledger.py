@@ -369,3 +369,19 @@ def test_random_kills_leave_complete_verifiable_rounds():
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["trials"] == 3 and summary["failed"] == [] and summary["verified"] == 3
     assert summary["resumed_complete"] == 3
+
+
+def test_ledger_summary_standard_error_and_distinguishability_from_constructed_rows():
+    from kfca_llm.flower.ledger import LedgerContents, RewardRow, RoundRow, ledger_summary
+
+    def row(who, t, reward):
+        return RewardRow("run", t, who, "1", reward, (), None, "", reward)
+
+    rewards = [row("a", 1, 0.2), row("a", 2, 1.0), row("b", 1, 1.0), row("b", 2, 1.5), row("c", 3, 0.3)]
+    rounds = [RoundRow("run", t, "scored", 0, None, 2, 0, "", undetermined=("a",) if t == 1 else ()) for t in (1, 2, 3)]
+    summary = {s["participant"]: s for s in ledger_summary(LedgerContents(rewards, [], rounds))}
+    # a: mean 0.6, standard error 0.4: 1.5 standard errors from zero, not the 1.96 it takes.
+    assert summary["a"]["std_error"] == pytest.approx(0.4) and summary["a"]["distinguishable_from_zero"] is False
+    assert summary["b"]["std_error"] == pytest.approx(0.25) and summary["b"]["distinguishable_from_zero"] is True
+    assert summary["c"]["std_error"] is None and summary["c"]["distinguishable_from_zero"] is None
+    assert [summary[w]["undetermined_rounds"] for w in "abc"] == [1, 0, 0]
