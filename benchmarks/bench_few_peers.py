@@ -201,6 +201,25 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def lag_table(updates, max_lag: int = 6) -> str:
+    """Mean payment of an honest update against other clients' honest updates k rounds older (k = 0: the same
+    round), on the newer round's partition, and the share of such pairs paid < 0."""
+    by_lag: dict[int, list[float]] = {}
+    for t, clients in updates.items():
+        for client, update in clients.items():
+            others = {f"{c}@{s}": u for s in range(max(1, t - max_lag), t + 1) for c, u in updates[s].items()
+                      if c != client}
+            if not others:
+                continue
+            report = pack_updates({"me": update, **others}).score(pairs=[("me", o) for o in others],
+                                                                  seed=derive_seed(0, KFCA, t))
+            for (_, other), payment in report.pairwise.items():
+                by_lag.setdefault(t - int(other.rpartition("@")[2]), []).append(payment)
+    lines = ["| lag (rounds) | pairs | mean payment | paid < 0 |", "|---|---|---|---|"]
+    lines += [f"| {k} | {len(v)} | {np.mean(v):+.4f} | {np.mean(np.array(v) < 0):.2f} |" for k, v in sorted(by_lag.items())]
+    return "\n".join(lines)
+
+
 def figure(rows: list[dict], path: Path) -> None:
     """AUROC of the running mean rewards against rounds, per deviation: today's round peers vs the pool."""
     import matplotlib
@@ -233,12 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deviations", default=",".join(DEVIATIONS))
     parser.add_argument("--figure", type=Path, default=None, help="draw the AUROC curves into this PNG")
     parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
+    parser.add_argument("--lags", action="store_true", help="print how honest updates agree across rounds, and stop")
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     started = time.time()
+    if args.lags:
+        print(lag_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache)))
+        return 0
     rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")), fake=args.synthetic)
     print(markdown(rows))
     if args.figure is not None:
