@@ -33,6 +33,7 @@ A round in which every participant has ``min_peers`` in-round peers is scored ex
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -176,6 +177,31 @@ class PeerPool:
             if differ <= max_disagreement * bits:
                 out.append((name, 1.0 - differ / bits))
         return out
+
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """(arrays, metadata) that ``from_arrays`` turns back into this pool (a resumed run continues with it)."""
+        arrays, entries = {}, []
+        for t, members in self._rounds.items():
+            for who, words in sorted(members.items()):
+                arrays[f"words.{len(entries)}"] = words
+                entries.append([t, who])
+        for k, (name, bits) in enumerate(self._sketches):
+            arrays[f"sketch.{k}"] = bits
+        return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches])}
+
+    @classmethod
+    def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+                    ) -> PeerPool:
+        pool = cls(settings)
+        for k, (t, who) in enumerate(json.loads(metadata["entries"])):
+            words = np.asarray(arrays[f"words.{k}"], dtype=np.int32)
+            pool._rounds.setdefault(int(t), {})[who] = words
+            pool._words = words.shape[-1]
+        pool._rounds = OrderedDict(sorted(pool._rounds.items()))
+        pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
+                          for k, name in enumerate(json.loads(metadata["sketches"]))]
+        return pool
 
 
 SKETCH_WORDS = 128

@@ -37,7 +37,7 @@ from .records import FederationResult, RoundClock, RoundRecord
 from .peer_pool import PeerPool
 from .scoring import Submission, pool_settings, score_round
 from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
-from .state import last_complete_round, load_checkpoint, save_checkpoint, save_client_updates
+from .state import last_complete_round, load_checkpoint, load_pool, save_checkpoint, save_client_updates, save_pool
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,6 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
     histories: dict[str, list[StateDict]] = {cid: [] for cid in [*([analysis_client] if analysis else []), *fixed]}
-    # The pool restarts empty on a resume (its sign words are not in the checkpoint): the first rounds after
-    # it may borrow fewer peers than an uninterrupted run.
     pool = PeerPool(pool_settings(recipe.kfca))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
@@ -153,6 +151,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         if done:
             global_state, saved, result.rounds = load_checkpoint(out_dir, done, seed, strategies, recipe)
             histories.update(saved)
+            pool = load_pool(out_dir, done, pool.settings)
             start = done + 1
 
     T = recipe.num_server_rounds
@@ -202,6 +201,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
                 save_client_updates(out_dir, t, model, start_state,
                                     {s.client: s.update for s in submissions if not s.analysis})
             if t % max(recipe.train.save_every_round, 1) == 0 or t == T:
+                save_pool(out_dir, t, pool)  # before the checkpoint's COMPLETE marker
                 save_checkpoint(out_dir, t, model, global_state, histories, result)
         result.timings[t] = clock.timing(train_s=train_s, pack_s=scores.pack_s, score_s=scoring_s - scores.pack_s,
                                          aggregate_s=aggregate_s, save_s=clock.lap())
