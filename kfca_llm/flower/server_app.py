@@ -4,8 +4,9 @@ Run config (pyproject ``[tool.flwr.app.config]``, ``flwr run . --run-config 'key
 recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.aggregation`` (``all``,
 ``exclude-negative``, ``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the
 directory the ServerApp runs in), ``kfca.identity`` (``auto``, ``public-key``, ``declared``),
-``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``) and ``kfca.resume`` (continue the
-ledger's last run from the arrays its last committed round produced).
+``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``), ``kfca.resume`` (continue the
+ledger's last run from the arrays its last committed round produced) and ``kfca.receipt-key`` (the server's
+Ed25519 key file that signs each participant's receipts; empty: no receipts).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           aggregation=str(config.get("kfca.aggregation", "all")),
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
                           keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"),
+                          receipt_key=str(config.get("kfca.receipt-key", "")) or None,
                           min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
                           pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight)
 
