@@ -474,7 +474,8 @@ def _rows(conn: sqlite3.Connection, cls: type, table: str, columns: Mapping[str,
 
 
 def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
-    return any(row[1] == column for row in conn.execute(f"PRAGMA table_info({table})"))
+    # The reading connection returns text as bytes (ledger_cells checks every cell's encoding itself).
+    return any(row[1] in (column, column.encode()) for row in conn.execute(f"PRAGMA table_info({table})"))
 
 
 # Versions 1-2: keyed by node id, settings per run, no chain, no participants; read as version 3 rows.

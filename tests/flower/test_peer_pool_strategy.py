@@ -73,16 +73,18 @@ def test_round_peers_only_pay_the_partner_what_the_flipper_is_paid(tmp_path):
     assert strategy.undetermined == {t: () for t in strategy.rewards}
 
 
-def test_round_one_is_undetermined_in_the_ledger_and_the_metrics_and_later_rounds_are_not(pooled):
+def test_rounds_one_and_two_are_undetermined_in_the_ledger_and_the_metrics_and_later_rounds_are_not(pooled):
+    # Round 2 borrows round 1's entries, but a lag's weight needs pool entries of two rounds: none yet.
     strategy, result, ledger = pooled
     rounds = read_ledger(ledger).rounds
-    assert rounds[0].undetermined == tuple(sorted(strategy.rewards[1]))
-    assert all(r.undetermined == () for r in rounds[1:])
+    assert [r.undetermined for r in rounds[:2]] == [tuple(sorted(strategy.rewards[t])) for t in (1, 2)]
+    assert all(r.undetermined == () for r in rounds[2:])
     metrics = result.train_metrics_clientapp
     assert metrics[1]["kfca.undetermined"] == 2 and metrics[1]["kfca.pool-peers"] == 0
-    assert all(metrics[t]["kfca.undetermined"] == 0 and metrics[t]["kfca.pool-peers"] > 0 for t in range(2, ROUNDS + 1))
+    assert metrics[2]["kfca.undetermined"] == 2
+    assert all(metrics[t]["kfca.undetermined"] == 0 and metrics[t]["kfca.pool-peers"] > 0 for t in range(3, ROUNDS + 1))
     summary = {s["participant"]: s for s in ledger_summary(read_ledger(ledger))}
-    assert sum(s["undetermined_rounds"] for s in summary.values()) == 2
+    assert sum(s["undetermined_rounds"] for s in summary.values()) == 4
 
 
 def test_the_log_says_why_a_round_is_undetermined_and_what_to_change(caplog):
