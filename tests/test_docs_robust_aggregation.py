@@ -1,6 +1,6 @@
 """docs/robust-aggregation.md and benchmarks/ROBUSTNESS.md show what the code prints: the aggregation benchmark's
-table and verdict lines (recomputed from the committed cells, benchmarks/aggregation.json), and run commands
-that Flower accepts."""
+tables and verdict lines (recomputed from the committed cells, benchmarks/aggregation.json and, for the rerun
+after issue 27, aggregation_pool.json), and run commands that Flower and kfca-llm accept."""
 
 from __future__ import annotations
 
@@ -45,6 +45,16 @@ def test_the_aggregation_table_and_verdicts_are_what_the_benchmark_prints(page):
         assert _tables(text) == [printed]  # the page's only table
     else:
         assert printed in _tables(text)
+    for line in bench.verdict(cells):
+        assert f"- {line}" in text, line
+
+
+def test_the_few_peers_rerun_table_and_verdicts_are_what_the_benchmark_prints():
+    """ROBUSTNESS.md's rerun after issue 27 (benchmarks/aggregation_pool.json)."""
+    bench = _bench()
+    cells = json.loads((ROOT / "benchmarks" / "aggregation_pool.json").read_text())["cells"]
+    text = ROBUSTNESS.read_text()
+    assert bench.table(cells) in _tables(text)
     for line in bench.verdict(cells):
         assert f"- {line}" in text, line
 
