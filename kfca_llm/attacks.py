@@ -22,6 +22,7 @@ LLM Fine-Tuning"):
                Gaussian value with the honest tensor's standard deviation
 ``flip``       the negated update
 ``zero``       all zeros
+``scaled:F``   F times the honest update (F finite; ``scaled:-10`` is a flip ten times as large)
 ``random``     Gaussian noise with the honest tensor's standard deviation (per tensor)
 ``copy:NOISE`` another honest client's update of the same round (chosen by the generator), plus
                Gaussian noise of NOISE times each tensor's standard deviation (NOISE >= 0)
@@ -280,6 +281,21 @@ def _non_negative_float(text: str) -> float:
     if not value >= 0.0 or value == float("inf"):
         raise ValueError(f"noise scale must be a finite number >= 0, got {value}")
     return value
+
+
+def _finite_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"scale must be a finite number, got {value}")
+    return value
+
+
+@register_attack("scaled", parse=_finite_float, usage="scaled:F (F x the honest update; scaled:-10 is a scaled flip)")
+def scaled_update(honest, history, generator, scale: float):
+    return {k: v * scale for k, v in honest.items()}
 
 
 def _group_name(text: str) -> str:

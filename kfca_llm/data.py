@@ -131,6 +131,27 @@ def load_client_datasets(recipe: Recipe, tokenizer: Any, *, data_dir: str | Path
     return clients
 
 
+HELDOUT_ROWS = 64
+"""Rows of the synthetic generator past the training rows that evaluate the global adapter each round."""
+
+
+def load_heldout_examples(recipe: Recipe, tokenizer: Any, *, data_dir: str | Path | None = None
+                          ) -> list[dict[str, list[int]]]:
+    """Encoded held-out rows: the next ``HELDOUT_ROWS`` rows of the synthetic generator after the training
+    rows (same distribution, never trained on as rows; the synthetic tasks have few distinct questions, so
+    their content does recur). Every synthetic row has one exact answer. Empty for real data sets (no
+    held-out split is chosen for them yet)."""
+    ds = recipe.dataset
+    if data_dir is not None or ds.name != SYNTHETIC_DATASET:
+        return []
+    train_rows = ds.num_rows or 0
+    rows = synthetic.make_rows(recipe.domain, train_rows + HELDOUT_ROWS, recipe.kfca.seed)[train_rows:]
+    fmt, seq = recipe.train.prompt_format, recipe.train.seq_length
+    encoded = [encode_example(tokenizer, *format_example(row, recipe.domain, prompt_format=fmt, tokenizer=tokenizer),
+                              seq) for row in rows]
+    return [item for item in encoded if any(label != IGNORE_INDEX for label in item["labels"])]
+
+
 def collate(batch: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a batch: input_ids (pad id), attention_mask (0 on padding), labels (-100 on padding)."""
     if not batch:

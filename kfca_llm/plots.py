@@ -175,3 +175,23 @@ def plot_delta(reports: Sequence[Report], path: str | Path) -> None:
                  fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
+
+
+def plot_heldout(report: Report, path: str | Path) -> None:
+    """The global adapter's held-out loss (left) and exact-answer accuracy (right) after each round."""
+    heldout = report["heldout"]
+    x = list(range(1, len(heldout["loss"]) + 1))
+    fig, (loss, accuracy) = plt.subplots(1, 2, figsize=(10.0, 3.4))
+    loss.plot(x, heldout["loss"], marker="o", color="#1f77b4")
+    loss.set_ylabel("held-out loss (response tokens)")
+    accuracy.plot(x, [100 * a for a in heldout["accuracy"]], marker="o", color="#2ca02c")
+    accuracy.set_ylabel("exact answers (%)")
+    accuracy.set_ylim(-2, 102)
+    for ax in (loss, accuracy):
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    aggregate = report.get("config", {}).get("kfca", {}).get("aggregate", "?")
+    fig.suptitle(f"Global adapter on {heldout['rows']} held-out rows: {_title(report)}, kfca.aggregate = {aggregate}",
+                 fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)

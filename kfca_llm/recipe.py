@@ -41,7 +41,7 @@ PROMPT_FORMATS: tuple[str, ...] = PromptFormat.__args__
 # "honest": FedAvg over the honest clients' updates only, so attacks change rewards but not the model
 # trajectory (the paper's setting: rewards are measured against the same honest run);
 # "all": FedAvg over every submitted update, attacks included (what an unguarded server would do).
-Aggregate = Literal["honest", "all"]
+Aggregate = Literal["honest", "all", "exclude-negative", "reward-weighted"]
 AGGREGATES: tuple[str, ...] = Aggregate.__args__
 # Payment of copies found among a round's submissions (kfca_llm.engine.duplicates): "zero" (paid nothing;
 # the detector cannot tell the original from the copy), "split" (a group paid as one client), "flag".
@@ -138,7 +138,8 @@ class KfcaConfig(_Section):
     # replaces their honest update for scoring (and for FedAvg with aggregate = "all").
     attackers: Names = ()
     # "honest": FedAvg over the honest clients' updates only, so attacks change rewards but not the model
-    # trajectory (the paper's setting); "all": over every submitted update (an unguarded server).
+    # trajectory (the paper's setting); "all": over every submitted update (an unguarded server);
+    # "exclude-negative" / "reward-weighted": KFCAStrategy's rules (kfca_llm.fl.aggregate).
     aggregate: Aggregate = "honest"
     # Copies among the round's real submissions (never the attack analysis' side-by-side ones).
     duplicates: Duplicates = "zero"

@@ -1,6 +1,7 @@
 """One KFCA-FedAvg federation with the attack analysis, and its outputs (the work of ``kfca-llm simulate``).
 
-``run_one`` writes report.json, rewards.csv, rewards.png and delta.png; ``reward_table`` is the table it prints.
+``run_one`` writes report.json, rewards.csv, rewards.png, delta.png and heldout.png (the global adapter's
+held-out loss and exact-answer accuracy per round, where the data set has held-out rows); ``reward_table`` is the table it prints.
 ``run_seeds`` runs one recipe under several seeds, one after another, each into ``seed<S>/``, and writes
 their ``summary.json``.
 """
@@ -85,6 +86,8 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
     for client, rounds in duplicates.get("flagged", {}).items():
         notes.append(f"copies: {client} flagged in round(s) {', '.join(map(str, rounds))} "
                      f"(kfca.duplicates = {duplicates['policy']}; unadjusted rewards in report.json)")
+    if report.get("heldout"):
+        notes.append(heldout_note(report))
     if timed := [t for t in report.get("timing", []) if t]:
         notes.append(timing_note(timed))
     if wall_s is not None:
@@ -95,14 +98,26 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
                       ["rank", "strategy", "mean reward", "% of honest", "min", "max"], rows, notes, width=100)
 
 
+def heldout_note(report: dict[str, Any]) -> str:
+    """One line: the global adapter on the held-out rows after the first and the last round."""
+    heldout = report["heldout"]
+    first, last = 0, len(heldout["loss"]) - 1
+    return (f"global adapter on {heldout['rows']} held-out rows (kfca.aggregate = "
+            f"{report['config']['kfca']['aggregate']}): loss {heldout['loss'][first]:.4f} after round 1, "
+            f"{heldout['loss'][last]:.4f} after round {last + 1}; exact answers {100 * heldout['accuracy'][first]:.1f}% "
+            f"-> {100 * heldout['accuracy'][last]:.1f}%")
+
+
 def write_outputs(report: dict[str, Any], out: Path) -> None:
-    from .plots import plot_delta, plot_rewards
+    from .plots import plot_delta, plot_heldout, plot_rewards
     from .report import write_atomic, write_json
 
     write_json(out / "report.json", report)
     write_atomic(out / "rewards.csv", rewards_csv(report))
     plot_rewards([report], out / "rewards.png")
     plot_delta([report], out / "delta.png")
+    if report.get("heldout"):
+        plot_heldout(report, out / "heldout.png")
 
 
 def run_one(recipe: Recipe, out: Path, *, resume: bool = False, cpu: bool = False, progress: bool = True,
@@ -137,7 +152,8 @@ def run_one(recipe: Recipe, out: Path, *, resume: bool = False, cpu: bool = Fals
     if valuer is not None:
         print(valuer.table())
     saved = "adapters/, updates/" if recipe.train.save_client_updates else "adapters/"
-    print(f"wrote {out}/report.json, rewards.csv, rewards.png, delta.png, {saved}")
+    figures = "rewards.png, delta.png" + (", heldout.png" if report.get("heldout") else "")
+    print(f"wrote {out}/report.json, rewards.csv, {figures}, {saved}")
     return report
 
 

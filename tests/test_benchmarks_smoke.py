@@ -110,6 +110,20 @@ def test_robustness_benchmark_synthetic_part(tmp_path):
     assert "Honest rounds with any pair flagged: 0 of 12." in printed
 
 
+def test_aggregation_benchmark_smoke(tmp_path):
+    """bench_aggregation --smoke: 6 clients, 2 rounds, flip: the oracle, exclude-negative and FedMedian behind
+    KFCA, each one table row with the held-out loss; exclude-negative reports the flipper left out."""
+    out = tmp_path / "agg.json"
+    printed = _run(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)], tmp_path)
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in printed.splitlines()
+            if line.startswith("| ") and not line.startswith("| method")}
+    assert set(rows) == {"honest", "exclude-negative", "kfca+fedmedian"}, printed
+    assert re.fullmatch(r"\d\.\d{3} \(1 seed\), \d+%", rows["honest"]), rows
+    assert "; out 100%/" in rows["exclude-negative"], rows
+    cells = json.loads(out.read_text())["cells"]
+    assert len(cells) == 3 and all(len(c["loss_per_round"]) == 2 for c in cells)
+
+
 def test_few_peers_benchmark_smoke(tmp_path):
     """Synthetic updates at two per round (no training): the pool fines the flipper's honest partners far less
     than round peers alone, which fine them as the flipper (ratio 1.00), and the figure is drawn."""

@@ -57,6 +57,12 @@ class RoundRecord:
     duplicates: list[dict[str, Any]] = field(default_factory=list)
     """Groups of copies among the round's real submissions (clients, flagged pairs, unadjusted rewards);
     the rewards above are after the recipe's ``kfca.duplicates`` policy."""
+    aggregated: dict[str, float] = field(default_factory=dict)
+    """Submission id -> its share of the round's FedAvg (the honest clients' for ``kfca.aggregate =
+    "honest"``); a submission absent was left out."""
+    heldout: dict[str, float] | None = None
+    """The new global adapter on the held-out rows: ``loss``, ``accuracy`` (exact answers), ``rows`` (None:
+    not evaluated)."""
     undetermined: list[str] = field(default_factory=list)
     """Clients paid with fewer than ``kfca.min-peers`` distinct peers (``fl.peer_pool``): their rewards
     cannot tell who deviated."""
@@ -81,7 +87,8 @@ class RoundTiming:
     """Where one round's time went on the main process: wall seconds per phase, and peak device memory.
 
     The phases are disjoint laps of one clock; ``wall_s`` is the whole round, so the rest (making the
-    attacks' submissions, a round observer such as the valuation, waiting for other processes) is
+    attacks' submissions, a round observer such as the valuation, the held-out evaluation, waiting for
+    other processes) is
     ``wall_s`` minus their sum.
     """
 
@@ -98,6 +105,12 @@ class RoundTiming:
     wall_s: float
     peak_device_bytes: int | None
     """``torch.cuda.max_memory_allocated`` over the round (reset when it starts); None on the CPU."""
+
+
+def aggregated_shares(weights: Mapping[str, float]) -> dict[str, float]:
+    """Weights -> shares of their total (sorted ids; empty stays empty)."""
+    total = sum(weights.values())
+    return {who: w / total for who, w in sorted(weights.items())} if total > 0 else {}
 
 
 def wait_for_device(device) -> None:
@@ -193,6 +206,13 @@ class FederationResult:
                         out.setdefault(c, []).append(r.round)
         return dict(sorted(out.items()))
 
+    def heldout(self) -> dict[str, Any] | None:
+        """The global adapter's held-out loss and exact-answer accuracy after each round (None: not evaluated)."""
+        if not self.rounds or any(r.heldout is None for r in self.rounds):
+            return None
+        return {"rows": self.rounds[0].heldout["rows"], "loss": [r.heldout["loss"] for r in self.rounds],
+                "accuracy": [r.heldout["accuracy"] for r in self.rounds]}
+
     def to_report(self) -> dict[str, Any]:
         return {
             "domain": self.recipe.domain,
@@ -206,6 +226,7 @@ class FederationResult:
             "fixed_attackers": self.fixed_attackers(),
             "duplicates": {"policy": self.recipe.kfca.duplicates, "flagged": self.flagged_clients()},
             "categorical_world": [r.categorical_world for r in self.rounds],
+            "heldout": self.heldout(),
             "undetermined_rounds": [r.round for r in self.rounds if r.undetermined],
             "delta": [r.honest_delta() for r in self.rounds],
             "timing": [asdict(self.timings[r.round]) if r.round in self.timings else None for r in self.rounds],

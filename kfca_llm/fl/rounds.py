@@ -13,7 +13,10 @@ Round t = 1..T:
 4. ``scoring.score_round`` pays every submission against its peers on one task partition; copies among
    the real submissions are paid by ``kfca.duplicates`` (default: nothing).
 5. FedAvg (weighted by examples) over the clients' honest updates (``kfca.aggregate = "honest"``: attacks
-   change rewards, not the model), or over every submission (``"all"``).
+   change rewards, not the model: the paper's oracle), or over the submissions that ``aggregation_weights``
+   keeps, with its weights (``"all"``, ``"exclude-negative"``, ``"reward-weighted"``: the rule of
+   ``KFCAStrategy(aggregation=...)``). A round observer may replace this step (``FederationOptions.aggregator``).
+6. The new global adapter is evaluated on held-out rows (``fl/evaluate.py``): loss and exact-answer accuracy.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
 from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
 from ..tensors import StateDict
-from .aggregate import fedavg
+from .aggregate import aggregation_weights, fedavg
 from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client
 from .distributed import Processes
-from .records import FederationResult, RoundClock, RoundRecord
+from .evaluate import evaluate_global
 from .peer_pool import PeerPool
-from .scoring import Submission, pool_settings, score_round
+from .records import FederationResult, RoundClock, RoundRecord, aggregated_shares
+from .scoring import RoundScores, Submission, pool_settings, score_round
 from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
 from .state import last_complete_round, load_checkpoint, load_pool, save_checkpoint, save_client_updates, save_pool
 
@@ -52,6 +56,11 @@ class FederationOptions:
     data_dir: Path | None = None
     on_round: Callable[[RoundContext], None] | None = None
     """Called on the main process after each round is scored, before FedAvg (e.g. the Shapley valuation)."""
+    aggregator: Callable[[RoundAggregation], tuple[StateDict, dict[str, float]]] | None = None
+    """Replaces ``kfca.aggregate``: the new global adapter and each kept submission's weight (benchmarks
+    put another server's aggregation, e.g. a Flower strategy's, on the same submissions)."""
+    evaluate: bool = True
+    """Evaluate the global adapter on held-out rows after every round (where the data set has some)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,24 @@ class RoundContext:
     device: torch.device
     global_state: StateDict
     submissions: list[Submission]
+
+
+@dataclass(frozen=True)
+class RoundAggregation:
+    """What the aggregation step sees: the round's starting global adapter, every client's honest update,
+    every submission and its reward (by ``Submission.id``)."""
+
+    round: int
+    global_state: StateDict
+    trained: dict[str, ClientUpdate]
+    submissions: list[Submission]
+    rewards: dict[str, float]
+
+
+def submission_rewards(submissions: list[Submission], scores: RoundScores) -> dict[str, float]:
+    """Submission id -> its reward: a client's own submission, or the analysis client's strategy."""
+    own = {**scores.honest_rewards, **scores.fixed_attacker_rewards}
+    return {s.id: scores.strategy_rewards[s.strategy] if s.analysis else own[s.client] for s in submissions}
 
 
 def sample_round_clients(recipe: Recipe, t: int, seed: int) -> list[int]:
@@ -112,18 +139,25 @@ def make_submissions(recipe: Recipe, t: int, trained: dict[str, ClientUpdate], a
     return out
 
 
-def aggregate_round(recipe: Recipe, global_state: StateDict, trained: dict[str, ClientUpdate],
-                    submissions: list[Submission]) -> StateDict:
-    if recipe.kfca.aggregate == "all":
-        return fedavg(global_state, [(s.id, s.update, s.num_examples) for s in submissions])
-    return fedavg(global_state, [(cid, r.update, r.num_examples) for cid, r in trained.items()])
+def aggregate_round(recipe: Recipe, round_: RoundAggregation) -> tuple[StateDict, dict[str, float]]:
+    """The new global adapter under ``kfca.aggregate`` and the weight of each update it averaged."""
+    if recipe.kfca.aggregate == "honest":
+        weights = {cid: float(r.num_examples) for cid, r in round_.trained.items()}
+        updates = {cid: r.update for cid, r in round_.trained.items()}
+    else:
+        weights = aggregation_weights(recipe.kfca.aggregate, round_.rewards,
+                                      {s.id: s.num_examples for s in round_.submissions})
+        updates = {s.id: s.update for s in round_.submissions}
+    if not weights:  # no submission kept: the global adapter stays
+        return round_.global_state, weights
+    return fedavg(round_.global_state, [(who, updates[who], w) for who, w in weights.items()]), weights
 
 
 def run_federation(recipe: Recipe, options: FederationOptions = FederationOptions()) -> FederationResult:
     """Run KFCA-FedAvg for ``recipe.num_server_rounds`` rounds; see the module docstring."""
     from tqdm.auto import tqdm
 
-    from ..data import load_client_datasets
+    from ..data import load_client_datasets, load_heldout_examples
     from ..modeling import load_model_and_tokenizer
 
     procs = Processes(cpu=options.cpu)
@@ -137,6 +171,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     model, tokenizer = load_model_and_tokenizer(recipe, device=procs.device, model_dir=options.model_dir)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     datasets = load_client_datasets(recipe, tokenizer, data_dir=options.data_dir)
+    heldout = load_heldout_examples(recipe, tokenizer, data_dir=options.data_dir) if options.evaluate else []
     # One initial adapter for all processes (a real model's LoRA init draws from each process's RNG).
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
@@ -181,8 +216,12 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         if options.on_round is not None and procs.is_main:
             options.on_round(RoundContext(t, model, tokenizer, pad_id, procs.device, start_state, submissions))
         clock.lap()
-        global_state = aggregate_round(recipe, global_state, trained, submissions)
+        aggregation = RoundAggregation(t, start_state, trained, submissions, submission_rewards(submissions, scores))
+        aggregate = options.aggregator or (lambda round_: aggregate_round(recipe, round_))
+        global_state, weights = aggregate(aggregation)
         aggregate_s = clock.lap()
+        heldout_scores = evaluate_global(model, global_state, heldout, pad_id, procs.device) if heldout else None
+        clock.lap()  # the evaluation counts in the round's wall time only
         for cid, history in histories.items():
             if cid in trained:
                 history.append(trained[cid].update)
@@ -196,7 +235,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             loss_before={c: r.loss_before for c, r in trained.items()},
             loss_after={c: r.loss_after for c, r in trained.items()},
             num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates,
-            undetermined=scores.undetermined, pool_peers=scores.pool_peers))
+            undetermined=scores.undetermined, pool_peers=scores.pool_peers,
+            aggregated=aggregated_shares(weights), heldout=heldout_scores))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:
                 save_client_updates(out_dir, t, model, start_state,

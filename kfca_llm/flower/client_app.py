@@ -7,6 +7,10 @@ config ``participant = "alice"`` is sent back with every reply: the identity the
 (``KFCAStrategy(identity="auto" | "declared")``), stable when the SuperNode restarts under a new node id.
 A node config ``receipts-dir = "/path"`` keeps the signed receipts the server sends (``receipts.py``) there,
 for ``kfca-llm verify LEDGER --receipts /path --server-key KEY.pub``.
+
+Evaluate messages (Flower's evaluate round, ``strategy.fraction-evaluate``): the node measures the global
+adapter on the held-out rows, as ``kfca-llm simulate`` does after each round, and replies ``eval-loss``,
+``eval-accuracy`` (exact answers) and ``num-examples`` (the rows).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from flwr.clientapp import ClientApp
 
 from .receipts import RECEIPTS_DIR_KEY, receipts_in_message, save_receipts
 from .strategy import declare_participant
-from .task import attacked_update, node_attack, recipe_from_config, train_partition
+from .task import attacked_update, evaluate_global_adapter, node_attack, recipe_from_config, train_partition
 
 HISTORY_PREFIX = "kfca.honest-update."
 
@@ -54,6 +58,16 @@ def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}
     return Message(content=content, reply_to=msg)
 
 
+def evaluate_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}) -> Message:
+    """Handle one evaluate message (the body of the ClientApp's ``@evaluate``)."""
+    config = {**defaults, **context.run_config}
+    recipe = recipe_from_config(config, num_partitions=context.node_config.get("num-partitions"))
+    scores = evaluate_global_adapter(recipe, msg.content["arrays"].to_torch_state_dict())
+    metrics = MetricRecord({"num-examples": scores["rows"], "eval-loss": scores["loss"],
+                            "eval-accuracy": scores["accuracy"]})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+
 def make_client_app(defaults: Mapping[str, Any] = {}) -> ClientApp:
     """A ClientApp whose run config falls back to ``defaults`` (``run_simulation`` passes no run config)."""
     app = ClientApp()
@@ -61,6 +75,10 @@ def make_client_app(defaults: Mapping[str, Any] = {}) -> ClientApp:
     @app.train()
     def train(msg: Message, context: Context) -> Message:
         return train_reply(msg, context, defaults)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        return evaluate_reply(msg, context, defaults)
 
     return app
 

@@ -5,8 +5,13 @@ recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.agg
 ``exclude-negative``, ``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the
 directory the ServerApp runs in), ``kfca.identity`` (``auto``, ``public-key``, ``declared``),
 ``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``), ``kfca.resume`` (continue the
-ledger's last run from the arrays its last committed round produced) and ``kfca.receipt-key`` (the server's
-Ed25519 key file that signs each participant's receipts; empty: no receipts).
+ledger's last run from the arrays its last committed round produced), ``kfca.receipt-key`` (the server's
+Ed25519 key file that signs each participant's receipts; empty: no receipts), ``kfca.wrapped-strategy`` (Flower's
+own strategy that aggregates what KFCA keeps: ``WRAPPED_STRATEGIES``, with ``kfca.wrapped.num-malicious-nodes``
+for krum/multikrum/bulyan, ``kfca.wrapped.num-nodes-to-select`` for multikrum, ``kfca.wrapped.beta`` for
+fedtrimmedavg; a parameter the chosen strategy does not take is ignored) and ``strategy.fraction-evaluate``
+(the share of nodes that evaluate the global adapter on the held-out rows after each round: Flower's
+evaluate round, its loss and exact-answer accuracy in the run's ``evaluate_metrics_clientapp``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from logging import INFO
 from flwr.app import ArrayRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Result
+from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum, Result
 
 from ..errors import InputError
 from ..recipe import Recipe
@@ -34,13 +39,45 @@ def _flag(config: Mapping[str, Any], key: str) -> bool:
     return value
 
 
+WRAPPED_STRATEGIES: dict[str, type] = {"fedavg": FedAvg, "fedmedian": FedMedian, "fedtrimmedavg": FedTrimmedAvg,
+                                        "krum": Krum, "multikrum": MultiKrum, "bulyan": Bulyan}
+"""``kfca.wrapped-strategy`` -> Flower's class (``flwr.serverapp.strategy``)."""
+WRAPPED_PARAMETERS = {"kfca.wrapped.num-malicious-nodes": ("num_malicious_nodes", ("krum", "multikrum", "bulyan")),
+                      "kfca.wrapped.num-nodes-to-select": ("num_nodes_to_select", ("multikrum",)),
+                      "kfca.wrapped.beta": ("beta", ("fedtrimmedavg",))}
+"""Run-config key -> (the Flower class's argument, the strategies that take it)."""
+
+
+def _number(config: Mapping[str, Any], key: str, default: float, kind: type, low: float, high: float) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+        raise InputError(f"run-config key {key!r} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if not low <= value <= high:
+        raise InputError(f"run-config key {key!r} must lie in [{low}, {high}], got {value!r}")
+    return kind(value)
+
+
+def build_wrapped_strategy(recipe: Recipe, config: Mapping[str, Any]):
+    """Flower's strategy named by ``kfca.wrapped-strategy`` (default fedavg), weighted by examples, with the
+    recipe's sampling and its parameters from the run config."""
+    name = str(config.get("kfca.wrapped-strategy", "fedavg"))
+    if name not in WRAPPED_STRATEGIES:
+        raise InputError(f"run-config key 'kfca.wrapped-strategy' must be one of {sorted(WRAPPED_STRATEGIES)}, "
+                         f"got {name!r}")
+    limits = {"kfca.wrapped.num-malicious-nodes": (0, int, 0, 1e9), "kfca.wrapped.num-nodes-to-select": (1, int, 1, 1e9),
+              "kfca.wrapped.beta": (0.2, float, 0.0, 0.5)}
+    options = {argument: _number(config, key, *limits[key]) for key, (argument, takers) in WRAPPED_PARAMETERS.items()
+               if name in takers}
+    fraction_evaluate = _number(config, "strategy.fraction-evaluate", 1.0, float, 0.0, 1.0)
+    return WRAPPED_STRATEGIES[name](fraction_train=recipe.strategy.fraction_train, fraction_evaluate=fraction_evaluate,
+                                    min_train_nodes=2, min_available_nodes=2, **options)
+
+
 def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: type = KFCAStrategy
                    ) -> KFCAStrategy:
-    """KFCAStrategy around FedAvg (weighted by examples) with the recipe's sampling and KFCA settings."""
-    fedavg = FedAvg(fraction_train=recipe.strategy.fraction_train, fraction_evaluate=0.0,
-                    min_train_nodes=2, min_available_nodes=2)
-    return strategy_class(fedavg, peers=recipe.kfca.peers, seed=recipe.kfca.seed, penalty=recipe.kfca.penalty,
-                          bonus_fraction=recipe.kfca.bonus_fraction,
+    """KFCAStrategy around the wrapped Flower strategy (``build_wrapped_strategy``) with the recipe's KFCA settings."""
+    return strategy_class(build_wrapped_strategy(recipe, config), peers=recipe.kfca.peers, seed=recipe.kfca.seed,
+                          penalty=recipe.kfca.penalty, bonus_fraction=recipe.kfca.bonus_fraction,
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
                           aggregation=str(config.get("kfca.aggregation", "all")),
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),

@@ -35,6 +35,7 @@ from .. import __version__
 from ..engine import get_backend
 from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError
+from ..fl.aggregate import REPLY_AGGREGATIONS, aggregation_weights
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
@@ -47,7 +48,7 @@ from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_
 from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path, read_ledger, signs_path
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 
-AGGREGATION_MODES = ("all", "exclude-negative", "reward-weighted")
+AGGREGATION_MODES = REPLY_AGGREGATIONS
 REWARD_METRIC_PREFIX = "kfca.reward."
 
 __all__ = ["AGGREGATION_MODES", "KFCAStrategy", "REWARD_METRIC_PREFIX", "update_sha256"]
@@ -460,26 +461,34 @@ class KFCAStrategy(Strategy):
 
     def _select(self, paid: Mapping[str, Message], report: RewardReport | None
                 ) -> tuple[list[Message], str | None]:
-        """The replies the wrapped strategy aggregates (in node-id order), or why it aggregates none."""
-        order = sorted(paid, key=lambda who: str(paid[who].metadata.src_node_id))
-        if report is None or self.aggregation == "all":
-            return [paid[who] for who in order], None
-        if self.aggregation == "exclude-negative":
-            kept = [paid[who] for who in order if report.rewards[who] >= 0.0]
-            return kept, None if kept else "no reply was paid >= 0; the global arrays are kept"
-        weighted = [self._reweighted(paid[who], report.rewards[who]) for who in order]
-        if not any(weight > 0 for _, weight in weighted):
-            return [], "no reply was paid > 0; the global arrays are kept"
-        return [message for message, _ in weighted], None
+        """The replies the wrapped strategy aggregates (in node-id order), or why it aggregates none.
 
-    def _reweighted(self, reply: Message, reward: float) -> tuple[Message, float]:
+        Which replies, with which weights: ``kfca_llm.fl.aggregate.aggregation_weights`` (the rule of
+        ``kfca-llm simulate`` too); a reply whose weight the rule changed carries the new weight under the
+        wrapped strategy's weight key."""
+        order = sorted(paid, key=lambda who: str(paid[who].metadata.src_node_id))
+        weights = {who: self._weight(paid[who]) for who in order}
+        kept = aggregation_weights(self.aggregation, None if report is None else report.rewards, weights)
+        if not kept:
+            return [], (f"no reply was paid {'>=' if self.aggregation == 'exclude-negative' else '>'} 0; "
+                        "the global arrays are kept")
+        return [paid[who] if kept[who] == weights[who] else self._reweighted(paid[who], kept[who])
+                for who in order if who in kept], None
+
+    def _weight(self, reply: Message) -> float:
+        """A reply's weight in the wrapped strategy (1 where it weighs replies by no key)."""
+        if self.weighted_by_key is None:
+            return 1.0
+        (metrics,) = reply.content.metric_records.values()  # _check_metrics: exactly one
+        return float(metrics[self.weighted_by_key])
+
+    def _reweighted(self, reply: Message, weight: float) -> Message:
         content = RecordDict(dict(reply.content.items()))
         (name, metrics), = content.metric_records.items()
         scaled = MetricRecord(dict(metrics.items()))
-        weight = float(metrics[self.weighted_by_key]) * max(reward, 0.0)
         scaled[self.weighted_by_key] = weight
         content[name] = scaled
-        return Message(content=content, metadata=reply.metadata), weight
+        return Message(content=content, metadata=reply.metadata)
 
     def _num_examples(self, reply: Message) -> int | None:
         key = self.weighted_by_key or "num-examples"

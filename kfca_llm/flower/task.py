@@ -23,7 +23,8 @@ from ..fl.seeds import TRAIN, client_id, derive_seed
 from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
 APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume",
-            "kfca.receipt-key")
+            "kfca.receipt-key", "kfca.wrapped-strategy", "kfca.wrapped.num-malicious-nodes",
+            "kfca.wrapped.num-nodes-to-select", "kfca.wrapped.beta", "strategy.fraction-evaluate")
 """Run-config keys of the app itself; every other key is a recipe key."""
 DEFAULT_LEDGER = "rewards.sqlite"
 
@@ -50,12 +51,14 @@ def recipe_key(recipe: Recipe) -> str:
 
 
 @lru_cache(maxsize=2)
-def _model(key: str) -> tuple[Any, Any]:
-    """Model and tokenizer, built once per process (a Ray worker serves many nodes)."""
+def _model(key: str) -> tuple[Any, Any, dict[str, torch.Tensor]]:
+    """Model, tokenizer and the model's adapter as built (training and evaluation overwrite the model's
+    adapter later), once per process (a Ray worker serves many nodes)."""
     from ..modeling import load_model_and_tokenizer
     from ..recipe import recipe_from_dict
 
-    return load_model_and_tokenizer(recipe_from_dict(json.loads(key)), device="cpu")
+    model, tokenizer = load_model_and_tokenizer(recipe_from_dict(json.loads(key)), device="cpu")
+    return model, tokenizer, adapter_state(model)
 
 
 @lru_cache(maxsize=2)
@@ -69,7 +72,7 @@ def _datasets(key: str) -> list:
 
 def initial_adapter(recipe: Recipe) -> dict[str, torch.Tensor]:
     """The global adapter of round 1 (the same seeded model every node builds)."""
-    return adapter_state(_model(recipe_key(recipe))[0])
+    return {name: tensor.clone() for name, tensor in _model(recipe_key(recipe))[2].items()}
 
 
 def train_partition(recipe: Recipe, partition: int, global_state: Mapping[str, torch.Tensor],
@@ -79,11 +82,35 @@ def train_partition(recipe: Recipe, partition: int, global_state: Mapping[str, t
     if not 0 <= partition < recipe.num_clients:
         raise InputError(f"partition-id {partition} is outside 0..{recipe.num_clients - 1}")
     key = recipe_key(recipe)
-    model, tokenizer = _model(key)
+    model, tokenizer, _ = _model(key)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return train_client(model, global_state, _datasets(key)[partition], recipe, server_round=server_round,
                         seed=derive_seed(recipe.kfca.seed, TRAIN, server_round, partition),
                         device=torch.device("cpu"), pad_token_id=pad_id)
+
+
+@lru_cache(maxsize=2)
+def _heldout(key: str) -> list:
+    """The held-out rows every node evaluates the global adapter on (``data.load_heldout_examples``)."""
+    from ..data import load_heldout_examples
+    from ..recipe import recipe_from_dict
+
+    return load_heldout_examples(recipe_from_dict(json.loads(key)), _model(key)[1])
+
+
+def evaluate_global_adapter(recipe: Recipe, global_state: Mapping[str, torch.Tensor]) -> dict[str, float | int]:
+    """The global adapter's held-out loss and exact-answer accuracy (``fl.evaluate``), as ``kfca-llm simulate``
+    measures them after each round."""
+    from ..fl.evaluate import evaluate_global
+
+    key = recipe_key(recipe)
+    examples = _heldout(key)
+    if not examples:
+        raise InputError(f"data set {recipe.dataset.name!r} has no held-out rows to evaluate on "
+                         "(only the synthetic data sets have them); set strategy.fraction-evaluate = 0")
+    model, tokenizer, _ = _model(key)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return evaluate_global(model, global_state, examples, pad_id, torch.device("cpu"))
 
 
 def node_attack(recipe: Recipe, node_config: Mapping[str, Any], partition: int) -> str | None:

@@ -4,6 +4,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flower_local import set_task_identity  # noqa: E402
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict  # noqa: E402
@@ -122,3 +123,90 @@ def test_every_app_key_and_every_run_config_key_the_pages_use_is_declared_for_fl
     assert len(commands) >= 4  # the README's, and docs/flower.md's operator flow and local simulation
     for overrides in commands:
         fuse_dicts(declared, parse_config_args([overrides.replace("$PWD", "/srv")]), check_keys=True)
+
+
+class _RecordingKFCA:
+    """Mixed into KFCAStrategy: keeps each round's valid replies as numpy (the wrapped strategy may consume them)."""
+
+    def aggregate_train(self, server_round, replies):
+        replies = list(replies)
+        self.handed = [({k: a.numpy().copy() for k, a in m.content["arrays"].items()},
+                        m.content["metrics"]["num-examples"]) for m in replies]
+        return super().aggregate_train(server_round, replies)
+
+
+def _krum_selection(replies, malicious, select):
+    """Krum/MultiKrum by hand: the `select` replies whose n-f-2 nearest others are closest (squared L2)."""
+    flat = [np.concatenate([a[k].ravel() for k in sorted(a)]) for a, _ in replies]
+    distances = np.array([[float(np.sum((x - y) ** 2)) for y in flat] for x in flat])
+    closest = max(1, len(flat) - malicious - 2)
+    scores = [np.sort(row)[1:closest + 1].sum() for row in distances]
+    return [replies[i] for i in np.argsort(scores)[:select]]
+
+
+def _mean(replies):
+    total = sum(n for _, n in replies)
+    return {k: sum(a[k] * (n / total) for a, n in replies) for k in replies[0][0]}
+
+
+@pytest.mark.parametrize("name, parameters", [
+    ("fedavg", {}), ("fedmedian", {}), ("fedtrimmedavg", {"kfca.wrapped.beta": 0.3}),
+    ("krum", {"kfca.wrapped.num-malicious-nodes": 1}),
+    ("multikrum", {"kfca.wrapped.num-malicious-nodes": 1, "kfca.wrapped.num-nodes-to-select": 3}),
+    ("bulyan", {"kfca.wrapped.num-malicious-nodes": 1})])
+def test_each_wrapped_strategy_key_builds_flowers_strategy_which_aggregates_what_kfca_hands_it(tmp_path, name,
+                                                                                               parameters):
+    """``kfca.wrapped-strategy`` builds Flower's own class with its parameters; its aggregation makes the
+    global arrays (recomputed by hand from the replies KFCA handed it) and KFCA still pays every reply."""
+    import flwr.serverapp.strategy as flower
+    from flower_local import LocalGrid, initial_arrays, numpy_node
+
+    from kfca_llm.flower import KFCAStrategy
+    from kfca_llm.flower.server_app import WRAPPED_STRATEGIES, build_strategy
+
+    config = {**CONFIG, "strategy.fraction-train": 1.0, "strategy.fraction-evaluate": 0.0,
+              "kfca.ledger": str(tmp_path / "rewards.sqlite"), "kfca.wrapped-strategy": name, **parameters}
+    recording = type("RecordingKFCA", (_RecordingKFCA, KFCAStrategy), {})
+    strategy = build_strategy(recipe_from_config(config), config, recording)
+    expected_class = {"fedavg": flower.FedAvg, "fedmedian": flower.FedMedian, "fedtrimmedavg": flower.FedTrimmedAvg,
+                      "krum": flower.Krum, "multikrum": flower.MultiKrum, "bulyan": flower.Bulyan}[name]
+    assert type(strategy.strategy) is expected_class is WRAPPED_STRATEGIES[name]
+    for key, value in parameters.items():
+        assert getattr(strategy.strategy, key.rpartition(".")[2].replace("-", "_")) == value
+
+    nodes = {n: numpy_node("honest") for n in range(1, 7)} | {7: numpy_node("flip")}
+    result = strategy.start(grid=LocalGrid(nodes), initial_arrays=initial_arrays(), num_rounds=1)
+    replies = strategy.handed
+    assert len(replies) == 7 and len(strategy.rewards[1]) == 7  # aggregation "all": every reply, every one paid
+    stacked = {k: np.stack([a[k] for a, _ in replies]) for k in replies[0][0]}
+    if name == "fedavg":
+        expected = _mean(replies)
+    elif name == "fedmedian":
+        expected = {k: np.median(v, axis=0) for k, v in stacked.items()}
+    elif name == "fedtrimmedavg":  # beta 0.3 of 7: two cut at each end of every coordinate
+        expected = {k: np.sort(v, axis=0)[2:-2].mean(axis=0) for k, v in stacked.items()}
+    elif name in ("krum", "multikrum"):
+        expected = _mean(_krum_selection(replies, 1, parameters.get("kfca.wrapped.num-nodes-to-select", 1)))
+    else:  # Bulyan, f = 1, 7 replies: within each coordinate's range of the replies, not their mean
+        low, high = ({k: f(v, axis=0) for k, v in stacked.items()} for f in (np.min, np.max))
+        assert all(np.all(low[k] - 1e-6 <= result.arrays[k].numpy()) and np.all(result.arrays[k].numpy() <= high[k] + 1e-6)
+                   for k in low)
+        expected = None
+        assert not all(np.allclose(result.arrays[k].numpy(), v) for k, v in _mean(replies).items())
+    if expected is not None:
+        for k, v in expected.items():
+            np.testing.assert_allclose(result.arrays[k].numpy(), v, rtol=1e-5, atol=1e-6)
+
+
+def test_a_wrapped_strategy_key_or_parameter_out_of_range_is_refused_naming_the_key(tmp_path):
+    from kfca_llm.flower.server_app import build_wrapped_strategy
+
+    recipe = recipe_from_config(CONFIG)
+    with pytest.raises(InputError, match="'kfca.wrapped-strategy' must be one of .*'bulyan'.*got 'median'"):
+        build_wrapped_strategy(recipe, {"kfca.wrapped-strategy": "median"})
+    with pytest.raises(InputError, match="'kfca.wrapped.beta' must lie in"):
+        build_wrapped_strategy(recipe, {"kfca.wrapped-strategy": "fedtrimmedavg", "kfca.wrapped.beta": 0.7})
+    with pytest.raises(InputError, match="'kfca.wrapped.num-malicious-nodes' must be an integer"):
+        build_wrapped_strategy(recipe, {"kfca.wrapped-strategy": "krum", "kfca.wrapped.num-malicious-nodes": 1.5})
+    # a parameter the chosen strategy does not take is ignored (Flower fills every declared key in)
+    assert type(build_wrapped_strategy(recipe, {"kfca.wrapped.beta": 0.7})).__name__ == "FedAvg"

@@ -29,7 +29,9 @@ from kfca_llm.flower.server_app import make_server_app  # noqa: E402
 
 HONEST, FLIP, ZERO, BROKEN, IMPOSTOR = (0, 1, 2), 3, 4, {5: "nan", 6: "shape", 7: "no-arrays"}, 8
 NODES, ROUNDS = 9, 2
-CONFIG = {"num-server-rounds": ROUNDS, "strategy.fraction-train": 1.0, "train.training-arguments.max-steps": 3,
+# This ClientApp has no evaluate handler: no evaluate round (test_wrapped_simulation runs one).
+CONFIG = {"num-server-rounds": ROUNDS, "strategy.fraction-train": 1.0, "strategy.fraction-evaluate": 0.0,
+          "train.training-arguments.max-steps": 3,
           "kfca.attackers": f"{FLIP}=flip,{ZERO}=zero"}
 
 

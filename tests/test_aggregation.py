@@ -1,0 +1,133 @@
+"""One aggregation rule for both front ends (``fl/aggregate.py``), simulate's four modes, the held-out evaluation."""
+
+import pytest
+import torch
+from helpers import TINY
+
+from kfca_llm import InputError
+from kfca_llm.fl.aggregate import REPLY_AGGREGATIONS, aggregation_weights
+from kfca_llm.fl.client import ClientUpdate
+from kfca_llm.fl.rounds import RoundAggregation, aggregate_round
+from kfca_llm.fl.scoring import Submission
+from kfca_llm.recipe import AGGREGATES, load_recipe
+
+REWARDS = {"a": 0.2, "b": 0.0, "c": -0.1, "d": 0.05}
+WEIGHTS = {"a": 10, "b": 20, "c": 30, "d": 40}
+
+
+def test_the_rule_keeps_which_replies_with_which_weights():
+    assert aggregation_weights("all", REWARDS, WEIGHTS) == {k: float(v) for k, v in WEIGHTS.items()}
+    assert aggregation_weights("exclude-negative", REWARDS, WEIGHTS) == {"a": 10.0, "b": 20.0, "d": 40.0}
+    # reward-weighted: weight x max(reward, 0); a reply paid <= 0 drops out
+    assert aggregation_weights("reward-weighted", REWARDS, WEIGHTS) == pytest.approx({"a": 2.0, "d": 2.0})
+    assert aggregation_weights("exclude-negative", None, WEIGHTS) == {k: float(v) for k, v in WEIGHTS.items()}
+    assert aggregation_weights("reward-weighted", {"a": -1.0, "b": 0.0}, {"a": 1, "b": 1}) == {}
+    with pytest.raises(InputError, match="aggregation must be one of .*'reward-weighted'.*got 'median'"):
+        aggregation_weights("median", REWARDS, WEIGHTS)
+    with pytest.raises(InputError, match=r"name different replies: \['e'\]"):
+        aggregation_weights("all", {**REWARDS, "e": 1.0}, WEIGHTS)
+
+
+def test_simulate_knows_the_rules_modes_and_the_oracle():
+    assert set(AGGREGATES) == {"honest", *REPLY_AGGREGATIONS}
+    from kfca_llm.flower.strategy import AGGREGATION_MODES
+
+    assert AGGREGATION_MODES == REPLY_AGGREGATIONS
+
+
+def _round(rewards):
+    """A round of 1-element updates: client c's honest update is +i, the attacker 'c' submits -10 x its own."""
+    honest = {cid: {"w": torch.tensor([float(i + 1)])} for i, cid in enumerate(sorted(rewards))}
+    trained = {cid: ClientUpdate(u, WEIGHTS[cid], 0.0, 0.0) for cid, u in honest.items()}
+    submissions = [Submission(cid, "scaled:-10", {"w": -10 * honest[cid]["w"]}, WEIGHTS[cid]) if cid == "c"
+                   else Submission(cid, "honest", honest[cid], WEIGHTS[cid]) for cid in sorted(rewards)]
+    return RoundAggregation(1, {"w": torch.zeros(1)}, trained, submissions, dict(rewards))
+
+
+def _recipe(mode):
+    return load_recipe(TINY, [f"kfca.aggregate={mode}"])
+
+
+def test_simulates_modes_on_one_round():
+    round_ = _round(REWARDS)
+    new, weights = aggregate_round(_recipe("honest"), round_)  # every client's honest update, attacks never
+    assert weights == {"a": 10.0, "b": 20.0, "c": 30.0, "d": 40.0} and new["w"].item() == pytest.approx(3.0)
+    new, weights = aggregate_round(_recipe("all"), round_)  # c's -30 is averaged in
+    assert new["w"].item() == pytest.approx((10 * 1 + 20 * 2 - 30 * 30 + 40 * 4) / 100)
+    new, weights = aggregate_round(_recipe("exclude-negative"), round_)
+    assert set(weights) == {"a", "b", "d"} and new["w"].item() == pytest.approx((10 + 40 + 160) / 70)
+    new, weights = aggregate_round(_recipe("reward-weighted"), round_)
+    assert set(weights) == {"a", "d"} and new["w"].item() == pytest.approx((2 * 1 + 2 * 4) / 4)
+    # nothing kept: the global adapter stays
+    new, weights = aggregate_round(_recipe("reward-weighted"), _round({k: -1.0 for k in REWARDS}))
+    assert weights == {} and new["w"].item() == 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    from kfca_llm.data import load_heldout_examples
+    from kfca_llm.modeling import load_model_and_tokenizer
+
+    recipe = load_recipe(TINY)
+    model, tokenizer = load_model_and_tokenizer(recipe, device="cpu")
+    return model, tokenizer.pad_token_id, load_heldout_examples(recipe, tokenizer)
+
+
+def test_held_out_rows_follow_the_training_rows_of_the_same_generator():
+    from kfca_llm import synthetic
+    from kfca_llm.data import HELDOUT_ROWS, load_heldout_examples
+    from kfca_llm.modeling import load_model_and_tokenizer
+
+    recipe = load_recipe(TINY)
+    tokenizer = load_model_and_tokenizer(recipe, device="cpu")[1]
+    examples = load_heldout_examples(recipe, tokenizer)
+    assert len(examples) == HELDOUT_ROWS
+    rows = synthetic.make_rows(recipe.domain, recipe.dataset.num_rows + HELDOUT_ROWS, recipe.kfca.seed)
+    first = tokenizer.decode([t for t, label in zip(examples[0]["input_ids"], examples[0]["labels"]) if label != -100])
+    assert rows[recipe.dataset.num_rows]["output"] in first and rows[0]["output"] not in first
+
+
+def test_evaluation_loss_is_the_models_token_loss_and_accuracy_counts_exact_answers(tiny_model):
+    from kfca_llm.data import collate
+    from kfca_llm.fl.evaluate import EVAL_BATCH, evaluate_adapter
+
+    model, pad_id, examples = tiny_model
+    rows = examples[:EVAL_BATCH]  # one batch: the model's own loss is the mean over every response token
+    scores = evaluate_adapter(model, rows, pad_id, torch.device("cpu"))
+    with torch.no_grad():
+        model.eval()
+        expected = float(model(**collate(rows, pad_id)).loss)
+    assert scores["loss"] == pytest.approx(expected, rel=1e-5) and scores["rows"] == EVAL_BATCH
+    # Relabel every response with the model's own greedy tokens: every answer is exact; spoil one token of
+    # one row: that row alone is wrong.
+    with torch.no_grad():
+        greedy = model(**{k: v for k, v in collate(rows, pad_id).items() if k != "labels"}).logits.argmax(-1)
+    relabelled = []
+    for row, item in enumerate(rows):
+        labels = [greedy[row, i - 1].item() if label != -100 else -100 for i, label in enumerate(item["labels"])]
+        relabelled.append({"input_ids": item["input_ids"], "labels": labels})
+    assert evaluate_adapter(model, relabelled, pad_id, torch.device("cpu"))["accuracy"] == 1.0
+    last = max(i for i, label in enumerate(relabelled[3]["labels"]) if label != -100)
+    relabelled[3]["labels"][last] = (relabelled[3]["labels"][last] + 1) % 256
+    assert evaluate_adapter(model, relabelled, pad_id, torch.device("cpu"))["accuracy"] == 1.0 - 1 / EVAL_BATCH
+
+
+def test_a_federation_reports_its_global_adapters_held_out_quality_each_round(tmp_path):
+    """Under a scaled flip the unguarded model's held-out loss rises above the oracle's; exclude-negative keeps
+    the attacker out (recorded per round) and stays with the oracle; simulate writes heldout.png."""
+    from kfca_llm.simulate import run_one
+
+    base = ["num-server-rounds=2", "train.training-arguments.max-steps=2", "strategy.fraction-train=1.0",
+            "kfca.attacks=[]", 'kfca.attackers=["3=scaled:-10"]', "train.save-client-updates=false"]
+    reports = {mode: run_one(load_recipe(TINY, [*base, f"kfca.aggregate={mode}"]), tmp_path / mode, progress=False)
+               for mode in ("honest", "all", "exclude-negative")}
+    for mode, report in reports.items():
+        heldout = report["heldout"]
+        assert heldout["rows"] == 64 and len(heldout["loss"]) == len(heldout["accuracy"]) == 2
+        assert [r["heldout"]["loss"] for r in report["round_records"]] == heldout["loss"]
+        assert (tmp_path / mode / "heldout.png").stat().st_size > 0
+    oracle, unguarded, guarded = (reports[m]["heldout"]["loss"][-1] for m in ("honest", "all", "exclude-negative"))
+    assert unguarded > oracle + 0.1 and abs(guarded - oracle) < 0.05
+    assert all("client-003" not in r["aggregated"] and len(r["aggregated"]) == 5
+               for r in reports["exclude-negative"]["round_records"])
+    assert all(r["aggregated"]["client-003"] == pytest.approx(1 / 6) for r in reports["all"]["round_records"])
