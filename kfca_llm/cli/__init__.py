@@ -30,8 +30,11 @@ SUBCOMMANDS = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line, with the parser of ``command`` (one of ``SUBCOMMANDS``) in full."""
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="kfca-llm", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kfca-llm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in SUBCOMMANDS.items():
         if name == command:
