@@ -10,10 +10,10 @@ ledger's last run from the arrays its last committed round produced).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
-from typing import Any
-
 from logging import INFO
+from typing import Any
 
 from flwr.app import ArrayRecord, Context
 from flwr.common import log
@@ -24,6 +24,27 @@ from ..errors import InputError
 from ..recipe import Recipe
 from .strategy import KFCAStrategy
 from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config
+
+
+class InputErrorOnOneLine(logging.Filter):
+    """Flower's processes log an app's exception with its traceback (Flower 1.42: ``flwr/simulation/app.py`` and
+    ``flwr/superlink/runtime/run_serverapp.py``, ``log(ERROR, "%s raised an exception", ..., exc_info=ex)``)
+    and then mark the run failed. A wrong setting (``InputError``) is the user's to fix: one line, the
+    message, no traceback; the run still ends as failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, InputError):
+            record.msg, record.args = "%s: InputError: %s", (record.getMessage(), " ".join(str(exc).split()))
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def report_input_errors_on_one_line() -> None:
+    """Install ``InputErrorOnOneLine`` on Flower's logger (once per process)."""
+    flower_logger = logging.getLogger("flwr")
+    if not any(isinstance(f, InputErrorOnOneLine) for f in flower_logger.filters):
+        flower_logger.addFilter(InputErrorOnOneLine())
 
 
 def _flag(config: Mapping[str, Any], key: str) -> bool:
@@ -48,7 +69,11 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,
                     on_result: Callable[[KFCAStrategy, Result], None] | None = None) -> ServerApp:
-    """A ServerApp whose run config falls back to ``defaults``; ``on_result`` sees the strategy at the end."""
+    """A ServerApp whose run config falls back to ``defaults``; ``on_result`` sees the strategy at the end.
+
+    A wrong setting raises ``InputError`` out of the app (so Flower marks the run failed), logged on one line.
+    """
+    report_input_errors_on_one_line()
     app = ServerApp()
 
     @app.main()
