@@ -10,7 +10,6 @@ ledger's last run from the arrays its last committed round produced).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping
 from logging import INFO
 from typing import Any
@@ -22,29 +21,9 @@ from flwr.serverapp.strategy import FedAvg, Result
 
 from ..errors import InputError
 from ..recipe import Recipe
+from .logs import report_input_errors_on_one_line
 from .strategy import KFCAStrategy
 from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config
-
-
-class InputErrorOnOneLine(logging.Filter):
-    """Flower's processes log an app's exception with its traceback (Flower 1.42: ``flwr/simulation/app.py`` and
-    ``flwr/superlink/runtime/run_serverapp.py``, ``log(ERROR, "%s raised an exception", ..., exc_info=ex)``)
-    and then mark the run failed. A wrong setting (``InputError``) is the user's to fix: one line, the
-    message, no traceback; the run still ends as failed."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, InputError):
-            record.msg, record.args = "%s: InputError: %s", (record.getMessage(), " ".join(str(exc).split()))
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-def report_input_errors_on_one_line() -> None:
-    """Install ``InputErrorOnOneLine`` on Flower's logger (once per process)."""
-    flower_logger = logging.getLogger("flwr")
-    if not any(isinstance(f, InputErrorOnOneLine) for f in flower_logger.filters):
-        flower_logger.addFilter(InputErrorOnOneLine())
 
 
 def _flag(config: Mapping[str, Any], key: str) -> bool:

@@ -27,7 +27,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from .. import __version__
 from ..engine import get_backend
@@ -42,6 +42,7 @@ from .audit import scoring_settings, sha256_hex, update_sha256, words_bytes
 from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_identity_mode,
                        check_participant_name, pinned_conflict, resolve)
 from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path
+from .logs import ledger_round_numbers
 
 AGGREGATION_MODES = ("all", "exclude-negative", "reward-weighted")
 REWARD_METRIC_PREFIX = "kfca.reward."
@@ -184,6 +185,12 @@ class KFCAStrategy(Strategy):
         if sha256_hex(data) != sha:
             raise InputError(f"cannot resume: the arrays of the last committed round ({path}) are missing or altered")
         return arrays_from_bytes(data)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs) -> Result:
+        """``Strategy.start``; its round headers give the ledger's round (a resumed run's first is
+        ``round_offset + 1``)."""
+        with ledger_round_numbers(self.round_offset):
+            return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def summary(self) -> None:
         log(INFO, "\t├──> KFCA rewards: peers %s, penalty %s, bonus fraction %s, seed %s, aggregation %s, "
