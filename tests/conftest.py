@@ -93,3 +93,29 @@ def short_federation(tmp_path_factory):
     recipe = short_recipe('kfca.attacks=["honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"]',
                           "train.save-client-updates=true")
     return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))
+
+
+# --- parallel runs (pytest-xdist: `make test` runs two workers with --dist loadgroup) ---------------------------
+
+SHARED_RUNS = ("tiny_federation", "short_federation")
+"""Session fixtures that run a federation: each worker running a test that uses one computes it again."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """One xdist group per module (its module fixtures are computed once), with the modules that share a
+    federation run (``SHARED_RUNS``) joined into one group, so that run is computed by one worker only."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    for item in items:
+        for fixture in SHARED_RUNS:
+            if fixture in item.fixturenames:
+                parent[root(item.nodeid.split("::")[0])] = root(fixture)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(root(item.nodeid.split("::")[0])))
