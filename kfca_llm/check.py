@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -87,18 +89,57 @@ class Run:
         return self.path.parent / "rewards.png"
 
 
+MAX_REPORT_BYTES = 1 << 30
+
+
+def _report_text(path: Path) -> str:
+    """A report file's text: a regular file (a FIFO is refused without waiting for a writer), at most 1 GiB."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputError(f"report {path}: cannot be opened: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"report {path} is not a regular file; not read")
+        if info.st_size > MAX_REPORT_BYTES:
+            raise InputError(f"report {path}: {info.st_size} bytes, more than any report ({MAX_REPORT_BYTES})")
+        data = handle.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"report {path}: not UTF-8 text ({exc})") from None
+
+
+def _finite(values, what: str) -> np.ndarray:
+    """``values`` as a float array: refused when a value overflows a float or is infinite (NaN stays: it never
+    holds an expectation)."""
+    try:
+        array = np.asarray(values, dtype=float)
+    except OverflowError:
+        raise InputError(f"{what}: a number too large for a float") from None
+    if np.isinf(array).any():
+        raise InputError(f"{what}: an infinite value")
+    return array
+
+
 def load_report(path: Path) -> Run:
     """A run from one ``report.json``; InputError names the file and what is wrong."""
+    text = _report_text(path)
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"report {path}: cannot be read as JSON: {exc}") from None
+        raw = json.loads(text)
+    except RecursionError:
+        raise InputError(f"report {path}: cannot be read as JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
+        raise InputError(f"report {path}: cannot be read as JSON: {str(exc)[:200]}") from None
     try:
         report = _Report.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         key = ".".join(str(part) for part in err["loc"])
-        raise InputError(f"report {path}: key {key!r}: {err['msg']}") from None
+        raise InputError(f"report {path}: key {key[:200]!r}: {err['msg']}") from None
+    if abs(report.seed) >= 1 << 64:
+        raise InputError(f"report {path}: the seed is not a 64-bit integer")
     if not report.strategies:
         raise InputError(f"report {path} has no strategies (the recipe's kfca.attacks is empty)")
     for spec, entry in report.strategies.items():
@@ -113,14 +154,21 @@ def load_report(path: Path) -> Run:
         for t, record in enumerate(report.round_records, start=1):
             honest = []
             for p in record.pairs:
-                delta = np.asarray(p.delta, dtype=float)
+                where = f"report {path}: round {t}: the delta of {p.client!r} ~ {p.peer!r}"
+                try:
+                    delta = _finite(p.delta, where)
+                except InputError:
+                    raise
+                except ValueError:  # rows of different lengths: not a matrix
+                    delta = np.zeros(0)
                 if delta.ndim != 2 or delta.shape[0] != delta.shape[1] or delta.shape[0] < 2:
                     raise InputError(f"report {path}: round {t}: the delta of {p.client!r} ~ {p.peer!r} "
                                      "is not a square matrix")
                 if p.honest_pair:
                     honest.append(HonestPair(p.client, p.peer, delta))
             pairs.append(honest)
-    rewards = {spec: np.asarray(entry.per_round, dtype=float) for spec, entry in report.strategies.items()}
+    rewards = {spec: _finite(entry.per_round, f"report {path}: strategy {spec!r}")
+               for spec, entry in report.strategies.items()}
     return Run(path=path, seed=report.seed, rewards=rewards, honest_pairs=pairs)
 
 
@@ -128,11 +176,17 @@ def _summary_reports(folder: Path) -> list[Path]:
     """The report files a multi-seed run's ``summary.json`` lists (paths inside ``folder`` only)."""
     summary = folder / "summary.json"
     try:
-        runs = json.loads(summary.read_text(encoding="utf-8"))["runs"]
+        runs = json.loads(_report_text(summary))["runs"]
         paths = [Path(p) for p in runs.values()]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"{summary}: not a multi-seed summary ({exc})") from None
-    if not paths or any(p.is_absolute() or ".." in p.parts for p in paths):
+    except RecursionError:
+        raise InputError(f"{summary}: not a multi-seed summary (JSON nested too deeply)") from None
+    except InputError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{summary}: not a multi-seed summary ({str(exc)[:200]})") from None
+    inside = folder.resolve()
+    if not paths or any(p.is_absolute() or ".." in p.parts or not (folder / p).resolve().is_relative_to(inside)
+                        for p in paths):
         raise InputError(f"{summary}: 'runs' must list report paths inside {folder}")
     return [folder / p for p in paths]
 
@@ -404,17 +458,25 @@ class CheckResult:
         return any(o.failed for o in self.outcomes)
 
     def unmeasured_text(self, outcome: Outcome) -> str:
-        """Why an expectation could not be measured on these runs, and the rounds a run needs."""
+        """Why an expectation could not be measured on these runs, and the rounds a run needs (each line
+        printable on its own, as in ``failure_text``)."""
+        from .report import printable
+
         e = outcome.expectation
         lines = [f"NOT MEASURABLE {e.title}: {e.describe()} is not measurable on this run; it needs a run of at "
                  f"least {outcome.needs_rounds} rounds"]
         seen = {(u.link, u.rounds, u.needs_rounds) for m in outcome.runs for u in m.unmeasured}
         lines += [f"  {link}: both submit the same update (one honest round replayed) in every round "
                   f"{first}-{last}; they differ from round {needs}" for link, (first, last), needs in sorted(seen)]
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)
 
     def failure_text(self, outcome: Outcome) -> str:
-        """Where a failed expectation broke: run (seed, report), links, the two values, the gap, the figure."""
+        """Where a failed expectation broke: run (seed, report), links, the two values, the gap, the figure.
+
+        Each line is made printable on its own: a newline inside a name from a report (a strategy, a client, a
+        folder) is shown as ``\\n``, never starts a line of its own in a CI log."""
+        from .report import printable
+
         e, need = outcome.expectation, outcome.expectation.required_gap
         lines = [f"FAILED {e.title}: {e.describe()}, margin {need:+g}"]
         if outcome.quantile_gap is not None:
@@ -428,7 +490,7 @@ class CheckResult:
                 lines.append(f"    ... and {len(m.breaches) - MAX_LISTED} more")
             figure = m.run.figure
             lines.append(f"    figure: {figure}" + ("" if figure.is_file() else " (not found)"))
-        return "\n".join(lines)
+        return "\n".join(printable(line) for line in lines)
 
     def table(self) -> str:
         from .report import text_table  # rich, only when printing
@@ -490,8 +552,8 @@ class CheckResult:
                 ET.SubElement(case, "skipped", message=printable(text.splitlines()[0])).text = printable(
                     text, keep_newlines=True)
             out = ET.SubElement(case, "system-out")
-            out.text = printable("\n".join(
+            out.text = "\n".join(printable(
                 f"{label}: smallest gap {m.gap:+.4f} ({m.worst}), margin {o.expectation.required_gap:+g}: "
-                f"{_run_verdict(m)}" for label, m in zip(self.labels, o.runs)), keep_newlines=True)
+                f"{_run_verdict(m)}") for label, m in zip(self.labels, o.runs))
         ET.indent(suites)
         return ET.tostring(suites, encoding="utf-8", xml_declaration=True) + b"\n"

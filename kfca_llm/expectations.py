@@ -99,38 +99,47 @@ class Chain:
         return f" {'>' if self.descending else '<'} ".join(map(str, self.terms))
 
 
-_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+# Each part of a term matches one way only (no nested or adjacent quantifiers over the same characters), and
+# the chain is split on the bare operators: matching stays linear in the text's length.
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _NAME = r"[A-Za-z_][\w:.\-]*"
-_CONSTANT = re.compile(rf"^{_NUMBER}$")
-_SCALED = re.compile(rf"^({_NUMBER})\s*[x*]\s*({_NAME})$")
-_ABSOLUTE = re.compile(rf"^\|\s*({_NAME})\s*\|$")
-_STRATEGY = re.compile(rf"^{_NAME}$")
-_OPERATOR = re.compile(r"\s*([<>])\s*")
+_CONSTANT = re.compile(_NUMBER)
+_SCALED = re.compile(rf"({_NUMBER}) *[x*] *({_NAME})")
+_ABSOLUTE = re.compile(rf"\| *({_NAME}) *\|")
+_STRATEGY = re.compile(_NAME)
+_OPERATOR = re.compile(r"([<>])")
+MAX_CHECK_TEXT = 4096
+"""Characters of a ``check`` text (the longest shipped one has under 100)."""
 CHECK_FORMS = ("'a > b > c'", "'|zero| < 0.02'", "'flip < -0.5 x honest'", "'honest > *'", f"'{CATEGORICAL_WORLD}'")
 
 
 def _term(text: str) -> Term:
-    if _CONSTANT.match(text):
+    text = text.strip(" ")
+    if _CONSTANT.fullmatch(text):
         value = float(text)
         if not math.isfinite(value):
             raise ValueError(f"term {text!r} is not a finite number")
         return Term(constant=value)
     if text == "*":
         return Term(strategy="*")
-    if m := _SCALED.match(text):
+    if m := _SCALED.fullmatch(text):
         scale = float(m[1])
         if not math.isfinite(scale):
             raise ValueError(f"term {text!r}: the factor is not a finite number")
         return Term(strategy=m[2], scale=scale)
-    if m := _ABSOLUTE.match(text):
+    if m := _ABSOLUTE.fullmatch(text):
         return Term(strategy=m[1], absolute=True)
-    if _STRATEGY.match(text):
+    if _STRATEGY.fullmatch(text):
         return Term(strategy=text)
     raise ValueError(f"term {text!r} is not a strategy, a number, 'K x STRATEGY', '|STRATEGY|' or '*'")
 
 
 def parse_check(text: str) -> Chain | None:
     """The chain of a ``check`` text; None for ``categorical-world``. Raises ValueError naming the problem."""
+    if len(text) > MAX_CHECK_TEXT:
+        raise ValueError(f"the check text has {len(text)} characters, more than {MAX_CHECK_TEXT}")
+    if not text.isprintable():
+        raise ValueError(f"{text[:80]!r}...: the check text holds control characters (a newline, a tab)")
     text = text.strip()
     if text == CATEGORICAL_WORLD:
         return None

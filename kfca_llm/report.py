@@ -197,9 +197,29 @@ def check_output_path(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.exists() and not path.is_file():
         raise InputError(f"output {path} exists and is not a regular file; refusing to replace it")
-    if path.parent.exists() and not path.parent.is_dir():
-        raise InputError(f"output {path}: {path.parent} is not a directory")
+    _check_folders_above(path)
     return path
+
+
+def check_output_dir(path: str | os.PathLike) -> Path:
+    """An output folder that may be created or written into: absent or a directory, below directories only
+    (checked before the work, not when its first file is written)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"output folder {path} exists and is not a directory")
+    _check_folders_above(path)
+    return path
+
+
+def _check_folders_above(path: Path) -> None:
+    """The nearest existing folder above ``path`` must be a directory: a file there would fail the write."""
+    for above in path.parents:
+        if above.is_symlink() and not above.exists():
+            raise InputError(f"output {path}: {above} is a broken link")
+        if above.exists():
+            if not above.is_dir():
+                raise InputError(f"output {path}: {above} is not a directory")
+            return
 
 
 def _umask() -> int:

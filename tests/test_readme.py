@@ -1,23 +1,15 @@
-"""The README's runnable examples run as written."""
+"""The README's demo table is what the default run prints; the runnable examples of the pages run as written."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
-
-
-def _block(marker: str) -> str:
-    found = [b for b in BLOCKS if marker in b]
-    assert len(found) == 1, f"expected one README block with {marker!r}"
-    return found[0]
+from doc_pages import box_rows, one_block, page
 
 
 def test_streaming_example_runs_and_scores_every_client(capsys):
     scope: dict = {}
-    exec(compile(_block("SignPacker(shapes"), "README.md", "exec"), scope)
+    exec(compile(one_block("docs/api.md", "python", "SignPacker(shapes"), "docs/api.md", "exec"), scope)
     assert set(scope["report"].rewards) == {"alice", "bob", "carol"}
     assert "alice" in capsys.readouterr().out
 
@@ -28,7 +20,7 @@ def test_custom_attack_example_registers_a_working_attack(monkeypatch):
     from kfca_llm import attacks
 
     monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))
-    exec(compile(_block("register_attack"), "README.md", "exec"), {})
+    exec(compile(one_block("docs/simulate.md", "python", "register_attack"), "docs/simulate.md", "exec"), {})
     attack = attacks.resolve_attack("halve")
     honest = {"w": torch.ones(3)}
     assert torch.equal(attack(honest, [], torch.Generator())["w"], torch.full((3,), 0.5))
@@ -41,10 +33,9 @@ def test_the_main_jobs_table_is_what_the_default_run_prints(tiny_federation):
     from kfca_llm.simulate import reward_table
 
     def rows(text: str) -> list[list[str]]:
-        return [[c.strip() for c in line.strip("│").split("│")] for line in text.splitlines()
-                if line.startswith("│") and line.split("│")[1].strip().isdigit()]
+        return [row for row in box_rows(text) if row[0].isdigit()]
 
-    quoted = README.split("The table of a default run", 1)[1].split("```", 2)[1]
+    quoted = page("README.md").split("The table of a default run", 1)[1].split("```", 2)[1]
     printed = rows(reward_table(tiny_federation.to_report()))
     assert [r[1] for r in rows(quoted)] == [r[1] for r in printed]  # the same ranking
     for ours, theirs in zip(rows(quoted), printed):

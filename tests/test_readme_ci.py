@@ -1,6 +1,6 @@
-"""The README's CI example: the GitHub Actions job and the plain shell step run the same command, and the
-shell step passes on the tiny recipe (one seed and two local steps instead of three seeds and the recipe's
-own eight, to keep the suite fast; the rounds are as written)."""
+"""The CI example (docs/ci-check.md; the README's front page quotes its command): the GitHub Actions job and
+the plain shell step run the same command, and the shell step passes on the tiny recipe (one seed and two local
+steps instead of three seeds and the recipe's own eight, to keep the suite fast; the rounds are as written)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import yaml
+from doc_pages import one_block, page
 from helpers import TINY
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-SECTION = README[README.index("## Attack-ordering regression in CI"):]
+SECTION = page("docs/ci-check.md")
 JOB = re.search(r"```yaml\n(.*?)```", SECTION, re.S)[1]
 SHELL = re.search(r"```bash\n(.*?)```", SECTION, re.S)[1]
 USER_RECIPE = "my-recipe.toml"
@@ -32,6 +32,11 @@ def test_the_job_is_short_and_runs_the_shell_steps_command():
     (run,) = [step["run"] for step in job_steps() if "run" in step]
     assert run == " && ".join(commands)
     assert USER_RECIPE in run and "--junit kfca-check.xml" in run
+
+
+def test_the_front_pages_check_command_is_the_shell_steps():
+    (front,) = [line for line in one_block("README.md", "bash", "kfca-llm check").splitlines() if line.strip()]
+    assert front in SHELL.splitlines()
 
 
 def test_the_job_caches_the_model_folder_and_reports_the_junit_file():

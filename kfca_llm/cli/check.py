@@ -21,11 +21,13 @@ from .simulate import add_run_arguments, run_options, seed_recipes
 def run(args: argparse.Namespace) -> int:
     from ..check import check_runs, load_runs, require_strategies
     from ..expectations import load_expectations
-    from ..report import check_output_path, write_atomic
+    from ..report import check_output_dir, check_output_path, write_atomic
 
     expectations = load_expectations(args.expect)  # bad files fail before a long run
     if args.junit:
         check_output_path(args.junit)
+    if args.out:
+        check_output_dir(args.out)
     runs_itself = args.recipe is not None or args.seeds is not None
     if args.reports and runs_itself:
         raise InputError("give report files or --recipe/--seeds (to run simulate), not both")

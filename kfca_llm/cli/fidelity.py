@@ -13,8 +13,10 @@ DEFAULT_ROUNDS = {"fidelity": 10, "noniid": 10, "noniid-llm": 5}
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    from ..report import check_output_dir
     from ..valuation.noniid import NonIIDConfig, noniid_table, run_noniid
 
+    check_output_dir(args.out)
     clients = args.clients or DEFAULT_CLIENTS[args.case]
     rounds = args.rounds or DEFAULT_ROUNDS[args.case]
     if not 2 <= clients <= 10 or rounds < 1:
@@ -47,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.case in SWEEPS:
         return _sweep(args)
+    from ..report import check_output_dir
+
+    check_output_dir(args.out)  # before minutes of retraining
     cases = CASES if args.case == "all" else tuple(c.strip() for c in args.case.split(","))
     bad = [c for c in cases if c not in CASES]
     if bad:

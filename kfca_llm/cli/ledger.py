@@ -1,4 +1,8 @@
-"""``kfca-llm ledger PATH [--json | --csv]``: balances per participant identity of a KFCA reward ledger."""
+"""``kfca-llm ledger PATH [--json | --csv]``: balances per participant identity of a KFCA reward ledger.
+
+Exit status 0; 1 when a row cannot be read as its type (each is named on stderr and left out of the
+balances); 2 when the file is not a ledger.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +24,12 @@ def _one_line(reason: str, width: int = 160) -> str:
 
 
 def csv_text(value) -> str:
-    """A text cell that no spreadsheet reads as a formula: one starting with = + - @ (or tab, CR) gets a ' first."""
+    """A text cell that no spreadsheet reads as a formula (one starting with = + - @, tab or CR gets a ' first)
+    nor as two rows (control characters, a carriage return included, are written as Python escapes)."""
+    from ..report import printable
+
     text = "" if value is None else str(value)
-    return "'" + text if text.startswith(_FORMULA_START) else text
+    return printable("'" + text if text.startswith(_FORMULA_START) else text)
 
 
 def _short(participant: str) -> str:
@@ -33,16 +40,20 @@ def _short(participant: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
+    import sys
+
     from ..flower.ledger import SCORED, ledger_summary, read_ledger
-    from ..report import text_table
+    from ..report import printable, text_table
 
     contents = read_ledger(args.path)
     summary = ledger_summary(contents)
+    for row in contents.bad_rows:  # on stderr: the table or JSON on stdout stays what it says it is
+        print(f"kfca-llm ledger: unreadable {printable(row)} (left out of the balances)", file=sys.stderr)
     if args.json:
         print(json.dumps({"totals": summary, "runs": len({r.run_id for r in contents.rounds}),
                           "participants": [asdict(p) for p in contents.participants],
                           "rounds": [asdict(r) for r in contents.rounds],
-                          "failures": [asdict(f) for f in contents.failures]}, indent=2))
+                          "failures": [asdict(f) for f in contents.failures], "bad_rows": contents.bad_rows}, indent=2))
     elif args.csv:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
@@ -63,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                  str(s["rounds"]), f"{s['mean']:+.6f}") for k, s in enumerate(summary, start=1)]
         print(text_table(f"KFCA reward ledger {args.path}",
                          ["#", "participant", "label", "node ids", "total reward", "rounds", "mean"], rows, notes))
-    return 0
+    return 1 if contents.bad_rows else 0
 
 
 def add_parser(subparsers) -> None:

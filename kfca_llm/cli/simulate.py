@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
             print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
         return 0
     options = run_options(args)
+    if args.out:
+        from ..report import check_output_dir
+
+        check_output_dir(args.out)  # before the federation runs, not when its first file is written
     if args.seeds is not None:
         seeds = [r.kfca.seed for r in recipes]
         run_seeds(recipes, Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain),

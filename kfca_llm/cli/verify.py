@@ -1,6 +1,8 @@
 """``kfca-llm verify LEDGER``: check a reward ledger's hash chain and recompute its rounds from the kept signs.
 
-Exit status 0 when the chain holds and no round mismatches, 1 otherwise (2: the ledger cannot be read).
+Exit status 0 when the chain holds, every row reads, no round mismatches or has damaged signs and every
+receipt given is in the ledger as signed; 1 otherwise (2: the ledger cannot be read at all, or bad arguments).
+``--receipts DIR --server-key KEY.pub``: check the ledger against a participant's signed receipts.
 ``--node-update FILE --round R``: a participant checks that the update it holds is the one scored in round R.
 """
 
@@ -29,27 +31,43 @@ def _node_update(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..flower.audit import MISMATCH, verify_ledger
+    from ..errors import InputError
+    from ..flower.audit import STATUSES, verify_ledger
     from ..report import printable
 
     if args.node_update is not None:
         return _node_update(args)
-    check = verify_ledger(args.path, expect_head=args.expect_head, backend=args.backend)
+    if args.server_key is not None and args.receipts is None:
+        raise InputError("--server-key is the key the receipts are checked with: give --receipts DIR too")
+    check = verify_ledger(args.path, expect_head=args.expect_head, receipts=args.receipts, server_key=args.server_key,
+                          backend=args.backend)
     if args.json:
         print(json.dumps({"ok": check.ok, "head": check.head, "chain_errors": check.chain_errors,
-                          "notes": check.notes, "rounds": [asdict(r) for r in check.rounds]}, indent=2))
+                          "bad_rows": check.bad_rows, "receipt_errors": check.receipt_errors,
+                          "receipts_checked": check.receipts_checked, "notes": check.notes,
+                          "rounds": [asdict(r) for r in check.rounds]}, indent=2))
         return 0 if check.ok else 1
     for r in check.rounds:
-        print(f"run {r.run_id[:8]} round {r.round}: {r.status} ({printable(r.detail)})")
+        print(f"run {printable(r.run_id[:8])} round {r.round}: {r.status} ({printable(r.detail)})")
         for row in r.rows:
             print(f"    {printable(row)}")
     for note in check.notes:
         print(f"note: {note}")
+    for row in check.bad_rows:
+        print(f"unreadable: {printable(row)}")
     for problem in check.chain_errors:
         print(f"chain: {printable(problem)}")
-    counts = {s: sum(r.status == s for r in check.rounds) for s in ("match", MISMATCH, "unverifiable")}
-    print(f"chain {'intact' if not check.chain_errors else 'BROKEN'} (head {check.head}); "
-          + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    for problem in check.receipt_errors:
+        print(f"receipt: {printable(problem)}")
+    counts = {s: sum(r.status == s for r in check.rounds) for s in STATUSES}
+    verdict = "intact" if not check.chain_errors else "BROKEN"
+    if check.bad_rows:
+        verdict += f", {len(check.bad_rows)} unreadable row(s)"
+    if check.receipts_checked is not None:
+        verdict += (f"; {check.receipts_checked} receipt(s) checked, "
+                    + ("all in the ledger as signed" if not check.receipt_errors
+                       else f"{len(check.receipt_errors)} problem(s)"))
+    print(f"chain {verdict} (head {printable(str(check.head))}); " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     return 0 if check.ok else 1
 
 
@@ -57,6 +75,10 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("verify", help="verify a KFCA reward ledger: hash chain and recomputed rounds")
     parser.add_argument("path", help="the ledger file (KFCAStrategy(ledger=..., keep_signs=True))")
     parser.add_argument("--expect-head", metavar="HASH", help="the chain head published earlier (detects truncation)")
+    parser.add_argument("--receipts", metavar="DIR", help="a folder of signed receipts (*.json) to check the ledger "
+                        "against (what a participant was told it was paid)")
+    parser.add_argument("--server-key", metavar="KEY", help="with --receipts: the server's published public key "
+                        "(the .pub file beside KFCAStrategy's receipt_key, or its 64 hex digits)")
     parser.add_argument("--node-update", metavar="FILE",
                         help="your update (.safetensors or .npz: what you sent minus what you were sent)")
     parser.add_argument("--round", type=int, help="with --node-update: the round to check")

@@ -147,7 +147,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             raise InputError("--resume needs an output folder")
         done = last_complete_round(out_dir)
         if done:
-            global_state, saved, result.rounds = load_checkpoint(out_dir, done, seed, strategies, recipe)
+            shapes = {name: tuple(v.shape) for name, v in global_state.items()}
+            global_state, saved, result.rounds = load_checkpoint(out_dir, done, seed, strategies, recipe, shapes)
             histories.update(saved)
             start = done + 1
 

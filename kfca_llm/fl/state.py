@@ -94,16 +94,29 @@ def scoring_settings(recipe: Recipe) -> dict:
             "kfca.duplicates": k.duplicates, "kfca.aggregate": k.aggregate, "kfca.attackers": list(k.attackers)}
 
 
-def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], recipe: Recipe
+def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], recipe: Recipe,
+                    shapes: Mapping[str, tuple[int, ...]] | None = None
                     ) -> tuple[StateDict, dict[str, list[StateDict]], list[RoundRecord]]:
     """Global adapter, attackers' histories and records saved after round ``t``; ``InputError`` naming the
-    first setting (seed, strategies, scoring settings) in which ``recipe`` differs from the interrupted run."""
-    from safetensors.torch import load_file
+    first setting (seed, strategies, scoring settings) in which ``recipe`` differs from the interrupted run,
+    or the damaged file (truncated, not what it should hold, a tensor not of the model's ``shapes``) and how to
+    go on."""
+    state = out_dir / "state" / f"round-{t:03d}"
+    records_path, history_path = state / "records.json", state / "history.safetensors"
+    adapter_path = round_dir(out_dir, t) / "adapter_model.safetensors"
 
-    records = json.loads((out_dir / "state" / f"round-{t:03d}" / "records.json").read_text())
-    if records["seed"] != seed or records["strategies"] != strategies:
-        raise InputError(f"cannot resume from {out_dir}: it was run with seed {records['seed']} and strategies "
-                         f"{records['strategies']}, this run has seed {seed} and {strategies}")
+    def damaged(path: Path, why: str) -> InputError:
+        return InputError(f"cannot resume from {out_dir}: {path} is damaged ({why}); delete {state} to resume "
+                          f"from the round before it, or run without --resume into a new --out")
+
+    try:
+        records = json.loads(records_path.read_text(encoding="utf-8"))
+        run_seed, run_strategies = records["seed"], records["strategies"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise damaged(records_path, str(exc)[:200]) from None
+    if run_seed != seed or run_strategies != strategies:
+        raise InputError(f"cannot resume from {out_dir}: it was run with seed {run_seed} and strategies "
+                         f"{run_strategies}, this run has seed {seed} and {strategies}")
     saved, now = records.get("scoring"), scoring_settings(recipe)
     if saved is None:
         raise InputError(f"cannot resume from {out_dir}: its checkpoint does not record its scoring settings "
@@ -112,11 +125,36 @@ def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], rec
         if saved.get(key) != now[key]:
             raise InputError(f"cannot resume from {out_dir}: scoring setting {key} was {saved.get(key)!r} in the "
                              f"interrupted run, this run has {now[key]!r}")
-    flat = load_file(str(out_dir / "state" / f"round-{t:03d}" / "history.safetensors"))
-    by_client: dict[str, dict[int, StateDict]] = {}
-    for key, v in flat.items():
-        cid, r, name = key.split("/", 2)
-        by_client.setdefault(cid, {}).setdefault(int(r), {})[name] = v
-    histories = {cid: [rounds[r] for r in sorted(rounds)] for cid, rounds in by_client.items()}
-    adapter = load_file(str(round_dir(out_dir, t) / "adapter_model.safetensors"))
-    return adapter, histories, [RoundRecord.from_dict(d) for d in records["rounds"]]
+    try:
+        rounds = [RoundRecord.from_dict(d) for d in records["rounds"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise damaged(records_path, f"a round record: {str(exc)[:200]}") from None
+    adapter = _tensors(adapter_path, damaged)
+    histories: dict[str, dict[int, StateDict]] = {}
+    for key, v in _tensors(history_path, damaged).items():
+        cid, r, name = (key.split("/", 2) + ["", ""])[:3]
+        if not r.isdigit() or not name:
+            raise damaged(history_path, f"tensor {key!r} is not named client/round/tensor")
+        histories.setdefault(cid, {}).setdefault(int(r), {})[name] = v
+    if shapes is not None:
+        for path, tensors in [(adapter_path, adapter)] + [(history_path, h) for c in histories.values()
+                                                            for h in c.values()]:
+            if set(tensors) - set(shapes):
+                raise damaged(path, f"tensors the model lacks: {sorted(set(tensors) - set(shapes))[:3]}")
+            wrong = [n for n, v in tensors.items() if tuple(v.shape) != tuple(shapes[n])]
+            if wrong:
+                raise damaged(path, f"tensor {wrong[0]!r} has shape {tuple(tensors[wrong[0]].shape)}, the model's "
+                                    f"adapter {tuple(shapes[wrong[0]])}")
+        if set(shapes) - set(adapter):
+            raise damaged(adapter_path, f"tensors missing: {sorted(set(shapes) - set(adapter))[:3]}")
+    return adapter, {cid: [rs[r] for r in sorted(rs)] for cid, rs in histories.items()}, rounds
+
+
+def _tensors(path: Path, damaged) -> StateDict:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError, ValueError) as exc:
+        raise damaged(path, str(exc)[:200]) from None

@@ -2,15 +2,21 @@
 
 ``verify_ledger(path)`` checks, for every committed round:
 
-* the **chain**: each round's ``chain_hash`` is recomputed from its fields, rewards and failures and the
-  previous round's hash, so an edited, deleted or reordered row is detected without any stored signs
-  (deleting the newest rounds leaves a valid shorter chain: compare the head with one published earlier,
-  ``expect_head``);
+* the **chain**: each round's ``chain_hash`` is recomputed from its fields, rewards, failures, its run's
+  row and the participants first seen in it, and the previous round's hash. The chain is unkeyed: it
+  detects an edit made by someone who did not recompute the hashes after it, and, against a head published
+  earlier (``expect_head``), any change to the rounds up to it. It proves nothing against whoever rewrote
+  the whole ledger after the last published head; **receipts** do (``receipts.py``: each participant
+  holds, per round, its reward and the round's chain hash signed by the server's key);
 * the **rewards**, where the packed sign words were kept (``keep_signs``): each participant's words are read
   from the file named by its SHA-256, the round is scored again with the scoring engine (``SignPacker``)
   under the recorded seed and settings, and every row (reward, unadjusted reward, peers, duplicate group)
-  must equal the recomputation exactly. A round is ``unverifiable`` when its signs were not kept or a file
-  is missing, or when its settings name something this version cannot reproduce.
+  must equal the recomputation exactly. A round is ``unverifiable`` when its signs were not kept, or when its
+  settings name something this version cannot reproduce; ``damaged`` when it says its signs were kept and
+  a file is missing, altered, of another size than its layout implies, or not a regular file in the store.
+
+Stored hashes name files: only names of 64 hex digits are opened, only regular files inside
+``<ledger>.d/signs/`` (no link followed, no FIFO opened), only after their size matches the layout.
 
 Sign words are turned back into updates that pack to the same words (-1 where the sign bit is set, +1 on
 the other tasks, 0 off the task mask); the repacked words must hash to the stored names, so a change of the
@@ -20,7 +26,10 @@ packing convention shows as ``unverifiable``, never as a false match.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +38,16 @@ from typing import Any
 import numpy as np
 
 from ..engine.duplicates import DuplicateRule
+from ..engine.layout import Layout
 from ..errors import InputError
+from ..report import printable
 from ..tensors import is_float
-from .ledger import (GENESIS, SCORED, LedgerContents, RewardRow, RoundRow, chain_hash, read_ledger, sha256_hex,
-                     signs_path)
+from .ledger import (FULL_CHAIN_VERSION, GENESIS, SCORED, LedgerContents, RewardRow, RoundRow, chain_hasher,
+                     read_ledger, sha256_hex, store_dir)
 
-MATCH, MISMATCH, UNVERIFIABLE = "match", "mismatch", "unverifiable"
+MATCH, MISMATCH, UNVERIFIABLE, DAMAGED = "match", "mismatch", "unverifiable", "damaged"
+STATUSES = (MATCH, MISMATCH, UNVERIFIABLE, DAMAGED)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 SETTINGS_COMPARED_ON_RESUME = ("peers", "penalty", "bonus_fraction", "duplicates", "duplicate_rule", "aggregation",
                                "seed", "identity")
 
@@ -74,7 +87,8 @@ class RoundCheck:
     run_id: str
     round: int
     status: str
-    """``match``, ``mismatch`` or ``unverifiable`` (recomputation); chain problems are listed separately."""
+    """``match``, ``mismatch``, ``unverifiable`` or ``damaged`` (recomputation); chain problems are listed
+    separately."""
     detail: str = ""
     rows: tuple[str, ...] = ()
     """The mismatching rows, one line each."""
@@ -87,52 +101,94 @@ class LedgerCheck:
     head: str | None
     """The last round's chain hash (publish it: a later truncation cannot reproduce it)."""
     notes: list[str] = field(default_factory=list)
+    bad_rows: list[str] = field(default_factory=list)
+    """Rows that could not be read as their type (left out of everything else)."""
+    receipt_errors: list[str] = field(default_factory=list)
+    receipts_checked: int | None = None
+    """Receipts whose signature verified (None: no receipts given)."""
 
     @property
     def ok(self) -> bool:
-        return not self.chain_errors and all(r.status != MISMATCH for r in self.rounds)
+        return (not self.chain_errors and not self.bad_rows and not self.receipt_errors
+                and all(r.status not in (MISMATCH, DAMAGED) for r in self.rounds))
 
 
-def verify_ledger(path: str | os.PathLike, *, expect_head: str | None = None, backend: str = "auto") -> LedgerCheck:
-    """Check the chain and recompute every round whose signs were kept (see the module docstring)."""
+def verify_ledger(path: str | os.PathLike, *, expect_head: str | None = None, receipts: str | os.PathLike | None = None,
+                  server_key=None, backend: str = "auto") -> LedgerCheck:
+    """Check the chain, the receipts in ``receipts`` (signed by ``server_key``, an Ed25519 public key or its
+    file; ``receipts.read_public_key``), and recompute every round whose signs were kept (module docstring)."""
     contents = read_ledger(path)
     chain_errors, head = check_chain(contents)
-    if expect_head is not None and head != expect_head:
-        chain_errors.append(f"the chain ends at {head}, expected {expect_head} (rounds deleted or added after it)")
+    chained = contents.schema_version >= 3
+    if expect_head is not None and not chained:
+        chain_errors.append(f"schema version {contents.schema_version} has no hash chain: no head to compare with "
+                            f"{expect_head}")
+    elif expect_head is not None and head != expect_head:
+        chain_errors.append(f"the chain ends at {head}, expected {expect_head} (rounds deleted, added or rewritten)")
+    receipt_errors, receipts_checked = [], None
+    if receipts is not None:
+        from .receipts import check_receipts, read_public_key
+
+        if server_key is None:
+            raise InputError("receipts are checked against the server's published public key: give --server-key")
+        key = read_public_key(server_key) if isinstance(server_key, (str, os.PathLike)) else server_key
+        receipt_errors, receipts_checked = check_receipts(contents, receipts, key)
     by_round: dict[tuple[str, int], list[RewardRow]] = {}
     for row in contents.rewards:
         by_round.setdefault((row.run_id, row.round), []).append(row)
     checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend) for r in contents.rounds]
-    notes = [] if contents.schema_version >= 3 else [
-        f"schema version {contents.schema_version}: no hash chain and no stored signs"]
-    return LedgerCheck(checks, chain_errors, head, notes)
+    notes = schema_notes(contents.schema_version)
+    if chained and receipts is None and expect_head is None:
+        notes.append("no receipts and no published head given: an intact chain shows only that no row was edited "
+                     "without recomputing the hashes after it (whoever can write the ledger can do that)")
+    return LedgerCheck(checks, chain_errors, head, notes, contents.bad_rows, receipt_errors, receipts_checked)
+
+
+def schema_notes(version: int) -> list[str]:
+    """What verify cannot check on a ledger of an older schema."""
+    if version < 3:
+        return [f"schema version {version}: no hash chain, no stored signs, no receipts: nothing of this ledger "
+                "can be checked; an edited row passes"]
+    if version < FULL_CHAIN_VERSION:
+        return [f"schema version {version}: the chain leaves out the runs and participants tables (the labels "
+                "`kfca-llm ledger` shows, a run's keep_signs flag and settings row) and the ledger has no receipts"]
+    return []
 
 
 def check_chain(contents: LedgerContents) -> tuple[list[str], str | None]:
-    """(problems, head): every round's hash recomputed, in commit order, against its stored one."""
+    """(problems, head): every round's hash recomputed, in commit order, against its stored one; rows of no
+    round, participants paid but never listed, and rounds that say a signs-keeping run kept no signs."""
     if contents.schema_version < 3:
         return [], None
-    failures: dict[tuple[str, int], list] = {}
-    for f in contents.failures:
-        failures.setdefault((f.run_id, f.round), []).append(f)
-    rewards: dict[tuple[str, int], list] = {}
-    for r in contents.rewards:
-        rewards.setdefault((r.run_id, r.round), []).append(r)
+    hash_round = chain_hasher(contents)
     problems, prev = [], GENESIS
     known = {r.chain_hash for r in contents.rounds}
+    runs = {r.run_id: r for r in contents.runs}
     for r in contents.rounds:
         where = f"run {r.run_id[:8]} round {r.round}"
         if r.prev_hash != prev:
             problems.append(f"{where}: follows {str(r.prev_hash)[:16]}..., but the round before it in the ledger "
                             f"ends at {prev[:16]}... ({'rows reordered' if r.prev_hash in known else 'a round deleted'})")
-        key = (r.run_id, r.round)
-        if chain_hash(r.prev_hash, r, rewards.get(key, []), failures.get(key, [])) != r.chain_hash:
+        if hash_round(r, r.prev_hash) != r.chain_hash:
             problems.append(f"{where}: its rows do not hash to its chain hash (edited)")
+        run = runs.get(r.run_id)
+        if contents.schema_version >= FULL_CHAIN_VERSION and run is None:
+            problems.append(f"{where}: its run's row is missing from the runs table (deleted)")
+        elif run is not None and run.keep_signs and r.status == SCORED and not r.signs_kept:
+            problems.append(f"{where}: says its signs were not kept, but its run keeps signs (a flag set to hide "
+                            "the round from the recomputation)")
         prev = r.chain_hash
     keys = {(r.run_id, r.round) for r in contents.rounds}
-    orphans = sorted({k for k in (*rewards, *failures) if k not in keys})
+    orphans = sorted({(x.run_id, x.round) for x in (*contents.rewards, *contents.failures)} - keys)
     problems += [f"run {run[:8]} round {t}: rows of a round the ledger does not list (its round row was deleted)"
                  for run, t in orphans]
+    listed = {p.participant for p in contents.participants}
+    if contents.schema_version >= FULL_CHAIN_VERSION:
+        unlisted = sorted({r.participant for r in contents.rewards} - listed)
+        problems += [f"participant {who[:40]} is paid but not in the participants table (deleted)" for who in unlisted]
+        problems += [f"participant {p.participant[:40]}: first seen in run {p.first_run[:8]} round {p.first_round}, "
+                     "which the ledger does not list (added)" for p in contents.participants
+                     if (p.first_run, p.first_round) not in keys]
     return problems, (contents.rounds[-1].chain_hash if contents.rounds else GENESIS)
 
 
@@ -145,9 +201,23 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
     if not round_row.signs_kept:
         return dataclasses.replace(check, detail="signs not kept (keep_signs=False)")
     try:
-        words = {row.participant: _read_words(ledger, row.sign_sha256) for row in rows}
-        task = _read_words(ledger, round_row.task_sha256)
-        report = _rescore(round_row, words, task, backend)
+        if round_row.layout is None:
+            raise _Damaged("no tensor layout recorded")
+        try:
+            n_bytes = 4 * Layout.from_shapes(dict(round_row.layout)).n_words
+        except InputError as exc:
+            raise _Damaged(f"the recorded tensor layout is not one any update has ({exc})") from None
+        if len(rows) < 2:
+            raise _Damaged(f"a scored round with {len(rows)} reward row(s); KFCA scores two or more")
+        words = {row.participant: _read_words(ledger, row.sign_sha256, n_bytes) for row in rows}
+        task = _read_words(ledger, round_row.task_sha256, n_bytes)
+        try:
+            report = _rescore(round_row, words, task, backend)
+        except (InputError, ValueError, TypeError, KeyError) as exc:  # hostile settings the chain still covers
+            raise _Unverifiable(f"this version cannot score the round with its recorded settings "
+                                f"({printable(str(exc))[:160]})") from None
+    except _Damaged as exc:
+        return dataclasses.replace(check, status=DAMAGED, detail=str(exc))
     except _Unverifiable as exc:
         return dataclasses.replace(check, detail=str(exc))
     mismatched = _compare(report, rows)
@@ -161,16 +231,41 @@ class _Unverifiable(Exception):
     pass
 
 
-def _read_words(ledger, sha: str | None) -> np.ndarray:
-    if not sha:
-        raise _Unverifiable("no SHA-256 recorded")
-    path = signs_path(ledger, sha)
+class _Damaged(Exception):
+    """The round says its signs were kept, and what the store holds cannot be them."""
+
+
+def _real_folder(path: Path) -> None:
     try:
-        data = path.read_bytes()
+        info = os.lstat(path)
     except OSError:
-        raise _Unverifiable(f"stored signs {path.name[:16]}... missing") from None
+        raise _Damaged(f"the store folder {path.name}/ is missing") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise _Damaged(f"the store folder {path.name}/ is not a directory (a link is not followed)")
+
+
+def _read_words(ledger, sha: str | None, n_bytes: int) -> np.ndarray:
+    """The words stored under ``sha``: a regular file of ``n_bytes`` inside ``<ledger>.d/signs/``, hashing to ``sha``."""
+    if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+        raise _Damaged(f"stored signs named {printable(str(sha))[:80]!r}, not a SHA-256 (64 hex digits); not opened")
+    folder = store_dir(ledger) / "signs"
+    _real_folder(folder.parent)
+    _real_folder(folder)
+    try:  # no link followed, a FIFO opened without waiting for a writer; fstat decides on the open file
+        fd = os.open(folder / sha, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        why = "a link (not followed)" if exc.errno == errno.ELOOP else "missing"
+        raise _Damaged(f"stored signs {sha[:16]}... {why}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise _Damaged(f"stored signs {sha[:16]}... are not a regular file; not read")
+        if info.st_size != n_bytes:
+            raise _Damaged(f"stored signs {sha[:16]}... hold {info.st_size} bytes, the round's layout "
+                           f"implies {n_bytes}")
+        data = handle.read(n_bytes)
     if sha256_hex(data) != sha:
-        raise _Unverifiable(f"stored signs {path.name[:16]}... do not hash to their name (file altered)")
+        raise _Damaged(f"stored signs {sha[:16]}... do not hash to their name (file altered)")
     return np.frombuffer(data, dtype="<i4")
 
 
@@ -204,8 +299,6 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
         peers = settings["peers"]
     except (KeyError, TypeError, InputError) as exc:
         raise _Unverifiable(f"this version cannot apply the round's scoring settings ({exc})") from None
-    if round_row.layout is None:
-        raise _Unverifiable("no tensor layout recorded")
     packer = SignPacker(dict(round_row.layout), list(words), backend=backend)
     for participant, row_words in words.items():
         packer.add_many(participant, updates_from_words(round_row.layout, row_words, task, packer))

@@ -5,6 +5,8 @@ when ``kfca.attackers`` names its ``partition-id``: it trains honestly, then sub
 history of honest updates (kept in the node's ``context.state``), as ``kfca-llm simulate`` does. A node
 config ``participant = "alice"`` is sent back with every reply: the identity the ServerApp pays
 (``KFCAStrategy(identity="auto" | "declared")``), stable when the SuperNode restarts under a new node id.
+A node config ``receipts-dir = "/path"`` keeps the signed receipts the server sends (``receipts.py``) there,
+for ``kfca-llm verify LEDGER --receipts /path --server-key KEY.pub``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from .receipts import RECEIPTS_DIR_KEY, receipts_in_message, save_receipts
 from .strategy import declare_participant
 from .task import attacked_update, node_attack, recipe_from_config, train_partition
 
@@ -31,6 +34,8 @@ def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}
     """Handle one training message (the body of the ClientApp's ``@train``)."""
     config = {**defaults, **context.run_config}
     node_config = context.node_config
+    if node_config.get(RECEIPTS_DIR_KEY):
+        save_receipts(receipts_in_message(msg.content.config_records), str(node_config[RECEIPTS_DIR_KEY]))
     recipe = recipe_from_config(config, num_partitions=node_config.get("num-partitions"))
     partition = int(node_config["partition-id"])
     server_round = int(msg.content["config"]["server-round"])

@@ -57,6 +57,19 @@ def check_participant_name(name) -> str:
     return name
 
 
+def registered_label(name: str) -> str | None:
+    """A name given to ``flwr supernode register --name`` as a label: kept when it would pass as a declared
+    name, else written as printable escapes (cut to ``MAX_NAME``), so no CR, newline or escape code reaches
+    the ledger, its CSV or a terminal; None for no name."""
+    if not name:
+        return None
+    try:
+        return check_participant_name(name)
+    except InputError:
+        escaped = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in name).strip()
+        return escaped[:MAX_NAME] or None
+
+
 def key_fingerprint(public_key: bytes) -> str:
     return hashlib.sha256(public_key).hexdigest()
 
@@ -88,10 +101,10 @@ def resolve(claim: Claim, mode: str) -> Identity:
         return Identity(f"name:{claim.declared}", claim.declared, fingerprint)
     if fingerprint is None:
         if mode == "auto":  # a grid that reports no keys (older or custom grids): Flower's node id, not stable
-            return Identity(f"node:{claim.node_id}", claim.registered_name or None, None)
+            return Identity(f"node:{claim.node_id}", registered_label(claim.registered_name), None)
         raise InputError("the grid reports no public key for this node, so it has no identity under 'public-key' "
                          "(run the SuperLink with --enable-supernode-auth, or declare participants)")
-    return Identity(f"key:{fingerprint}", claim.registered_name or claim.declared, fingerprint)
+    return Identity(f"key:{fingerprint}", registered_label(claim.registered_name) or claim.declared, fingerprint)
 
 
 def pinned_conflict(identity: Identity, pinned_labels: Mapping[str, str]) -> str | None:

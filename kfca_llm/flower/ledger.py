@@ -3,9 +3,10 @@
 Money is paid on these rows, so a round is written in one transaction: a server killed in the middle
 of a round leaves no row of it. Standard library only: no Flower (nor numpy) needed to read a ledger.
 
-Tables (schema version 3):
+Tables (schema version 4):
 
-* ``runs``: one row per strategy run, with the package version and the scoring settings (JSON);
+* ``runs``: one row per strategy run, with the package version, the scoring settings (JSON), whether signs
+  are kept, and the public half of the server key that signs its receipts (``receipts.py``; NULL: none);
 * ``participants``: every identity ever paid or refused, pinned on first sight (run, round, node id,
   key fingerprint, label). Payouts are keyed on identities, not on Flower's node ids, which change when
   a SuperNode restarts (``kfca_llm.flower.identity``);
@@ -13,7 +14,8 @@ Tables (schema version 3):
   tensor layout and SHA-256 of the task words (what ``kfca-llm verify`` needs to recompute it), whether
   the packed signs were kept, the SHA-256 of the global arrays the round produced (for a resume), and a
   hash chained to the previous round's (``chain_hash``, over every field of the round, its rewards and
-  failures): editing, deleting or reordering committed rows breaks the chain;
+  failures, its run's row and the participants first seen in it): editing, deleting or reordering committed
+  rows of any table breaks the chain (version 3 chains left out the ``runs`` and ``participants`` rows);
 * ``rewards``: one row per scored participant (paid reward after the duplicate policy, the node id it
   used, its peers, examples, SHA-256 of its packed sign words, unadjusted reward, duplicate group);
 * ``failures``: bad or refused replies, and round-level failures (``node_id`` NULL).
@@ -24,6 +26,11 @@ the arrays a round produced (the resume point). They are written atomically befo
 transaction commits, so a committed round never names a file that is not there.
 
 Version 1 and 2 ledgers (keyed by node id, no chain) are still read: their node ids read as identities.
+
+Reading treats the file as hostile (an auditor reads what the operator hands over): it never writes beside
+the ledger's folder when that folder is read-only (it reads a private copy), every cell is checked against
+its field's type (text, integer, finite real, JSON of the right shape) and a row that fails is reported in
+``LedgerContents.bad_rows`` and left out, never read as something else.
 """
 
 from __future__ import annotations
@@ -39,9 +46,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .ledger_cells import open_for_reading, typed_rows
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+FULL_CHAIN_VERSION = 4
+"""The first schema whose chain covers the ``runs`` and ``participants`` rows."""
 SCORED, NOT_SCORED = "scored", "not-scored"
 GENESIS = "0" * 64
 """The ``prev_hash`` of a ledger's first round."""
@@ -49,7 +59,7 @@ GENESIS = "0" * 64
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, started_at TEXT NOT NULL, strategy TEXT NOT NULL, package_version TEXT NOT NULL,
-    settings TEXT NOT NULL, keep_signs INTEGER NOT NULL);
+    settings TEXT NOT NULL, keep_signs INTEGER NOT NULL, receipt_key TEXT);
 CREATE TABLE IF NOT EXISTS participants (
     participant TEXT PRIMARY KEY, label TEXT, key_fingerprint TEXT, first_run TEXT NOT NULL,
     first_round INTEGER NOT NULL, first_node_id TEXT NOT NULL, first_seen_at TEXT NOT NULL);
@@ -135,6 +145,8 @@ class RunRow:
     package_version: str
     settings: dict
     keep_signs: bool
+    receipt_key: str | None = None
+    """Hex of the raw Ed25519 public key that signs this run's receipts (None: no receipts)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +170,8 @@ class LedgerContents:
     runs: list[RunRow] = field(default_factory=list)
     participants: list[Participant] = field(default_factory=list)
     schema_version: int = SCHEMA_VERSION
+    bad_rows: list[str] = field(default_factory=list)
+    """Rows left out because a cell is not of its field's type, one line each (table, rowid, column, why)."""
 
     def totals(self) -> dict[str, float]:
         """Total reward per participant over every run and round (sorted by identity)."""
@@ -196,13 +210,46 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow], failures: Sequence[FailureRow]) -> str:
-    """SHA-256 over the previous round's hash and every field of this round, its rewards and failures."""
+def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow], failures: Sequence[FailureRow],
+               run: RunRow | None = None, participants: Sequence[Participant] | None = None) -> str:
+    """SHA-256 over the previous round's hash and every field of this round, its rewards and failures, and
+    (schema 4) of its run's row and the participants first seen in it (None: a version 3 chain)."""
     body = {"round": {f.name: getattr(round_row, f.name) for f in fields(RoundRow)
                       if f.name not in ("prev_hash", "chain_hash")},
             "rewards": [_plain(r) for r in sorted(rewards, key=lambda r: r.participant)],
             "failures": [_plain(f) for f in failures]}
+    if run is not None:
+        body["run"] = _plain(run)
+    if participants is not None:
+        body["participants"] = [_plain(p) for p in sorted(participants, key=lambda p: p.participant)]
     return sha256_hex((prev_hash + canonical_json(body)).encode())
+
+
+def chain_hasher(contents: LedgerContents):
+    """``hash_round(round_row, prev_hash)``: the chain hash a round must have, from the rows ``contents`` holds
+    for it (its rewards and failures; schema 4: its run's row and the participants first seen in it)."""
+    rewards: dict[tuple[str, int], list[RewardRow]] = {}
+    failures: dict[tuple[str, int], list[FailureRow]] = {}
+    first_seen: dict[tuple[str, int], list[Participant]] = {}
+    for r in contents.rewards:
+        rewards.setdefault((r.run_id, r.round), []).append(r)
+    for f in contents.failures:
+        failures.setdefault((f.run_id, f.round), []).append(f)
+    for p in contents.participants:
+        first_seen.setdefault((p.first_run, p.first_round), []).append(p)
+    runs = {r.run_id: r for r in contents.runs}
+    full = contents.schema_version >= FULL_CHAIN_VERSION
+
+    def hash_round(round_row: RoundRow, prev_hash: str) -> str:
+        key = (round_row.run_id, round_row.round)
+        if not full:
+            return chain_hash(prev_hash, round_row, rewards.get(key, []), failures.get(key, []))
+        if round_row.run_id not in runs:  # its run's row is gone: nothing it could hash to
+            return ""
+        return chain_hash(prev_hash, round_row, rewards.get(key, []), failures.get(key, []), runs[round_row.run_id],
+                          first_seen.get(key, []))
+
+    return hash_round
 
 
 def _plain(row) -> dict:
@@ -256,8 +303,10 @@ class Ledger:
     """
 
     def __init__(self, path: str | os.PathLike, *, run_id: str, strategy: str, package_version: str,
-                 settings: Mapping[str, Any], keep_signs: bool, resume: bool = False):
+                 settings: Mapping[str, Any], keep_signs: bool, resume: bool = False,
+                 receipt_key: str | None = None):
         self.path = Path(path)
+        self.receipt_key = receipt_key
         self.keep_signs = bool(keep_signs)
         self.settings = dict(settings)
         self.package_version = package_version
@@ -277,17 +326,21 @@ class Ledger:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                    last = conn.execute("SELECT run_id, settings FROM runs ORDER BY rowid DESC LIMIT 1").fetchone()
+                    last = conn.execute("SELECT run_id, settings, receipt_key FROM runs ORDER BY rowid DESC LIMIT 1"
+                                        ).fetchone()
                     if resume and last is not None:
                         _check_same_settings(json.loads(last[1]), self.settings)
+                        if last[2] != receipt_key:
+                            raise InputError(f"cannot resume: the run's receipts are signed with the server key "
+                                             f"{last[2]!r}, this run's key is {receipt_key!r}")
                         self.run_id = last[0]
                         done = conn.execute("SELECT max(round) FROM rounds WHERE run_id = ?", (self.run_id,))
                         self.next_round = (done.fetchone()[0] or 0) + 1
                     else:
                         self.run_id, self.next_round = run_id, 1
-                        conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?)",
+                        conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?)",
                                      (run_id, _now(), strategy, package_version, canonical_json(self.settings),
-                                      int(self.keep_signs)))
+                                      int(self.keep_signs), receipt_key))
                     conn.execute("COMMIT")
                 except BaseException:
                     conn.execute("ROLLBACK")
@@ -358,17 +411,21 @@ class Ledger:
                 # Read inside the write transaction: two servers on one ledger still chain in commit order.
                 prev = conn.execute("SELECT chain_hash FROM rounds ORDER BY rowid DESC LIMIT 1").fetchone()
                 prev_hash = GENESIS if prev is None else prev[0]
-                digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures)
                 r = round_row
+                for p in entry.new_participants:
+                    conn.execute("INSERT OR IGNORE INTO participants VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (p.participant, p.label, p.key_fingerprint, p.first_run, p.first_round,
+                                  p.first_node_id, p.first_seen_at or r.recorded_at))
+                # The chain covers the rows as stored (read back): the run's row, the participants first seen now.
+                (run,) = _rows(conn, RunRow, "runs", where=("run_id = ?", (r.run_id,)))
+                first_seen = _rows(conn, Participant, "participants",
+                                   where=("first_run = ? AND first_round = ?", (r.run_id, r.round)))
+                digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures, run, first_seen)
                 conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (r.run_id, r.round, r.status, r.seed, None if r.categorical_world is None
                               else int(r.categorical_world), r.valid_replies, r.failed_replies, r.recorded_at,
                               r.package_version, canonical_json(r.settings), _json_or_null(r.layout),
                               r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest))
-                for p in entry.new_participants:
-                    conn.execute("INSERT OR IGNORE INTO participants VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                 (p.participant, p.label, p.key_fingerprint, p.first_run, p.first_round,
-                                  p.first_node_id, p.first_seen_at or r.recorded_at))
                 for row in entry.rewards:
                     conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (row.run_id, row.round, row.participant, row.node_id, row.reward,
@@ -398,24 +455,9 @@ def _check_same_settings(interrupted: Mapping[str, Any], resumed: Mapping[str, A
 # Reading
 
 
-def _rows(conn: sqlite3.Connection, cls: type, table: str, convert=lambda r: r, columns: Mapping[str, str] = {}
-          ) -> list:
-    """Rows of ``table`` as ``cls``; ``columns`` maps a field to the SQL expression that reads it (older schemas)."""
-    names = [f.name for f in fields(cls)]
-    query = f"SELECT {', '.join(columns.get(n, n) for n in names)} FROM {table} ORDER BY rowid"
-    return [cls(**convert(dict(zip(names, values)))) for values in conn.execute(query)]
-
-
-def _reward_row(r: dict) -> dict:
-    group = r["duplicate_group"]
-    return {**r, "peers": tuple(json.loads(r["peers"])),
-            "duplicate_group": None if group is None else tuple(json.loads(group))}
-
-
-def _round_row(r: dict) -> dict:
-    layout = None if r["layout"] is None else tuple((n, tuple(s)) for n, s in json.loads(r["layout"]))
-    return {**r, "categorical_world": None if r["categorical_world"] is None else bool(r["categorical_world"]),
-            "settings": json.loads(r["settings"]), "layout": layout, "signs_kept": bool(r["signs_kept"])}
+def _rows(conn: sqlite3.Connection, cls: type, table: str, columns: Mapping[str, str] = {},
+          where: tuple[str, tuple] | None = None, bad: list[str] | None = None) -> list:
+    return typed_rows(conn, cls, table, columns=columns, where=where, bad=bad)
 
 
 # Versions 1-2: keyed by node id, settings per run, no chain, no participants; read as version 3 rows.
@@ -428,41 +470,39 @@ _OLD_ROUNDS = {"package_version": "''", "layout": "NULL", "task_sha256": "NULL",
 
 
 def read_ledger(path: str | os.PathLike) -> LedgerContents:
-    """Every committed row of a reward ledger (read-only; an interrupted round is never visible)."""
+    """Every committed row of a reward ledger (read-only; an interrupted round is never visible; rows with a
+    cell of the wrong type are listed in ``bad_rows`` and left out)."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no ledger at {str(path)!r} (not a regular file)")
+    bad: list[str] = []
     try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-        try:
+        with open_for_reading(path) as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             if version not in READABLE_VERSIONS:
                 raise InputError(f"{str(path)!r} is not a kfca-llm reward ledger (schema version {version})")
-            if version == SCHEMA_VERSION:
-                rewards = _rows(conn, RewardRow, "rewards", _reward_row)
-                failures = _rows(conn, FailureRow, "failures")
-                rounds = _rows(conn, RoundRow, "rounds", _round_row)
-                runs = _rows(conn, RunRow, "runs", lambda r: {**r, "settings": json.loads(r["settings"]),
-                                                               "keep_signs": bool(r["keep_signs"])})
-                participants = _rows(conn, Participant, "participants")
+            if version >= 3:
+                runs_columns = {} if version >= 4 else {"receipt_key": "NULL"}
+                rewards = _rows(conn, RewardRow, "rewards", bad=bad)
+                failures = _rows(conn, FailureRow, "failures", bad=bad)
+                rounds = _rows(conn, RoundRow, "rounds", bad=bad)
+                runs = _rows(conn, RunRow, "runs", runs_columns, bad=bad)
+                participants = _rows(conn, Participant, "participants", bad=bad)
             else:
-                rewards = _rows(conn, RewardRow, "rewards", _reward_row, {
+                rewards = _rows(conn, RewardRow, "rewards", {
                     **_OLD_REWARDS, **({"unadjusted_reward": "reward", "duplicate_group": "NULL"} if version == 1
-                                       else {})})
-                failures = _rows(conn, FailureRow, "failures", columns={"participant": "node_id"})
+                                       else {})}, bad=bad)
+                failures = _rows(conn, FailureRow, "failures", {"participant": "node_id"}, bad=bad)
                 duplicates = ", 'duplicates', duplicates" if version == 2 else ""
                 has_runs = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
                 settings = _OLD_ROUNDS["settings"].format(duplicates=duplicates) if has_runs.fetchone()[0] else "'{}'"
-                old_rounds = {**_OLD_ROUNDS, "settings": settings}
-                rounds = _rows(conn, RoundRow, "rounds", _round_row, old_rounds)
+                rounds = _rows(conn, RoundRow, "rounds", {**_OLD_ROUNDS, "settings": settings}, bad=bad)
                 runs, participants = [], []
-        finally:
-            conn.close()
     except sqlite3.DatabaseError as exc:
         raise InputError(f"cannot read the reward ledger {str(path)!r}: {exc}") from exc
-    except (ValueError, TypeError) as exc:  # a hand-edited JSON column
-        raise InputError(f"cannot read the reward ledger {str(path)!r}: malformed row ({exc})") from exc
-    return LedgerContents(rewards, failures, rounds, runs, participants, version)
+    except OSError as exc:
+        raise InputError(f"cannot read the reward ledger {str(path)!r}: {exc}") from exc
+    return LedgerContents(rewards, failures, rounds, runs, participants, version, bad)
 
 
 def ledger_summary(contents: LedgerContents) -> list[dict]:

@@ -4,8 +4,9 @@ Run config (pyproject ``[tool.flwr.app.config]``, ``flwr run . --run-config 'key
 recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.aggregation`` (``all``,
 ``exclude-negative``, ``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the
 directory the ServerApp runs in), ``kfca.identity`` (``auto``, ``public-key``, ``declared``),
-``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``) and ``kfca.resume`` (continue the
-ledger's last run from the arrays its last committed round produced).
+``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``), ``kfca.resume`` (continue the
+ledger's last run from the arrays its last committed round produced) and ``kfca.receipt-key`` (the server's
+Ed25519 key file that signs each participant's receipts; empty: no receipts).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
                           aggregation=str(config.get("kfca.aggregation", "all")),
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
-                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"))
+                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"),
+                          receipt_key=str(config.get("kfca.receipt-key", "")) or None)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,

@@ -9,7 +9,9 @@ participant identity (``identity.py``; a second node claiming a participant alre
 refused), turns each valid reply into the participant's update (reply minus what it was sent), packs each
 participant's arrays as one batch into ``SignPacker`` (only packed sign bits are kept), scores the round with
 KFCA-QP, writes the round to the ledger in one transaction (the packed signs first, with ``keep_signs``),
-and hands the replies (all, the non-negative ones, or re-weighted by reward) to the wrapped strategy.
+and hands the replies (all, the non-negative ones, or re-weighted by reward) to the wrapped strategy. With
+``receipt_key``, every paid participant gets a signed receipt of the round (``receipts.py``) in the next
+message its node is sent (the evaluate round's or the next training round's).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_
                        check_participant_name, pinned_conflict, resolve)
 from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path
 from .logs import ledger_round_numbers
+from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 
 AGGREGATION_MODES = ("all", "exclude-negative", "reward-weighted")
 REWARD_METRIC_PREFIX = "kfca.reward."
@@ -128,17 +131,29 @@ class KFCAStrategy(Strategy):
     SHA-256) before the round commits, so ``kfca-llm verify`` can recompute the round. ``resume``: continue
     the ledger's last run (its scoring settings must be these: else ``InputError`` naming the setting);
     ``round_offset`` rounds are done, ``resume_arrays()`` gives the arrays the last one produced.
+
+    ``receipt_key``: the server's Ed25519 private key file (PEM; created with its public half ``PATH.pub``
+    when missing). Each paid participant is sent a receipt per round signed with it (ConfigRecord
+    ``kfca.receipts`` of its node's next train or evaluate message, until the node replies to one), so that
+    ``kfca-llm verify --receipts`` can catch a ledger rewritten after the fact. Publish ``PATH.pub``; keep
+    ``PATH`` away from the ledger's folder (whoever holds it can sign a forged history).
     """
 
     def __init__(self, strategy: Strategy | None = None, *, peers: int | None = None, seed: int = 0,
                  penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
                  ledger: str | os.PathLike | None = "rewards.sqlite", aggregation: str = "all",
-                 duplicates: str = "zero", identity: str = "auto", keep_signs: bool = False, resume: bool = False):
+                 duplicates: str = "zero", identity: str = "auto", keep_signs: bool = False, resume: bool = False,
+                 receipt_key: str | os.PathLike | None = None):
         strategy = FedAvg() if strategy is None else strategy
         _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
                        identity)
         if resume and ledger is None:
             raise InputError("resume needs a ledger (it continues the ledger's last run)")
+        if receipt_key is not None and ledger is None:
+            raise InputError("receipts name the ledger's rounds: receipt_key needs a ledger")
+        self._server_key = None if receipt_key is None else load_or_create_server_key(receipt_key)
+        self.receipt_key = None if self._server_key is None else public_hex(self._server_key.public_key())
+        """The public half of the receipt key (64 hex digits), as the ledger records it."""
         self.strategy = strategy
         self.peers = None if peers is None else int(peers)
         self.seed = int(seed)
@@ -161,13 +176,15 @@ class KFCAStrategy(Strategy):
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
             ledger, run_id=uuid.uuid4().hex, strategy=type(strategy).__name__, package_version=__version__,
-            settings=self.settings, keep_signs=self.keep_signs, resume=resume)
+            settings=self.settings, keep_signs=self.keep_signs, resume=resume,
+            receipt_key=self.receipt_key)
         self.run_id = self.ledger.run_id if self.ledger else uuid.uuid4().hex
         self.round_offset = self.ledger.next_round - 1 if self.ledger else 0
         self._pins: dict[str, Participant] = self.ledger.participants() if self.ledger else {}
         self._last_node: dict[str, str] = self.ledger.last_node_ids() if self.ledger else {}
         self._sent: dict[int, ArrayRecord] = {}
         self._claims: dict[int, Claim] = {}
+        self._post = None if self._server_key is None else ReceiptPost(self._server_key)
 
     def round_seed(self, server_round: int) -> int:
         """The KFCA seed of a (ledger) round: task partition, penalty draws, peer sampling, as `kfca-llm simulate`."""
@@ -203,7 +220,8 @@ class KFCAStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        messages = list(self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid))
+        messages = self._with_receipts(
+            self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid))
         self._sent = {}
         for message in messages:
             sent = message.content.get(self.arrayrecord_key) if message.has_content() else None
@@ -219,6 +237,9 @@ class KFCAStrategy(Strategy):
         sent_numpy: dict[int, dict[str, np.ndarray]] = {}  # per distinct sent record (usually one)
         valid: dict[str, Message] = {}
         failures: list[tuple[str | None, str]] = []
+        replies = list(replies)
+        if self._post is not None:
+            self._post.delivered(replies)
         for reply in replies:
             node = str(reply.metadata.src_node_id)
             reason = self._check_reply(reply, node, valid, sent_numpy)
@@ -254,12 +275,20 @@ class KFCAStrategy(Strategy):
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        return self.strategy.configure_evaluate(server_round + self.round_offset, arrays, config, grid)
+        return self._with_receipts(self.strategy.configure_evaluate(server_round + self.round_offset, arrays, config,
+                                                                     grid))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        replies = list(replies)
+        if self._post is not None:
+            self._post.delivered(replies)
         return self.strategy.aggregate_evaluate(server_round + self.round_offset, replies)
 
     # ------------------------------------------------------------------------------------------------
+
+    def _with_receipts(self, messages: Iterable[Message]) -> list[Message]:
+        messages = list(messages)
+        return messages if self._post is None else self._post.attach(messages, self._last_node)
 
     def _sent_arrays(self, node_id: int, sent_numpy: dict[int, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         record = self._sent[node_id]
@@ -444,13 +473,15 @@ class KFCAStrategy(Strategy):
                 data = arrays_to_bytes(arrays)
                 global_arrays = (sha256_hex(data), data)
             previous = self.ledger.last_global_sha256()
-            self.ledger.record_round(RoundEntry(
+            digest = self.ledger.record_round(RoundEntry(
                 round=server_round, seed=self.round_seed(server_round), settings=self.settings,
                 valid_replies=len(paid), categorical_world=None if scored is None else bool(scored.report.categorical_world),
                 rewards=rows, failures=failure_rows, layout=None if scored is None else scored.layout,
                 task_sha256=None if scored is None else scored.task_sha256,
                 signs=scored.signs if scored is not None and self.keep_signs else None,
                 global_arrays=global_arrays, new_participants=new))
+            if self._post is not None:
+                self._post.issue(rows, digest)
             if global_arrays is not None and previous not in (None, global_arrays[0]):
                 # Only the newest round's arrays are needed to resume (they are not part of the audit).
                 global_path(self.ledger.path, previous).unlink(missing_ok=True)

@@ -22,7 +22,8 @@ from ..fl.rounds import attack_context
 from ..fl.seeds import TRAIN, client_id, derive_seed
 from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
-APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume")
+APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume",
+            "kfca.receipt-key")
 """Run-config keys of the app itself; every other key is a recipe key."""
 DEFAULT_LEDGER = "rewards.sqlite"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,8 @@ MAX_IDX_BYTES = 1 << 31  # a decompressed IDX file larger than this is refused (
 
 def read_idx(path: Path) -> np.ndarray:
     """An unsigned-byte IDX array (the MNIST format), gzip-compressed or not (recognised by its magic bytes)."""
+    if path.stat().st_size > MAX_IDX_BYTES:
+        raise InputError(f"{path}: larger than {MAX_IDX_BYTES} bytes")
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         try:
@@ -73,8 +76,10 @@ def read_idx(path: Path) -> np.ndarray:
     if len(raw) < header:
         raise InputError(f"{path}: truncated IDX header")
     dims = struct.unpack(f">{raw[3]}I", raw[4:header])
+    if 0 in dims:
+        raise InputError(f"{path}: header says {dims}, an empty array")
     data = np.frombuffer(raw, dtype=np.uint8, offset=header)
-    if data.size != int(np.prod(dims)):
+    if data.size != math.prod(dims):  # Python integers: numpy's product of four 32-bit sizes wraps around
         raise InputError(f"{path}: header says {dims}, file holds {data.size} values")
     return data.reshape(dims)
 def _idx_pair(images: Path, labels: Path) -> tuple[np.ndarray, np.ndarray]:

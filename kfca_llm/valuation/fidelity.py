@@ -53,13 +53,14 @@ def resolve_protocol(protocol: str, images) -> str:
     return protocol
 
 
-def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
-    """Federate once for ``case``, value the clients by every method, compare with exact SV."""
+def record_case(case: str, cfg: FidelityConfig, images):
+    """Federate once for ``case``: the recorded run every method values (a ``ValuationProblem``) and the
+    federation's seconds."""
     import torch
 
     from .cases import make_clients
     from .cnn_federation import FederationConfig, model_for, run_federation
-    from .methods import METHODS, ValuationProblem
+    from .methods import ValuationProblem
 
     fed_cfg = FederationConfig(rounds=cfg.rounds, seed=cfg.seed)
     protocol = resolve_protocol(cfg.protocol, images)
@@ -71,6 +72,15 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
     federation_s = time.perf_counter() - start
     problem = ValuationProblem(model, clients, init, fed_cfg, record,
                                model.patches(torch.from_numpy(images.test_x[:, None])), torch.from_numpy(images.test_y))
+    return problem, federation_s
+
+
+def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
+    """Federate once for ``case``, value the clients by every method, compare with exact SV."""
+    from .methods import METHODS
+
+    problem, federation_s = record_case(case, cfg, images)
+    clients, model = problem.clients, problem.model
     results = {}
     for key in (REFERENCE, *[m for m in cfg.methods if m != REFERENCE]):
         name, method = METHODS[key]
@@ -90,7 +100,8 @@ def run_case(case: str, cfg: FidelityConfig, images, log=print) -> dict:
             "seconds": seconds, "coalitions": result.coalitions, **({"extra": result.extra} if result.extra else {}),
         }
     return {
-        "clients": [int(c.y.numel()) for c in clients], "protocol": protocol, "parameters": model.num_parameters,
+        "clients": [int(c.y.numel()) for c in clients], "protocol": resolve_protocol(cfg.protocol, images),
+        "parameters": model.num_parameters,
         "federation_seconds": federation_s,
         "exact_sv": {"values": exact.rewards.tolist(), **exact.extra}, "methods": methods,
     }

@@ -113,3 +113,38 @@ def numpy_node(kind: str, copy_of: int | None = None) -> Callable[[Message], Mes
                                                 for k in sent}))
 
     return answer
+
+
+def serve_with_receipts(folder, *, keep_signs: bool, nodes: Mapping[int, str], rounds: int = 3):
+    """A KFCAStrategy run over ``nodes`` (node id -> numpy_node kind) writing ``folder/rewards.sqlite`` with a
+    receipt key ``folder/keys/server.key``; node N keeps its receipts in ``folder/receipts-N/`` as the recipes'
+    ClientApp does (the evaluate round delivers the last round's). The ledger is left in one file (no WAL)."""
+    import sqlite3
+    from pathlib import Path
+
+    from flwr.serverapp.strategy import FedAvg
+
+    from kfca_llm.flower import KFCAStrategy
+    from kfca_llm.flower.receipts import receipts_in_message, save_receipts
+
+    folder = Path(folder)
+
+    def keeping(kind: str, node: int):
+        answer = numpy_node(kind)
+
+        def reply(message: Message) -> Message:
+            save_receipts(receipts_in_message(message.content.config_records), folder / f"receipts-{node}")
+            return answer(message)
+
+        return reply
+
+    strategy = KFCAStrategy(FedAvg(fraction_evaluate=1.0), ledger=folder / "rewards.sqlite", seed=3,
+                            keep_signs=keep_signs, receipt_key=folder / "keys" / "server.key")
+    strategy.start(grid=LocalGrid({n: keeping(k, n) for n, k in nodes.items()}), initial_arrays=initial_arrays(),
+                   num_rounds=rounds)
+    conn = sqlite3.connect(folder / "rewards.sqlite")
+    try:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    finally:
+        conn.close()
+    return folder

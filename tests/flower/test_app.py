@@ -101,13 +101,14 @@ def test_client_app_replies_global_plus_update_and_attacks_on_its_own_history():
     assert all(torch.equal(v, global2[k] + honest1[k]) for k, v in _returned(lagged).items())
 
 
-def test_every_app_key_and_every_run_config_key_the_readme_uses_is_declared_for_flwr_run():
+def test_every_app_key_and_every_run_config_key_the_pages_use_is_declared_for_flwr_run():
     """``flwr run`` refuses a --run-config key the app's pyproject does not declare (Flower's own check, run
     here: ``fuse_dicts(..., check_keys=True)``); the declared app keys keep the code's defaults."""
     import re
     import tomllib
     from pathlib import Path
 
+    from doc_pages import page_names
     from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
 
     from kfca_llm.flower.task import APP_KEYS
@@ -116,8 +117,9 @@ def test_every_app_key_and_every_run_config_key_the_readme_uses_is_declared_for_
     declared = flatten_dict(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
     assert set(APP_KEYS) <= set(declared)
     assert (declared["kfca.keep-signs"], declared["kfca.identity"], declared["kfca.resume"]) == (False, "auto", False)
-    commands = re.findall(r"flwr run \. .*?--run-config \"([^\"]+)\"", (root / "README.md").read_text())
-    assert len(commands) >= 3
+    commands = [c for name in page_names()
+                for c in re.findall(r"flwr run \. .*?--run-config \"([^\"]+)\"", (root / name).read_text())]
+    assert len(commands) >= 4  # the README's, and docs/flower.md's operator flow and local simulation
     for overrides in commands:
         fuse_dicts(declared, parse_config_args([overrides.replace("$PWD", "/srv")]), check_keys=True)
 

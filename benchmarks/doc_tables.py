@@ -1,0 +1,129 @@
+"""The tables of the pages (docs/*.md, benchmarks/*.md) that a command prints, generated from its output.
+
+A generated table sits between ``<!-- generated: NAME -->`` and ``<!-- end generated -->``; this script
+rewrites what is between from saved output, and tests/test_doc_tables.py checks that every such block is
+what the saved output gives (and that today's code reproduces a cheap piece of it).
+
+    kfca-llm fidelity --case all --out runs/fidelity            # about 2-6 minutes on two cores
+    python benchmarks/doc_tables.py fidelity runs/fidelity/fidelity.json
+        # saves it as benchmarks/fidelity.json, rewrites the fidelity-* tables
+
+    for S in 0 1 2; do kfca-llm simulate --seed $S --out runs/r10-s$S; done
+    python benchmarks/doc_tables.py check runs/r10-s0 runs/r10-s1 runs/r10-s2
+        # rewrites the paper-llm table of docs/ci-check.md (smallest gap per seed)
+
+    python benchmarks/doc_tables.py fidelity benchmarks/fidelity.json   # only re-renders the saved run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SAVED_FIDELITY = ROOT / "benchmarks" / "fidelity.json"
+BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+# The per-case tables' columns, in the order of the paper's comparison.
+METHOD_COLUMNS = ("kfca-qp", "kfca-d", "mc-kfca-qp", "ca-qp", "ca-d", "tmc-shapley", "group-testing", "gtg-shapley",
+                  "mr", "tmr", "fed-sv", "uniform")
+ESTIMATORS = ("exact-sv", "tmc-shapley", "group-testing", "gtg-shapley", "mr", "tmr", "fed-sv")
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "benchmarks").glob("*.md"))]
+
+
+def generated_blocks() -> list[tuple[Path, str, str]]:
+    """(page, table name, text between the markers) of every generated table of the pages."""
+    return [(p, m["name"], m["body"]) for p in pages() for m in BLOCK.finditer(p.read_text())]
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    return "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
+
+
+def _per_case(result: dict, keys: tuple[str, ...], cell) -> str:
+    first = next(iter(result["cases"].values()))["methods"]
+    keys = tuple(k for k in keys if k in first)
+    rows = [[case, *(cell(data["methods"][k]) for k in keys)] for case, data in result["cases"].items()]
+    return _markdown(["case", *(first[k]["name"] for k in keys)], rows)
+
+
+def fidelity_tables(result: dict) -> dict[str, str]:
+    """Every table the pages show of a ``kfca-llm fidelity`` run, by name."""
+    from kfca_llm.valuation.fidelity import tables
+
+    printed = tables(result)
+    summary = printed[:printed.index("x exact: time / exact SV's time") + len("x exact: time / exact SV's time")]
+    return {
+        "fidelity-summary": f"```\n{summary}\n```\n",
+        "fidelity-cosine": _per_case(result, METHOD_COLUMNS, lambda m: f"{m['distance']['cosine']:.4f}"),
+        "fidelity-spearman": _per_case(result, METHOD_COLUMNS[:-1], lambda m: f"{m['spearman']:+.2f}"),
+        "fidelity-seconds": _per_case(result, ("exact-sv", *METHOD_COLUMNS[:-1]), lambda m: f"{m['seconds']:.2f}"),
+        "fidelity-coalitions": _per_case(result, ESTIMATORS, lambda m: f"{m['coalitions']:,}"),
+    }
+
+
+def check_table(reports: list[str]) -> dict[str, str]:
+    """docs/ci-check.md's table of the default expectations: each one's smallest gap on each run."""
+    from kfca_llm.check import check_runs, load_runs
+    from kfca_llm.expectations import load_expectations
+
+    outcomes = check_runs(load_expectations("paper-llm"), load_runs(reports)).outcomes
+    seeds = " / ".join(str(m.run.seed) for m in outcomes[0].runs)
+    rows = [[o.expectation.title, expectation_check(o.expectation), expectation_margin(o.expectation),
+             " / ".join(f"{m.gap:+.4f}" for m in o.runs)] for o in outcomes]
+    rounds = {m.run.rounds for o in outcomes for m in o.runs}
+    header = ["expectation", "check", "margin", f"smallest gap (tiny, {'/'.join(map(str, sorted(rounds)))} rounds, "
+              f"seeds {seeds})"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|---|---|"]
+    return {"check-paper-llm": "\n".join([*lines, *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"}
+
+
+def expectation_check(e) -> str:
+    """The check as the table shows it: code, ``|`` escaped for markdown, and the scope when not the mean."""
+    text = "`" + e.check.replace("|", "\\|") + "`"
+    return text + (", every round" if e.over == "every-round" else "")
+
+
+def expectation_margin(e) -> str:
+    return f"tolerance {e.tolerance:g}" if e.tolerance else (f"{e.margin:g}" if e.margin else "")
+
+
+def rewrite(tables: dict[str, str]) -> list[str]:
+    """Put each named table between its markers in every page; the pages changed."""
+    changed = []
+    for page in pages():
+        text = page.read_text()
+        new = BLOCK.sub(lambda m: m[1] + tables[m["name"]] + m[4] if m["name"] in tables else m[0], text)
+        if new != text:
+            page.write_text(new)
+            changed.append(str(page.relative_to(ROOT)))
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    sub.add_parser("fidelity", help="tables of a kfca-llm fidelity run").add_argument("json")
+    sub.add_parser("check", help="the paper-llm table from runs").add_argument("reports", nargs="+")
+    args = parser.parse_args(argv)
+    if args.what == "fidelity":
+        source = Path(args.json)
+        result = json.loads(source.read_text())
+        if source.resolve() != SAVED_FIDELITY:
+            shutil.copyfile(source, SAVED_FIDELITY)
+        tables = fidelity_tables(result)
+    else:
+        tables = check_table(args.reports)
+    print("rewrote:", ", ".join(rewrite(tables)) or "nothing (already up to date)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
