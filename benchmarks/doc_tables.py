@@ -12,7 +12,13 @@ what the saved output gives (and that today's code reproduces a cheap piece of i
     python benchmarks/doc_tables.py check runs/r10-s0 runs/r10-s1 runs/r10-s2
         # rewrites the paper-llm table of docs/ci-check.md (smallest gap per seed)
 
-    python benchmarks/doc_tables.py fidelity benchmarks/fidelity.json   # only re-renders the saved run
+    kfca-llm fidelity --case noniid --out runs/noniid              # about 15 s
+    kfca-llm fidelity --case noniid-llm --out runs/noniid-llm      # 4-10 minutes
+    python benchmarks/doc_tables.py noniid runs/noniid/noniid.json runs/noniid-llm/noniid_llm.json
+        # saves them without their per-round records as benchmarks/noniid.json and benchmarks/noniid_llm.json,
+        # rewrites the noniid-* tables
+
+    python benchmarks/doc_tables.py fidelity benchmarks/fidelity.json   # only re-renders a saved run
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED_FIDELITY = ROOT / "benchmarks" / "fidelity.json"
+SAVED_NONIID = {"digits": ROOT / "benchmarks" / "noniid.json", "llm": ROOT / "benchmarks" / "noniid_llm.json"}
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 # The per-case tables' columns, in the order of the paper's comparison.
 METHOD_COLUMNS = ("kfca-qp", "kfca-d", "mc-kfca-qp", "ca-qp", "ca-d", "tmc-shapley", "group-testing", "gtg-shapley",
@@ -67,6 +74,66 @@ def fidelity_tables(result: dict) -> dict[str, str]:
         "fidelity-seconds": _per_case(result, ("exact-sv", *METHOD_COLUMNS[:-1]), lambda m: f"{m['seconds']:.2f}"),
         "fidelity-coalitions": _per_case(result, ESTIMATORS, lambda m: f"{m['coalitions']:,}"),
     }
+
+
+def noniid_levels(result: dict) -> str:
+    """A sweep's table as the command prints it (one row per concentration, then the disjoint case), in markdown,
+    with the count of pairs categorical in every round."""
+    rows = []
+    for level in [*result["levels"], {"concentration": "disjoint", **result["disjoint"]}]:
+        s, alpha = level["summary"], level["concentration"]
+        rows.append([alpha if isinstance(alpha, str) else f"{alpha:g}", f"{level['global_accuracy']:.3f}",
+                     f"{s['pairs_hold_every_round']}/{s['pairs']}", f"{s['pair_rounds_hold']}/{s['pair_rounds']}",
+                     *(f"{s[k]:+.4f}" for k in ("honest_reward", "deviation_reward", "honest_expected",
+                                                 "deviation_expected", "labels_reward"))])
+    table = _markdown(["Dirichlet", "accuracy", "pairs hold (every round)", "pair-rounds", "honest", "sign flipper",
+                       "E(honest)", "E(flipper)", "KFCA-D"], rows)
+    return table + (f"\nPairs categorical in every round over the five levels: **{result['pairs_hold']} of "
+                    f"{result['pairs_total']}**.\n")
+
+
+def _all_hold_from(result: dict) -> str:
+    """"all from concentration C on": the smallest concentration from which every pair holds in every round."""
+    levels = result["levels"]
+    first = next(i for i in range(len(levels)) if all(
+        lv["summary"]["pairs_hold_every_round"] == lv["summary"]["pairs"] for lv in levels[i:]))
+    return f"{levels[first]['concentration']:g}"
+
+
+def _sweep_cells(result: dict, paper_level: float) -> list[str]:
+    """One column of docs/evidence.md's comparison: pairs that hold, the paper's level, the disjoint case."""
+    levels = {lv["concentration"]: lv for lv in result["levels"]}
+    held = f"{result['pairs_hold']} of {result['pairs_total']} (all from {_all_hold_from(result)} on"
+    below = [lv for lv in result["levels"] if lv["concentration"] < float(_all_hold_from(result))
+             and lv["concentration"] > result["levels"][0]["concentration"]]
+    held += "".join(f"; {lv['summary']['pairs_hold_every_round']} of {lv['summary']['pairs']} at "
+                    f"{lv['concentration']:g}" for lv in below) + ")"
+    level = levels[paper_level]
+    s = level["summary"]
+    at_level = (f"accuracy {100 * level['global_accuracy']:.1f}%, honest {s['honest_reward']:+.3f}, sign flip "
+                f"{s['deviation_reward']:+.3f}")
+    d = result["disjoint"]["summary"]
+    disjoint = (f"predictions: largest \\|delta\\| {d['max_abs_labels_delta']:.4f}, \\|KFCA-D reward\\| <= "
+                f"{d['max_abs_labels_reward']:.4f}")
+    return [held, at_level, disjoint]
+
+
+def without_rounds(result: dict) -> dict:
+    """A sweep's output without its per-round records (what the tables read, a hundredth of the size)."""
+    drop = lambda level: {k: v for k, v in level.items() if k != "rounds"}  # noqa: E731
+    return {**result, "levels": [drop(lv) for lv in result["levels"]], "disjoint": drop(result["disjoint"])}
+
+
+def noniid_tables(digits: dict, llm: dict) -> dict[str, str]:
+    """The sweeps' tables (FIDELITY.md) and docs/evidence.md's comparison with the paper."""
+    ours_digits, ours_llm = _sweep_cells(digits, 0.1), _sweep_cells(llm, 0.1)
+    paper = ["50 of 50 (MNIST + LeNet); AG News: all from 0.5 on", "accuracy 56%, honest +0.039, deviation -0.039",
+             "Delta -> 0, rewards -> 0"]
+    rows = [[name, p, d, m] for name, p, d, m in zip(
+        ["pairs categorical in every round", "concentration 0.1", "disjoint classes"], paper, ours_digits, ours_llm)]
+    comparison = "\n".join(["| | the paper | digits, small CNN (`noniid`) | tiny LLM, five topics (`noniid-llm`) |",
+                            "|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
+    return {"noniid-digits": noniid_levels(digits), "noniid-llm": noniid_levels(llm), "noniid-comparison": comparison}
 
 
 def check_table(reports: list[str]) -> dict[str, str]:
@@ -112,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("fidelity", help="tables of a kfca-llm fidelity run").add_argument("json")
     sub.add_parser("check", help="the paper-llm table from runs").add_argument("reports", nargs="+")
+    sweeps = sub.add_parser("noniid", help="tables of the two non-IID sweeps")
+    sweeps.add_argument("digits")
+    sweeps.add_argument("llm")
     args = parser.parse_args(argv)
     if args.what == "fidelity":
         source = Path(args.json)
@@ -119,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
         if source.resolve() != SAVED_FIDELITY:
             shutil.copyfile(source, SAVED_FIDELITY)
         tables = fidelity_tables(result)
+    elif args.what == "noniid":
+        results = {}
+        for kind, source in (("digits", Path(args.digits)), ("llm", Path(args.llm))):
+            results[kind] = without_rounds(json.loads(source.read_text()))
+            if source.resolve() != SAVED_NONIID[kind]:
+                SAVED_NONIID[kind].write_text(json.dumps(results[kind], indent=1) + "\n")
+        tables = noniid_tables(results["digits"], results["llm"])
     else:
         tables = check_table(args.reports)
     print("rewrote:", ", ".join(rewrite(tables)) or "nothing (already up to date)")

@@ -138,10 +138,12 @@ def plot_delta(reports: Sequence[Report], path: str | Path) -> None:
     rows = len(reports)
     fig, axes = plt.subplots(rows, 2, figsize=(11.0, 3.3 * rows + 0.5), squeeze=False,
                              gridspec_kw={"width_ratios": [1.0, 2.4]})
-    scale = max((abs(v) for r in reports for d in r["delta"] for line in d for v in line), default=1.0) or 1.0
+    # A round with no pair of honest updates (one honest client beside an attacker) has no delta (None).
+    scale = max((abs(v) for r in reports for d in r["delta"] if d is not None for line in d for v in line),
+                default=1.0) or 1.0
     for row, report in enumerate(reports):
-        deltas = report["delta"]
-        mean = [[sum(d[a][b] for d in deltas) / len(deltas) for b in range(2)] for a in range(2)]
+        deltas = [d for d in report["delta"] if d is not None]
+        mean = [[sum(d[a][b] for d in deltas) / len(deltas) if deltas else 0.0 for b in range(2)] for a in range(2)]
         heat, bars = axes[row, 0], axes[row, 1]
         image = heat.imshow(mean, cmap="RdBu", vmin=-scale, vmax=scale)
         for a in range(2):
@@ -156,7 +158,7 @@ def plot_delta(reports: Sequence[Report], path: str | Path) -> None:
         colourbar = fig.colorbar(image, ax=heat, fraction=0.046, pad=0.04)
         colourbar.set_label("delta = P(a, b) - P(a) P(b)", fontsize=8)
         holds = report["categorical_world"]
-        diagonal = [d[0][0] for d in deltas]
+        diagonal = [0.0 if d is None else d[0][0] for d in report["delta"]]
         x = range(1, len(diagonal) + 1)
         bars.bar(x, diagonal, color=[HOLDS_COLOUR if ok else BROKEN_COLOUR for ok in holds[:len(diagonal)]])
         bars.axhline(0.0, color="black", lw=0.8)

@@ -142,6 +142,12 @@ class KfcaConfig(_Section):
     aggregate: Aggregate = "honest"
     # Copies among the round's real submissions (never the attack analysis' side-by-side ones).
     duplicates: Duplicates = "zero"
+    # Peers beyond the round (kfca_llm.fl.peer_pool): a client with fewer than min-peers in-round peers is also
+    # scored against pool-peers other clients' submissions of the last pool-window rounds (weight pool-weight).
+    min_peers: StrictInt = Field(2, ge=0)
+    pool_window: StrictInt = Field(10, ge=1)
+    pool_peers: StrictInt = Field(8, ge=0)
+    pool_weight: StrictFloat = Field(4.0, gt=0.0)
 
     @field_validator("attacks")
     @classmethod

@@ -75,6 +75,12 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
         rounds = sum(v is not None for v in entry["per_round"])
         notes.append(f"fixed attacker {client} ({entry['spec']}): mean reward {entry['mean_reward']:+.4f} "
                      f"over the {rounds} rounds it was sampled")
+    if undetermined := report.get("undetermined_rounds"):
+        kfca = report.get("config", {}).get("kfca", {})
+        notes.append(f"undetermined: {len(undetermined)}/{report['rounds']} round(s) paid a client with fewer than "
+                     f"kfca.min-peers = {kfca.get('min-peers', '?')} distinct peers (first: round {undetermined[0]}); "
+                     "their rewards cannot tell who deviated: raise strategy.fraction-train, kfca.pool-window or "
+                     "run more rounds")
     duplicates = report.get("duplicates", {})
     for client, rounds in duplicates.get("flagged", {}).items():
         notes.append(f"copies: {client} flagged in round(s) {', '.join(map(str, rounds))} "

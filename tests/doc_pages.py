@@ -20,7 +20,17 @@ def page_names() -> list[str]:
 
 def fenced_blocks(text: str, language: str) -> list[str]:
     """The bodies of the text's fenced code blocks of one language (``""`` for blocks without one)."""
-    return re.findall(rf"^```{re.escape(language)}\n(.*?)^```", text, re.S | re.M)
+    blocks, body, opened = [], [], None
+    for line in text.splitlines(keepends=True):
+        if opened is None and line.startswith("```"):
+            opened, body = line[3:].strip(), []
+        elif opened is not None and line.strip() == "```":
+            if opened == language:
+                blocks.append("".join(body))
+            opened = None
+        elif opened is not None:
+            body.append(line)
+    return blocks
 
 
 def one_block(name: str, language: str, marker: str) -> str:

@@ -108,3 +108,19 @@ def test_robustness_benchmark_synthetic_part(tmp_path):
         assert [flipped_1, flipped_5, flipped_20, strongest, pair] == ["2/2"] * 5, row
         assert honest < 10 or flipped_10 == "2/2", row
     assert "Honest rounds with any pair flagged: 0 of 12." in printed
+
+
+def test_few_peers_benchmark_smoke(tmp_path):
+    """Synthetic updates at two per round (no training): the pool fines the flipper's honest partners far less
+    than round peers alone, which fine them as the flipper (ratio 1.00), and the figure is drawn."""
+    figure = tmp_path / "few_peers.png"
+    printed = _run(["benchmarks/bench_few_peers.py", "--synthetic", "--rounds", "30", "--deviations", "flip,copy-pool",
+                    "--figure", str(figure)], tmp_path)
+    rows = {tuple(cells[:2]): cells for cells in (
+        [c.strip() for c in line.strip("|").split("|")] for line in printed.splitlines() if line.startswith("| f")
+        or line.startswith("| c"))}
+    today, pool = rows[("flip", "round peers only (today)")], rows[("flip", "pool (defaults)")]
+    assert today[2] == "1.00" and float(pool[2]) < 0.5
+    assert float(rows[("copy-pool", "pool (defaults)")][2]) < float(rows[("copy-pool", "round peers only (today)")][2])
+    assert pool[-1] == "2" and today[-1] == "0"  # rounds 1-2 undetermined with the pool, never without
+    assert figure.stat().st_size > 10_000

@@ -88,3 +88,19 @@ def test_the_shapley_example_prints_what_its_comment_says(capsys):
     printed = capsys.readouterr().out.splitlines()
     commented = re.search(r"print\(shapley_exact\(v, 3\)\.round\(4\)\)\s+# (\[[^\]]+\])", block)[1]
     assert printed[0] == commented
+
+
+def test_every_path_of_the_layout_exists():
+    """docs/engine.md's tree of the repository: each file and folder it names (by indentation) is there."""
+    from doc_pages import fenced_blocks
+
+    text = page("docs/engine.md")
+    (tree,) = fenced_blocks(text[text.index("## Layout"):], "")[:1]
+    stack, named = [], []
+    for line in tree.splitlines():
+        entry = re.match(r"^( *)(\S+)", line)
+        if entry and entry[2].endswith((".py", "/")):  # other lines continue a description
+            stack[len(entry[1]) // 2:] = [entry[2]]
+            named.append("".join(stack))
+    assert len(named) > 60 and "kfca_llm/engine/stats.py" in named and "kernels/sign_pack/" in named
+    assert [p for p in named if not (ROOT / p).exists()] == []

@@ -13,7 +13,8 @@ import json
 from dataclasses import asdict
 
 MAX_FAILURES_SHOWN = 20
-CSV_COLUMNS = ["participant", "label", "node_ids", "total", "rounds", "mean"]
+CSV_COLUMNS = ["participant", "label", "node_ids", "total", "rounds", "mean", "std_error",
+               "distinguishable_from_zero", "undetermined_rounds"]
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -32,6 +33,10 @@ def csv_text(value) -> str:
     return printable("'" + text if text.startswith(_FORMULA_START) else text)
 
 
+def _yes_no(value: bool | None) -> str:
+    return "" if value is None else ("yes" if value else "no")
+
+
 def _short(participant: str) -> str:
     kind, _, rest = participant.partition(":")
     return f"{kind}:{rest[:16]}..." if kind == "key" and len(rest) > 16 else participant
@@ -42,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
     import sys
 
-    from ..flower.ledger import SCORED, ledger_summary, read_ledger
+    from ..flower.ledger import DISTINGUISHABLE_Z, SCORED, ledger_summary, read_ledger
     from ..report import printable, text_table
 
     contents = read_ledger(args.path)
@@ -60,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         writer.writerow(CSV_COLUMNS)
         for s in summary:
             writer.writerow([csv_text(s["participant"]), csv_text(s["label"]), csv_text(" ".join(s["node_ids"])),
-                             repr(s["total"]), s["rounds"], repr(s["mean"])])
+                             repr(s["total"]), s["rounds"], repr(s["mean"]),
+                             "" if s["std_error"] is None else repr(s["std_error"]),
+                             _yes_no(s["distinguishable_from_zero"]), s["undetermined_rounds"]])
         print(buffer.getvalue(), end="")
     else:
         scored = sum(r.status == SCORED for r in contents.rounds)
@@ -70,10 +77,19 @@ def run(args: argparse.Namespace) -> int:
                   for f in contents.failures[:MAX_FAILURES_SHOWN]]
         if len(contents.failures) > MAX_FAILURES_SHOWN:
             notes.append(f"... {len(contents.failures) - MAX_FAILURES_SHOWN} more failure(s) (--json lists all)")
+        undetermined = sum(bool(r.undetermined) for r in contents.rounds)
+        if undetermined:
+            notes.append(f"{undetermined} round(s) undetermined: a participant had fewer than min_peers distinct peers, "
+                         "so its reward cannot tell who deviated (raise the clients per round or the pool window)")
+        notes.append(f"!= 0: the mean is more than {DISTINGUISHABLE_Z} standard errors from zero (two-sided 5%; "
+                     "- below 2 rounds)")
         rows = [(str(k), _short(s["participant"]), s["label"] or "", " ".join(s["node_ids"]), f"{s['total']:+.6f}",
-                 str(s["rounds"]), f"{s['mean']:+.6f}") for k, s in enumerate(summary, start=1)]
+                 str(s["rounds"]), f"{s['mean']:+.6f}", "-" if s["std_error"] is None else f"{s['std_error']:.6f}",
+                 _yes_no(s["distinguishable_from_zero"]) or "-", str(s["undetermined_rounds"]))
+                for k, s in enumerate(summary, start=1)]
         print(text_table(f"KFCA reward ledger {args.path}",
-                         ["#", "participant", "label", "node ids", "total reward", "rounds", "mean"], rows, notes))
+                         ["#", "participant", "label", "node ids", "total reward", "rounds", "mean", "std error",
+                          "!= 0", "undetermined"], rows, notes, width=140))
     return 1 if contents.bad_rows else 0
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .peer_pool import parse_pool_name
 from ..recipe import Recipe, recipe_to_dict
 
 
@@ -56,11 +57,17 @@ class RoundRecord:
     duplicates: list[dict[str, Any]] = field(default_factory=list)
     """Groups of copies among the round's real submissions (clients, flagged pairs, unadjusted rewards);
     the rewards above are after the recipe's ``kfca.duplicates`` policy."""
+    undetermined: list[str] = field(default_factory=list)
+    """Clients paid with fewer than ``kfca.min-peers`` distinct peers (``fl.peer_pool``): their rewards
+    cannot tell who deviated."""
+    pool_peers: dict[str, list[str]] = field(default_factory=dict)
+    """Submission id -> the earlier rounds' submissions (``client@round``) it was also scored against."""
 
-    def honest_delta(self) -> list[list[float]]:
-        """Mean empirical delta matrix over the round's pairs of honest updates."""
+    def honest_delta(self) -> list[list[float]] | None:
+        """Mean empirical delta matrix over the round's pairs of honest updates (None: no such pair, e.g. one
+        honest client trained beside an attacker)."""
         deltas = [p.delta for p in self.pairs if p.honest_pair]
-        return np.mean(np.asarray(deltas, dtype=float), axis=0).tolist()
+        return np.mean(np.asarray(deltas, dtype=float), axis=0).tolist() if deltas else None
 
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> RoundRecord:
@@ -182,7 +189,8 @@ class FederationResult:
         for r in self.rounds:
             for group in r.duplicates:
                 for c in group["clients"]:
-                    out.setdefault(c, []).append(r.round)
+                    if parse_pool_name(c) is None:  # an earlier round's entry the client copied is not flagged again
+                        out.setdefault(c, []).append(r.round)
         return dict(sorted(out.items()))
 
     def to_report(self) -> dict[str, Any]:
@@ -198,6 +206,7 @@ class FederationResult:
             "fixed_attackers": self.fixed_attackers(),
             "duplicates": {"policy": self.recipe.kfca.duplicates, "flagged": self.flagged_clients()},
             "categorical_world": [r.categorical_world for r in self.rounds],
+            "undetermined_rounds": [r.round for r in self.rounds if r.undetermined],
             "delta": [r.honest_delta() for r in self.rounds],
             "timing": [asdict(self.timings[r.round]) if r.round in self.timings else None for r in self.rounds],
             "round_records": [asdict(r) for r in self.rounds],

@@ -34,9 +34,10 @@ from .aggregate import fedavg
 from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client
 from .distributed import Processes
 from .records import FederationResult, RoundClock, RoundRecord
-from .scoring import Submission, score_round
+from .peer_pool import PeerPool
+from .scoring import Submission, pool_settings, score_round
 from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
-from .state import last_complete_round, load_checkpoint, save_checkpoint, save_client_updates
+from .state import last_complete_round, load_checkpoint, load_pool, save_checkpoint, save_client_updates, save_pool
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
     histories: dict[str, list[StateDict]] = {cid: [] for cid in [*([analysis_client] if analysis else []), *fixed]}
+    pool = PeerPool(pool_settings(recipe.kfca))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
     if options.resume:
@@ -150,6 +152,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             shapes = {name: tuple(v.shape) for name, v in global_state.items()}
             global_state, saved, result.rounds = load_checkpoint(out_dir, done, seed, strategies, recipe, shapes)
             histories.update(saved)
+            pool = load_pool(out_dir, done, pool.settings)
             start = done + 1
 
     T = recipe.num_server_rounds
@@ -171,7 +174,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories)
         kfca_seed = derive_seed(seed, KFCA, t)
         clock.lap()
-        scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed)
+        scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
+                             pool=pool, round_=t)
         scoring_s = clock.lap()
         start_state = global_state
         if options.on_round is not None and procs.is_main:
@@ -191,12 +195,14 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             categorical_world=scores.categorical_world,
             loss_before={c: r.loss_before for c, r in trained.items()},
             loss_after={c: r.loss_after for c, r in trained.items()},
-            num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates))
+            num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates,
+            undetermined=scores.undetermined, pool_peers=scores.pool_peers))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:
                 save_client_updates(out_dir, t, model, start_state,
                                     {s.client: s.update for s in submissions if not s.analysis})
             if t % max(recipe.train.save_every_round, 1) == 0 or t == T:
+                save_pool(out_dir, t, pool)  # before the checkpoint's COMPLETE marker
                 save_checkpoint(out_dir, t, model, global_state, histories, result)
         result.timings[t] = clock.timing(train_s=train_s, pack_s=scores.pack_s, score_s=scoring_s - scores.pack_s,
                                          aggregate_s=aggregate_s, save_s=clock.lap())

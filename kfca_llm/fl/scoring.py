@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..api import pack_updates
+from .peer_pool import PeerPool, PoolSettings, score_with_pool
 from ..errors import InputError
 from ..recipe import KfcaConfig
 from ..tensors import StateDict
@@ -64,6 +65,10 @@ class RoundScores:
     unadjusted reward under ``unadjusted_rewards``."""
     pack_s: float = 0.0
     """Seconds spent packing the submissions into sign bits (the rest of ``score_round`` is scoring)."""
+    undetermined: list[str] = field(default_factory=list)
+    """Clients paid with fewer than ``kfca.min-peers`` distinct peers (``fl.peer_pool``)."""
+    pool_peers: dict[str, list[str]] = field(default_factory=dict)
+    """Submission id -> the pool entries (``client@round``) it was scored against (only those that had any)."""
 
 
 def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
@@ -74,9 +79,15 @@ def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> lis
     return sorted(rng.choice(sorted(candidates), size=count, replace=False).tolist())
 
 
+def pool_settings(kfca: KfcaConfig) -> PoolSettings:
+    return PoolSettings(min_peers=kfca.min_peers, window=kfca.pool_window, pool_peers=kfca.pool_peers,
+                        weight=kfca.pool_weight)
+
+
 def score_round(submissions: Sequence[Submission], *, analysis_client: str | None, kfca: KfcaConfig,
-                kfca_seed: int) -> RoundScores:
-    """Score a round's submissions (see the module docstring)."""
+                kfca_seed: int, pool: PeerPool | None = None, round_: int = 0) -> RoundScores:
+    """Score a round's submissions (see the module docstring); with a ``pool``, clients with too few peers
+    borrow earlier rounds' submissions (``fl.peer_pool``) and the round's real submissions join the pool."""
     participants = {s.client: s for s in submissions if not s.analysis}
     if len(participants) != sum(not s.analysis for s in submissions):
         raise InputError("a client sent more than one submission outside the attack analysis")
@@ -102,13 +113,21 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     packer = pack_updates(updates)
     wait_for_device(packer.buffers.device)
     pack_s = time.perf_counter() - started
-    report = packer.score(pairs=pairs, seed=kfca_seed, penalty=kfca.penalty, bonus_fraction=kfca.bonus_fraction,
-                          duplicates=kfca.duplicates, copy_candidates=ids)
+    pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
+                             bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,
+                             owners={s.id: s.client for s in analysed})
+    report = pooled.report
+    if pool is not None:
+        copies = {c for g in report.duplicates for c in g.clients}
+        signs, _ = packer.words()
+        pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in participants and c not in copies})
+    # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),
                           delta=np.asarray(report.pair_delta[(c, p)], dtype=float).tolist(),
                           categorical_world=bool(report.pair_categorical_world[(c, p)]),
-                          honest_pair=by_id[c].honest and participants[p].honest) for c, p in pairs]
+                          honest_pair=p in participants and by_id[c].honest and participants[p].honest)
+               for c, p in report.pairwise]
 
     reward = report.rewards  # each submission's mean payment over its peers, after the duplicate policy
     return RoundScores(
@@ -117,6 +136,8 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         fixed_attacker_rewards={cid: reward[cid] for cid in ids if not participants[cid].honest},
         pairs=records,
         categorical_world=all(r.categorical_world for r in records if r.honest_pair),
-        duplicates=[{**g.to_dict(), "unadjusted_rewards": {c: report.unadjusted_rewards[c] for c in g.clients}}
+        duplicates=[{**g.to_dict(), "unadjusted_rewards": {c: report.unadjusted_rewards[c] for c in g.clients
+                                                           if c in report.unadjusted_rewards}}  # not pool entries
                     for g in report.duplicates],
-        pack_s=pack_s)
+        pack_s=pack_s, undetermined=list(pooled.undetermined),
+        pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers})

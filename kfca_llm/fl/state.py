@@ -24,6 +24,7 @@ from ..report import write_atomic
 from ..tensors import StateDict
 from .client import load_adapter_state
 from ..recipe import Recipe
+from .peer_pool import PeerPool, PoolSettings
 from .records import FederationResult, RoundRecord
 
 _ROUND_DIR = re.compile(r"^round-(\d{3,})$")
@@ -77,6 +78,27 @@ def save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict,
     write_atomic(state / "COMPLETE", str(t))  # written last: a resume trusts only complete rounds
 
 
+def save_pool(out_dir: Path, t: int, pool: PeerPool) -> None:
+    """The peer pool after round ``t`` (sign words and sketches), beside that round's resume state."""
+    from safetensors.numpy import save
+
+    arrays, metadata = pool.to_arrays()
+    state = out_dir / "state" / f"round-{t:03d}"
+    state.mkdir(parents=True, exist_ok=True)
+    write_atomic(state / "pool.safetensors", save(arrays, metadata=metadata))
+
+
+def load_pool(out_dir: Path, t: int, settings: PoolSettings) -> PeerPool:
+    """The pool ``save_pool`` kept after round ``t`` (an empty one where the checkpoint has none)."""
+    from safetensors import safe_open
+
+    path = out_dir / "state" / f"round-{t:03d}" / "pool.safetensors"
+    if not path.is_file():
+        return PeerPool(settings)
+    with safe_open(str(path), framework="numpy") as f:
+        return PeerPool.from_arrays(settings, {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {})
+
+
 def last_complete_round(out_dir: Path) -> int:
     """Latest round with a saved adapter and resume state (0 when none)."""
     state = out_dir / "state"
@@ -91,7 +113,9 @@ def scoring_settings(recipe: Recipe) -> dict:
     """The recipe's settings that decide payments: a resumed run must have the interrupted run's."""
     k = recipe.kfca
     return {"kfca.peers": k.peers, "kfca.penalty": k.penalty, "kfca.bonus-fraction": k.bonus_fraction,
-            "kfca.duplicates": k.duplicates, "kfca.aggregate": k.aggregate, "kfca.attackers": list(k.attackers)}
+            "kfca.duplicates": k.duplicates, "kfca.aggregate": k.aggregate, "kfca.attackers": list(k.attackers),
+            "kfca.min-peers": k.min_peers, "kfca.pool-window": k.pool_window, "kfca.pool-peers": k.pool_peers,
+            "kfca.pool-weight": k.pool_weight}
 
 
 def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], recipe: Recipe,

@@ -49,15 +49,20 @@ MATCH, MISMATCH, UNVERIFIABLE, DAMAGED = "match", "mismatch", "unverifiable", "d
 STATUSES = (MATCH, MISMATCH, UNVERIFIABLE, DAMAGED)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 SETTINGS_COMPARED_ON_RESUME = ("peers", "penalty", "bonus_fraction", "duplicates", "duplicate_rule", "aggregation",
-                               "seed", "identity")
+                               "seed", "identity", "pool")
 
 
 def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, duplicates: str,
-                     duplicate_rule: DuplicateRule, aggregation: str, seed: int, identity: str) -> dict[str, Any]:
-    """What decides a round's payments, as the ledger records it per run and per round (JSON)."""
-    return {"peers": peers, "penalty": penalty, "bonus_fraction": float(bonus_fraction), "duplicates": duplicates,
-            "duplicate_rule": dataclasses.asdict(duplicate_rule), "aggregation": aggregation, "seed": int(seed),
-            "identity": identity}
+                     duplicate_rule: DuplicateRule, aggregation: str, seed: int, identity: str,
+                     pool: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What decides a round's payments, as the ledger records it per run and per round (JSON); ``pool``: the
+    peer pool's settings (``PoolSettings.to_dict``), left out where there is none."""
+    out = {"peers": peers, "penalty": penalty, "bonus_fraction": float(bonus_fraction), "duplicates": duplicates,
+           "duplicate_rule": dataclasses.asdict(duplicate_rule), "aggregation": aggregation, "seed": int(seed),
+           "identity": identity}
+    if pool is not None:
+        out["pool"] = dict(pool)
+    return out
 
 
 def words_bytes(words: np.ndarray) -> bytes:
@@ -136,7 +141,9 @@ def verify_ledger(path: str | os.PathLike, *, expect_head: str | None = None, re
     by_round: dict[tuple[str, int], list[RewardRow]] = {}
     for row in contents.rewards:
         by_round.setdefault((row.run_id, row.round), []).append(row)
-    checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend) for r in contents.rounds]
+    pools = PoolTracker(by_round)
+    checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend, pools)
+              for r in contents.rounds]
     notes = schema_notes(contents.schema_version)
     if chained and receipts is None and expect_head is None:
         notes.append("no receipts and no published head given: an intact chain shows only that no row was edited "
@@ -193,8 +200,9 @@ def check_chain(contents: LedgerContents) -> tuple[list[str], str | None]:
 
 
 def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequence[RewardRow],
-                    backend: str = "auto") -> RoundCheck:
-    """Score one round again from its stored signs and compare it with its rows."""
+                    backend: str = "auto", pools: PoolTracker | None = None) -> RoundCheck:
+    """Score one round again from its stored signs and compare it with its rows; ``pools`` rebuilds the peer
+    pool of rounds recorded with pool settings (None: such a round is unverifiable)."""
     check = RoundCheck(round_row.run_id, round_row.round, UNVERIFIABLE)
     if round_row.status != SCORED:
         return dataclasses.replace(check, detail="not scored (nothing paid)")
@@ -211,8 +219,11 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
             raise _Damaged(f"a scored round with {len(rows)} reward row(s); KFCA scores two or more")
         words = {row.participant: _read_words(ledger, row.sign_sha256, n_bytes) for row in rows}
         task = _read_words(ledger, round_row.task_sha256, n_bytes)
+        if "pool" in round_row.settings and pools is None:
+            raise _Unverifiable("a round scored with a peer pool needs the earlier rounds to rebuild it")
+        pool = None if pools is None else pools.before(round_row, lambda sha: _read_words(ledger, sha, n_bytes))
         try:
-            report = _rescore(round_row, words, task, backend)
+            report = _rescore(round_row, words, task, backend, pool)
         except (InputError, ValueError, TypeError, KeyError) as exc:  # hostile settings the chain still covers
             raise _Unverifiable(f"this version cannot score the round with its recorded settings "
                                 f"({printable(str(exc))[:160]})") from None
@@ -283,7 +294,57 @@ def updates_from_words(layout: Sequence[tuple[str, tuple[int, ...]]], words: np.
     return out
 
 
-def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str):
+def pool_from_rows(settings: Mapping[str, Any], run_id: str, round_: int,
+                   earlier: Mapping[tuple[str, int], Sequence[RewardRow]], read_words) -> Any:
+    """The peer pool a run had at ``round_``, from its rounds 1 to ``round_ - 1``: each participant not in a group
+    of copies, with the words ``read_words(sha256)`` gives (None: a round recorded without a pool)."""
+    from ..fl.peer_pool import PeerPool, PoolSettings
+
+    if "pool" not in settings:
+        return None
+    pool = PeerPool(PoolSettings(**settings["pool"]))
+    for t in range(1, round_):
+        rows = [r for r in earlier.get((run_id, t), []) if r.duplicate_group is None]
+        pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows})
+    return pool
+
+
+class PoolTracker:
+    """Each run's peer pool as ``verify_ledger`` walks the rounds in commit order: built once, round by round, from
+    the earlier rounds' kept signs (as ``KFCAStrategy`` built it), so a run of T rounds reads each file once."""
+
+    def __init__(self, by_round: Mapping[tuple[str, int], Sequence[RewardRow]]):
+        self._by_round = by_round
+        self._pools: dict[str, tuple[Any, int]] = {}
+        self._broken: dict[str, str] = {}
+
+    def before(self, round_row: RoundRow, read_words) -> Any:
+        """The pool ``round_row``'s run had before it (None: scored without one); ``_Unverifiable`` when an earlier
+        round's signs cannot be read."""
+        from ..fl.peer_pool import PeerPool, PoolSettings
+
+        settings, run = round_row.settings, round_row.run_id
+        if "pool" not in settings:
+            return None
+        if run in self._broken:
+            raise _Unverifiable(self._broken[run])
+        try:
+            pool, done = self._pools.get(run) or (PeerPool(PoolSettings(**settings["pool"])), 1)
+        except (TypeError, InputError) as exc:
+            raise _Unverifiable(f"this version cannot rebuild the round's peer pool ({exc})") from None
+        try:
+            for t in range(done, round_row.round):
+                rows = [r for r in self._by_round.get((run, t), []) if r.duplicate_group is None]
+                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows})
+        except (_Damaged, _Unverifiable, InputError) as exc:
+            self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs ({exc})"
+            raise _Unverifiable(self._broken[run]) from None
+        self._pools[run] = (pool, round_row.round)
+        return pool
+
+
+def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None):
+    from ..fl.peer_pool import score_with_pool
     from ..packer import SignPacker
 
     settings = round_row.settings
@@ -309,8 +370,8 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
     if sha256_hex(words_bytes(repacked_task)) != round_row.task_sha256:
         raise _Unverifiable("the task words do not repack to themselves with this version's packing")
     peers = None if peers is None else min(int(peers), len(words) - 1)
-    return packer.score(peers=peers, seed=round_row.seed, penalty=penalty, bonus_fraction=bonus_fraction,
-                        duplicates=policy, duplicate_rule=rule)
+    return score_with_pool(packer, pool, round_row.round, peers=peers, seed=round_row.seed, penalty=penalty,
+                           bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule).report
 
 
 def _compare(report, rows: Sequence[RewardRow]) -> list[str]:

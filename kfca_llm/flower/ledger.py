@@ -69,7 +69,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     categorical_world INTEGER, valid_replies INTEGER NOT NULL, failed_replies INTEGER NOT NULL,
     recorded_at TEXT NOT NULL, package_version TEXT NOT NULL, settings TEXT NOT NULL, layout TEXT,
     task_sha256 TEXT, signs_kept INTEGER NOT NULL, global_sha256 TEXT, prev_hash TEXT NOT NULL,
-    chain_hash TEXT NOT NULL UNIQUE, PRIMARY KEY (run_id, round));
+    chain_hash TEXT NOT NULL UNIQUE, undetermined TEXT, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS rewards (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, participant TEXT NOT NULL, node_id TEXT NOT NULL,
     reward REAL NOT NULL, peers TEXT NOT NULL, num_examples INTEGER, sign_sha256 TEXT NOT NULL,
@@ -135,6 +135,9 @@ class RoundRow:
     prev_hash: str | None = None
     chain_hash: str | None = None
     """None in version 1-2 ledgers (no chain)."""
+    undetermined: tuple[str, ...] | None = None
+    """Participants paid with fewer than ``min_peers`` distinct peers (no majority that could outvote one
+    deviator: their reward cannot tell who deviated); None in rounds recorded before the peer pool."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,7 @@ class RoundEntry:
     global_arrays: tuple[str, bytes] | None = None
     """(SHA-256, safetensors bytes) of the arrays the round produced; None: the round produced none."""
     new_participants: Sequence[Participant] = ()
+    undetermined: Sequence[str] | None = None
 
 
 def canonical_json(value: Any) -> str:
@@ -214,8 +218,10 @@ def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow]
                run: RunRow | None = None, participants: Sequence[Participant] | None = None) -> str:
     """SHA-256 over the previous round's hash and every field of this round, its rewards and failures, and
     (schema 4) of its run's row and the participants first seen in it (None: a version 3 chain)."""
+    # A field added later is hashed only where it is recorded: rounds written before it keep their hash.
     body = {"round": {f.name: getattr(round_row, f.name) for f in fields(RoundRow)
-                      if f.name not in ("prev_hash", "chain_hash")},
+                      if f.name not in ("prev_hash", "chain_hash")
+                      and not (f.name in _ADDED_ROUND_FIELDS and getattr(round_row, f.name) is None)},
             "rewards": [_plain(r) for r in sorted(rewards, key=lambda r: r.participant)],
             "failures": [_plain(f) for f in failures]}
     if run is not None:
@@ -223,6 +229,9 @@ def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow]
     if participants is not None:
         body["participants"] = [_plain(p) for p in sorted(participants, key=lambda p: p.participant)]
     return sha256_hex((prev_hash + canonical_json(body)).encode())
+
+
+_ADDED_ROUND_FIELDS = ("undetermined",)
 
 
 def chain_hasher(contents: LedgerContents):
@@ -323,6 +332,8 @@ class Ledger:
                                      f"(`kfca-llm ledger` still reads the old one)")
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)  # idempotent; executescript commits first, so before BEGIN
+                if not _has_column(conn, "rounds", "undetermined"):  # a version 3 ledger of before the pool
+                    conn.execute("ALTER TABLE rounds ADD COLUMN undetermined TEXT")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -403,7 +414,8 @@ class Ledger:
             package_version=self.package_version, settings=dict(entry.settings),
             layout=None if entry.layout is None else tuple((n, tuple(s)) for n, s in entry.layout),
             task_sha256=entry.task_sha256, signs_kept=entry.signs is not None,
-            global_sha256=None if entry.global_arrays is None else entry.global_arrays[0])
+            global_sha256=None if entry.global_arrays is None else entry.global_arrays[0],
+            undetermined=None if entry.undetermined is None else tuple(entry.undetermined))
         conn = _connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -421,11 +433,12 @@ class Ledger:
                 first_seen = _rows(conn, Participant, "participants",
                                    where=("first_run = ? AND first_round = ?", (r.run_id, r.round)))
                 digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures, run, first_seen)
-                conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (r.run_id, r.round, r.status, r.seed, None if r.categorical_world is None
                               else int(r.categorical_world), r.valid_replies, r.failed_replies, r.recorded_at,
                               r.package_version, canonical_json(r.settings), _json_or_null(r.layout),
-                              r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest))
+                              r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest,
+                              _json_or_null(None if r.undetermined is None else list(r.undetermined))))
                 for row in entry.rewards:
                     conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (row.run_id, row.round, row.participant, row.node_id, row.reward,
@@ -460,9 +473,14 @@ def _rows(conn: sqlite3.Connection, cls: type, table: str, columns: Mapping[str,
     return typed_rows(conn, cls, table, columns=columns, where=where, bad=bad)
 
 
+def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
+    # The reading connection returns text as bytes (ledger_cells checks every cell's encoding itself).
+    return any(row[1] in (column, column.encode()) for row in conn.execute(f"PRAGMA table_info({table})"))
+
+
 # Versions 1-2: keyed by node id, settings per run, no chain, no participants; read as version 3 rows.
 _OLD_REWARDS = {"participant": "node_id", "unadjusted_reward": "unadjusted_reward", "duplicate_group": "duplicate_group"}
-_OLD_ROUNDS = {"package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
+_OLD_ROUNDS = {"undetermined": "NULL", "package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
                "global_sha256": "NULL", "prev_hash": "NULL", "chain_hash": "NULL",
                "settings": "(SELECT json_object('peers', peers, 'penalty', penalty, 'seed', runs.seed, 'bonus_fraction', "
                            "bonus_fraction, 'aggregation', aggregation{duplicates}) FROM runs "
@@ -485,7 +503,9 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
                 runs_columns = {} if version >= 4 else {"receipt_key": "NULL"}
                 rewards = _rows(conn, RewardRow, "rewards", bad=bad)
                 failures = _rows(conn, FailureRow, "failures", bad=bad)
-                rounds = _rows(conn, RoundRow, "rounds", bad=bad)
+                # A ledger written before the peer pool has no undetermined column: its rounds read as None.
+                rounds = _rows(conn, RoundRow, "rounds",
+                               {} if _has_column(conn, "rounds", "undetermined") else {"undetermined": "NULL"}, bad=bad)
                 runs = _rows(conn, RunRow, "runs", runs_columns, bad=bad)
                 participants = _rows(conn, Participant, "participants", bad=bad)
             else:
@@ -505,16 +525,37 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
     return LedgerContents(rewards, failures, rounds, runs, participants, version, bad)
 
 
+DISTINGUISHABLE_Z = 1.96
+"""A balance is distinguishable from zero when its mean is this many standard errors away (two-sided 5%)."""
+
+
 def ledger_summary(contents: LedgerContents) -> list[dict]:
-    """Per participant: label, the node ids it used, total reward, rounds paid, mean per paid round."""
+    """Per participant: label, the node ids it used, total reward, rounds paid, mean per paid round, the mean's
+    standard error (sample standard deviation / sqrt(rounds); None below 2 rounds), whether the mean lies
+    ``DISTINGUISHABLE_Z`` standard errors from zero (None below 2 rounds), and the paid rounds that were
+    undetermined (``RoundRow.undetermined``)."""
     paid: dict[str, list[float]] = {}
     nodes: dict[str, list[str]] = {}
+    undetermined = {(r.run_id, r.round): set(r.undetermined or ()) for r in contents.rounds}
+    unsure: dict[str, int] = {}
     for row in contents.rewards:
         paid.setdefault(row.participant, []).append(row.reward)
         used = nodes.setdefault(row.participant, [])
         if row.node_id not in used:
             used.append(row.node_id)
+        if row.participant in undetermined.get((row.run_id, row.round), ()):
+            unsure[row.participant] = unsure.get(row.participant, 0) + 1
     labels = {p.participant: p.label for p in contents.participants}
-    return [{"participant": who, "label": labels.get(who), "node_ids": nodes[who], "total": total,
-             "rounds": len(paid[who]), "mean": total / len(paid[who])}
-            for who, total in contents.totals().items()]
+    out = []
+    for who, total in contents.totals().items():
+        values = paid[who]
+        n, mean = len(values), total / len(values)
+        se = None
+        if n >= 2:
+            variance = sum((v - mean) ** 2 for v in values) / (n - 1)
+            se = (variance / n) ** 0.5
+        distinguishable = None if se is None else (abs(mean) > DISTINGUISHABLE_Z * se if se > 0 else mean != 0)
+        out.append({"participant": who, "label": labels.get(who), "node_ids": nodes[who], "total": total,
+                    "rounds": n, "mean": mean, "std_error": se, "distinguishable_from_zero": distinguishable,
+                    "undetermined_rounds": unsure.get(who, 0)})
+    return out

@@ -45,7 +45,9 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           aggregation=str(config.get("kfca.aggregation", "all")),
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
                           keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"),
-                          receipt_key=str(config.get("kfca.receipt-key", "")) or None)
+                          receipt_key=str(config.get("kfca.receipt-key", "")) or None,
+                          min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
+                          pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,

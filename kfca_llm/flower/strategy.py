@@ -35,15 +35,16 @@ from .. import __version__
 from ..engine import get_backend
 from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError
+from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
 from ..partition import check_bonus_fraction, check_penalty, check_seed
 from ..report import RewardReport
 from ..tensors import is_float
-from .audit import scoring_settings, sha256_hex, update_sha256, words_bytes
+from .audit import pool_from_rows, scoring_settings, sha256_hex, update_sha256, words_bytes
 from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_identity_mode,
                        check_participant_name, pinned_conflict, resolve)
-from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path
+from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path, read_ledger, signs_path
 from .logs import ledger_round_numbers
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 
@@ -104,11 +105,15 @@ def arrays_from_bytes(data: bytes) -> ArrayRecord:
 
 @dataclass
 class _Scored:
-    report: RewardReport
+    pooled: PooledRound
     digests: dict[str, str]
     layout: list[tuple[str, tuple[int, ...]]]
     task_sha256: str
     signs: dict[str, bytes]
+
+    @property
+    def report(self) -> RewardReport:
+        return self.pooled.report
 
 
 class KFCAStrategy(Strategy):
@@ -127,6 +132,12 @@ class KFCAStrategy(Strategy):
     ``duplicates``: payment of copies found among a round's valid replies (``kfca_llm.engine.duplicates``):
     ``"zero"`` (default), ``"split"``, ``"flag"``; the ledger also keeps each unadjusted reward and group.
 
+    Peers beyond the round (``kfca_llm.fl.peer_pool``): a participant with fewer than ``min_peers`` other valid
+    participants in its round is also scored against up to ``pool_peers`` other participants' sign words from
+    the last ``pool_window`` rounds, each weighted ``pool_weight`` (an in-round peer: 1); ``min_peers=0``
+    scores rounds alone, as before the pool. A participant left with fewer than ``min_peers`` distinct peers
+    is *undetermined* (ledger ``rounds.undetermined``, metric ``kfca.undetermined``, a warning in the log).
+
     ``keep_signs``: store each round's packed sign words beside the ledger (``<ledger>.d/signs/``, named by
     SHA-256) before the round commits, so ``kfca-llm verify`` can recompute the round. ``resume``: continue
     the ledger's last run (its scoring settings must be these: else ``InputError`` naming the setting);
@@ -143,7 +154,9 @@ class KFCAStrategy(Strategy):
                  penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
                  ledger: str | os.PathLike | None = "rewards.sqlite", aggregation: str = "all",
                  duplicates: str = "zero", identity: str = "auto", keep_signs: bool = False, resume: bool = False,
-                 receipt_key: str | os.PathLike | None = None):
+                 receipt_key: str | os.PathLike | None = None, min_peers: int = PoolSettings.min_peers,
+                 pool_window: int = PoolSettings.window, pool_peers: int = PoolSettings.pool_peers,
+                 pool_weight: float = PoolSettings.weight):
         strategy = FedAvg() if strategy is None else strategy
         _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
                        identity)
@@ -165,14 +178,19 @@ class KFCAStrategy(Strategy):
         self.duplicate_rule = DuplicateRule()
         self.identity = identity
         self.keep_signs = bool(keep_signs)
+        self.pool = PeerPool(PoolSettings(min_peers=min_peers, window=pool_window, pool_peers=pool_peers,
+                                          weight=pool_weight))
         self.arrayrecord_key: str = getattr(strategy, "arrayrecord_key", "arrays")
         self.weighted_by_key: str | None = getattr(strategy, "weighted_by_key", None)
         self.settings = scoring_settings(peers=self.peers, penalty=penalty, bonus_fraction=self.bonus_fraction,
                                          duplicates=duplicates, duplicate_rule=self.duplicate_rule,
-                                         aggregation=aggregation, seed=self.seed, identity=identity)
+                                         aggregation=aggregation, seed=self.seed, identity=identity,
+                                         pool=self.pool.settings.to_dict())
         self.rewards: dict[int, dict[str, float]] = {}
         self.node_ids: dict[int, dict[str, str]] = {}
         self.reports: dict[int, RewardReport] = {}
+        self.undetermined: dict[int, tuple[str, ...]] = {}
+        """Round -> participants paid with fewer than ``min_peers`` distinct peers (scored rounds only)."""
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
             ledger, run_id=uuid.uuid4().hex, strategy=type(strategy).__name__, package_version=__version__,
@@ -180,6 +198,8 @@ class KFCAStrategy(Strategy):
             receipt_key=self.receipt_key)
         self.run_id = self.ledger.run_id if self.ledger else uuid.uuid4().hex
         self.round_offset = self.ledger.next_round - 1 if self.ledger else 0
+        if self.round_offset and self.pool.settings.enabled:
+            self.pool = self._resumed_pool()
         self._pins: dict[str, Participant] = self.ledger.participants() if self.ledger else {}
         self._last_node: dict[str, str] = self.ledger.last_node_ids() if self.ledger else {}
         self._sent: dict[int, ArrayRecord] = {}
@@ -209,10 +229,34 @@ class KFCAStrategy(Strategy):
         with ledger_round_numbers(self.round_offset):
             return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
+    def _resumed_pool(self) -> PeerPool:
+        """The pool the interrupted run had, from the ledger's kept signs (an empty one, with a warning, when the
+        signs were not kept: the next rounds then borrow fewer peers than an uninterrupted run would)."""
+        earlier: dict[tuple[str, int], list] = {}
+        for row in read_ledger(self.ledger.path).rewards:
+            if row.run_id == self.run_id:
+                earlier.setdefault((row.run_id, row.round), []).append(row)
+
+        def read(sha: str) -> np.ndarray:
+            path = signs_path(self.ledger.path, sha)
+            data = path.read_bytes() if path.is_file() else b""
+            if sha256_hex(data) != sha:
+                raise InputError(f"the kept signs {path} are missing or altered")
+            return np.frombuffer(data, dtype="<i4")
+
+        try:
+            return pool_from_rows(self.settings, self.run_id, self.round_offset + 1, earlier, read)
+        except InputError as exc:
+            log(WARNING, "KFCA: the peer pool restarts empty after the resume (%s)", exc)
+            return PeerPool(self.pool.settings)
+
     def summary(self) -> None:
         log(INFO, "\t├──> KFCA rewards: peers %s, penalty %s, bonus fraction %s, seed %s, aggregation %s, "
             "copies %s, identity %s", "all" if self.peers is None else self.peers, self.penalty, self.bonus_fraction,
             self.seed, self.aggregation, self.duplicates, self.identity)
+        pool = self.pool.settings
+        log(INFO, "\t├──> peer pool: %s", "off (min_peers 0)" if not pool.enabled else
+            f"min peers {pool.min_peers}, window {pool.window} rounds, {pool.pool_peers} pool peers, weight {pool.weight}")
         log(INFO, "\t├──> ledger: %s (run %s%s)", self.ledger.path if self.ledger else "none", self.run_id,
             f", resumed after round {self.round_offset}" if self.round_offset else "")
         log(INFO, "\t└──> wrapped strategy: %s", type(self.strategy).__name__)
@@ -271,7 +315,7 @@ class KFCAStrategy(Strategy):
             except InconsistentMessageReplies as exc:
                 failures.append((None, f"the wrapped strategy did not aggregate: {exc}"))
         self._record(t, paid, identities, scored, failures, arrays)
-        return arrays, self._metrics(metrics, report, failures)
+        return arrays, self._metrics(metrics, scored, failures)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -401,17 +445,25 @@ class KFCAStrategy(Strategy):
             # packed as one batch.
             packer.add_many(participant, {name: returned[name].numpy() - sent[name] for name in shapes})
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
-        report = packer.score(peers=peers, seed=self.round_seed(server_round), penalty=self.penalty,
-                              bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
-                              duplicate_rule=self.duplicate_rule)
+        pooled = score_with_pool(packer, self.pool, server_round, peers=peers, seed=self.round_seed(server_round),
+                                 penalty=self.penalty, bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
+                                 duplicate_rule=self.duplicate_rule)
         signs, task = packer.words()
+        copies = {c for g in pooled.report.duplicates for c in g.clients}
+        self.pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies})
+        if pooled.undetermined:
+            log(WARNING, "KFCA: round %s is undetermined for %s: fewer than min_peers=%s distinct peers (in this "
+                "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted and their "
+                "rewards cannot tell who deviated. Raise the clients per round (fraction_train / min_train_nodes), "
+                "lower min_peers, or widen pool_window", server_round, ", ".join(pooled.undetermined),
+                self.pool.settings.min_peers, self.pool.settings.window)
         stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
         digests = {participant: sha256_hex(data) for participant, data in stored.items()}
         task_bytes = words_bytes(task)
         task_sha = sha256_hex(task_bytes)
         kept = {**{digests[p]: data for p, data in stored.items()}, task_sha: task_bytes} if self.keep_signs else {}
         layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
-        return _Scored(report, digests, layout, task_sha, kept)
+        return _Scored(pooled, digests, layout, task_sha, kept)
 
     def _select(self, paid: Mapping[str, Message], report: RewardReport | None
                 ) -> tuple[list[Message], str | None]:
@@ -456,6 +508,7 @@ class KFCAStrategy(Strategy):
             self.rewards[server_round] = dict(report.rewards)
             self.node_ids[server_round] = {p: node_of[p] for p in report.rewards}
             self.reports[server_round] = report
+            self.undetermined[server_round] = scored.pooled.undetermined
             peers = report.peers
             group_of = {c: g.clients for g in report.duplicates for c in g.clients}
             rows = [RewardRow(self.run_id, server_round, who, node_of[who], float(reward), tuple(peers[who]),
@@ -479,7 +532,8 @@ class KFCAStrategy(Strategy):
                 rewards=rows, failures=failure_rows, layout=None if scored is None else scored.layout,
                 task_sha256=None if scored is None else scored.task_sha256,
                 signs=scored.signs if scored is not None and self.keep_signs else None,
-                global_arrays=global_arrays, new_participants=new))
+                global_arrays=global_arrays, new_participants=new,
+                undetermined=None if scored is None else scored.pooled.undetermined))
             if self._post is not None:
                 self._post.issue(rows, digest)
             if global_arrays is not None and previous not in (None, global_arrays[0]):
@@ -488,10 +542,13 @@ class KFCAStrategy(Strategy):
         self._pins.update({p.participant: p for p in new})
         self._last_node.update({row.participant: row.node_id for row in rows})
 
-    def _metrics(self, metrics: MetricRecord | None, report: RewardReport | None,
+    def _metrics(self, metrics: MetricRecord | None, scored: _Scored | None,
                  failures: list[tuple[str | None, str]]) -> MetricRecord:
+        report = None if scored is None else scored.report
         out = MetricRecord(dict(metrics.items())) if metrics is not None else MetricRecord()
         out["kfca.scored"] = int(report is not None)
+        out["kfca.undetermined"] = 0 if scored is None else len(scored.pooled.undetermined)
+        out["kfca.pool-peers"] = 0 if scored is None else sum(map(len, scored.pooled.pool_peers.values()))
         out["kfca.failed-replies"] = sum(node is not None for node, _ in failures)
         out["kfca.copies"] = 0 if report is None else sum(len(g.clients) for g in report.duplicates)
         if report is not None:

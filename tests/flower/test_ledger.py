@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -110,12 +111,15 @@ def test_resume_after_a_crash_continues_the_run_from_its_last_committed_round(tm
 
 @pytest.mark.parametrize("setting, value", [("penalty", "sampled"), ("bonus_fraction", 0.4), ("peers", 2),
                                             ("duplicates", "split"), ("aggregation", "exclude-negative"),
-                                            ("identity", "public-key")])
+                                            ("identity", "public-key"), ("pool", 3)])
 def test_resume_refuses_a_changed_scoring_setting_naming_it(tmp_path, setting, value):
     ledger = tmp_path / "rewards.sqlite"
     serve(ledger, rounds=1, report=lambda line: None)
-    with pytest.raises(InputError, match=f"cannot resume: scoring setting '{setting}' was .* this run has {value!r}"):
-        serve(ledger, rounds=2, resume=True, report=lambda line: None, **{setting: value})
+    # The pool's settings are recorded as one dict, min_peers first.
+    shown = re.escape(f"{{'min_peers': {value}") if setting == "pool" else repr(value)
+    with pytest.raises(InputError, match=f"cannot resume: scoring setting '{setting}' was .* this run has {shown}"):
+        serve(ledger, rounds=2, resume=True, report=lambda line: None,
+              **({"min_peers": value} if setting == "pool" else {setting: value}))
     assert len(read_ledger(ledger).rounds) == 1  # nothing written by the refused run
     serve(ledger, rounds=2, resume=True, report=lambda line: None)  # the same settings resume
     assert [r.round for r in read_ledger(ledger).rounds] == [1, 2]
@@ -128,9 +132,16 @@ def test_ledger_command_prints_balances_as_table_and_csv(tmp_path, capsys):
     totals = {n: strategy.rewards[1][n] + strategy.rewards[2][n] for n in strategy.rewards[1]}
     assert main(["ledger", str(ledger), "--csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "participant,label,node_ids,total,rounds,mean"
+    assert lines[0] == ("participant,label,node_ids,total,rounds,mean,std_error,distinguishable_from_zero,"
+                        "undetermined_rounds")
     rows = {line.split(",")[0]: line.split(",")[1:] for line in lines[1:]}
     assert {n: float(v[2]) for n, v in rows.items()} == totals  # repr: the exact float
+    # Two rounds: the standard error of the mean is half their difference; distinguishable beyond 1.96 of them.
+    for n in NODES:
+        a, b = strategy.rewards[1][pid(n)], strategy.rewards[2][pid(n)]
+        se = float(rows[pid(n)][5])
+        assert se == pytest.approx(abs(a - b) / 2, rel=1e-12)
+        assert rows[pid(n)][6] == ("yes" if abs(a + b) / 2 > 1.96 * se else "no") and rows[pid(n)][7] == "0"
     assert {n: (v[1], v[3]) for n, v in rows.items()} == {pid(n): (str(n), "2") for n in NODES}
     assert main(["ledger", str(ledger)]) == 0
     table = capsys.readouterr().out
@@ -381,3 +392,18 @@ def test_a_resumed_run_logs_the_ledgers_round_numbers(tmp_path):
     finally:
         flower_logger.removeHandler(lines)
     assert [line for line in lines.lines if line.startswith("[ROUND")] == ["[ROUND 3/4]", "[ROUND 4/4]", "[ROUND 1/1]"]
+
+def test_ledger_summary_standard_error_and_distinguishability_from_constructed_rows():
+    from kfca_llm.flower.ledger import LedgerContents, RewardRow, RoundRow, ledger_summary
+
+    def row(who, t, reward):
+        return RewardRow("run", t, who, "1", reward, (), None, "", reward)
+
+    rewards = [row("a", 1, 0.2), row("a", 2, 1.0), row("b", 1, 1.0), row("b", 2, 1.5), row("c", 3, 0.3)]
+    rounds = [RoundRow("run", t, "scored", 0, None, 2, 0, "", undetermined=("a",) if t == 1 else ()) for t in (1, 2, 3)]
+    summary = {s["participant"]: s for s in ledger_summary(LedgerContents(rewards, [], rounds))}
+    # a: mean 0.6, standard error 0.4: 1.5 standard errors from zero, not the 1.96 it takes.
+    assert summary["a"]["std_error"] == pytest.approx(0.4) and summary["a"]["distinguishable_from_zero"] is False
+    assert summary["b"]["std_error"] == pytest.approx(0.25) and summary["b"]["distinguishable_from_zero"] is True
+    assert summary["c"]["std_error"] is None and summary["c"]["distinguishable_from_zero"] is None
+    assert [summary[w]["undetermined_rounds"] for w in "abc"] == [1, 0, 0]

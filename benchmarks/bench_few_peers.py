@@ -1,0 +1,274 @@
+"""FlowerTune's regime (20 clients x 0.1: two per round) on the tiny recipe: round peers only vs the peer pool.
+
+One federation is trained honestly (``run_federation``, ``kfca.aggregate = "honest"``: deviations change rewards,
+not the model, as ``kfca.attackers`` does in ``kfca-llm simulate``) and each round's honest updates are kept; then
+each deviation is replayed on the same updates: the deviating clients (3 of 20, 15%) submit the attack whenever
+they are sampled, and every scoring setting scores the same submissions.
+
+    .venv/bin/python benchmarks/bench_few_peers.py --rounds 200 --grid        # the full grid (hours on 2 cores)
+    .venv/bin/python benchmarks/bench_few_peers.py --rounds 60 --cache /tmp/updates60.safetensors --grid
+
+Per (deviation, setting): the honest partner's fine over the deviator's (sum over the rounds where a deviator
+trained beside an honest client of max(-reward, 0), honest over deviator; 1.0: fined alike; "-": the deviator
+was not fined), the honest partners paid > 0 and more than the deviator there, the share of honest participations paid < 0, the AUROC of per-client mean reward separating
+deviators from honest clients after T rounds (T = 10, 50, ... up to --rounds), the first round from which the
+AUROC stays 1.0, and the undetermined rounds. Deviations: the attack registry's flip, zero, random, stale
+(its first honest update, resubmitted), sparse:0.5, copy:0 (the partner's update of the round) and copy-pool
+(another client's update from an earlier round: a copy of a pool member).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kfca_llm.api import pack_updates
+from kfca_llm.attacks import resolve_attack
+from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.rounds import attack_context
+from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
+
+DEVIATORS = (3, 7, 11)
+DEVIATIONS = ("flip", "zero", "random", "stale", "sparse:0.5", "copy:0", "copy-pool")
+CHECKPOINTS = (10, 50, 200)
+
+
+class RandomDrawPool(PeerPool):
+    """The pool drawing its peers at random among the window's distinct participants (seeded by round)."""
+
+    def candidates(self, before_round, participant, exclude):
+        everyone = PoolSettings(**{**self.settings.to_dict(), "pool_peers": 10**6})
+        pool = PeerPool(everyone)
+        pool._rounds = self._rounds
+        entries = pool.candidates(before_round, participant, exclude)
+        rng = np.random.default_rng([before_round, sum(map(ord, participant))])
+        order = rng.permutation(len(entries))[:self.settings.pool_peers]
+        return [entries[k] for k in sorted(order)]
+
+
+def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+    """Round -> client -> honest update, from one honest tiny federation at 20 x 0.1 (cached as safetensors)."""
+    from safetensors.numpy import load_file, save_file
+
+    if cache is not None and cache.is_file():
+        flat = load_file(str(cache))
+    else:
+        from kfca_llm.fl.rounds import FederationOptions, run_federation
+        from kfca_llm.recipe import load_recipe
+
+        recipe = load_recipe("tiny", ["num-clients=20", "strategy.fraction-train=0.1", f"num-server-rounds={rounds}",
+                                      'kfca.attacks=["honest"]', "train.save-client-updates=false"])
+        flat = {}
+
+        def keep(context):
+            for s in context.submissions:
+                for name, tensor in s.update.items():
+                    flat[f"{context.round:04d}|{s.client}|{name}"] = tensor.detach().cpu().float().numpy().copy()
+
+        run_federation(recipe, FederationOptions(progress=False, on_round=keep))
+        if cache is not None:
+            save_file(flat, str(cache))
+    out: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+    for key, array in flat.items():
+        t, client, name = key.split("|", 2)
+        if int(t) <= rounds:
+            out.setdefault(int(t), {}).setdefault(client, {})[name] = array
+    return dict(sorted(out.items()))
+
+
+def synthetic(rounds: int, size: int = 4096, seed: int = 0) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+    """CI-sized stand-in for ``capture``: 20 clients, two sampled per round; each round's honest direction turns
+    back on the last one (as the tiny recipe's do) around a persistent one, plus each client's noise."""
+    rng = np.random.default_rng(seed)
+    persistent, direction = rng.standard_normal(size), rng.standard_normal(size)
+    out = {}
+    for t in range(1, rounds + 1):
+        direction = -0.6 * direction + 0.8 * rng.standard_normal(size)
+        clients = sorted(rng.choice(20, size=2, replace=False).tolist())
+        out[t] = {client_id(c): {"w": (0.3 * persistent + direction + rng.standard_normal(size)).astype(np.float32)}
+                  for c in clients}
+    return out
+
+
+def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+    """Each round's submissions when the deviators submit ``deviation`` whenever they train."""
+    deviators = {client_id(i) for i in DEVIATORS}
+    history: dict[str, list] = {c: [] for c in deviators}
+    earlier: list[tuple[int, str, dict]] = []  # (round, client, update) of honest clients, for copy-pool
+    out = {}
+    for t, clients in updates.items():
+        honest = {c: {k: torch.from_numpy(v) for k, v in u.items()} for c, u in clients.items()}
+        round_out = {}
+        for c, u in sorted(clients.items()):
+            if c not in deviators:
+                round_out[c] = u
+            elif deviation == "copy-pool":
+                source = next((e for e in reversed(earlier) if e[1] != c), None)
+                round_out[c] = u if source is None else source[2]
+            else:
+                context = attack_context(0, t, c, f"{c}={deviation}", honest, history[c])
+                round_out[c] = {k: v.numpy() for k, v in resolve_attack(deviation).submit(context).items()}
+        for c in clients:
+            if c in history:
+                history[c].append(honest[c])
+        earlier += [(t, c, u) for c, u in clients.items() if c not in deviators]
+        out[t] = round_out
+    return out
+
+
+def settings_grid(full: bool) -> dict[str, tuple[type, PoolSettings | None]]:
+    grid = {"round peers only (today)": (PeerPool, None), "pool (defaults)": (PeerPool, PoolSettings())}
+    if full:
+        for window, peers, weight in itertools.product((5, 10, 20), (4, 8, 16), (0.5, 1.0, 2.0, 4.0)):
+            settings = PoolSettings(window=window, pool_peers=peers, weight=weight)
+            grid[f"pool W={window} K={peers} w={weight}"] = (PeerPool, settings)
+        grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings())
+    return grid
+
+
+def auroc(deviators, honest) -> float:
+    if not deviators or not honest:
+        return float("nan")
+    return sum((h > d) + 0.5 * (h == d) for h in honest for d in deviators) / (len(honest) * len(deviators))
+
+
+def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, rounds: int,
+            deviators: set[str] | None = None) -> dict:
+    deviators = {client_id(i) for i in DEVIATORS} if deviators is None else deviators
+    honest_fine = deviator_fine = 0.0
+    honest_paid, partners = [], []
+    sums: dict[str, list[float]] = {}
+    curve = {}
+    for t, rewards in rounds_rewards.items():
+        if set(rewards) & deviators and set(rewards) - deviators:
+            honest_fine += sum(max(-r, 0.0) for c, r in rewards.items() if c not in deviators)
+            deviator_fine += sum(max(-r, 0.0) for c, r in rewards.items() if c in deviators)
+            worst = max(r for c, r in rewards.items() if c in deviators)
+            partners += [r > 0 and r > worst for c, r in rewards.items() if c not in deviators]
+        honest_paid += [r for c, r in rewards.items() if c not in deviators]
+        for c, r in rewards.items():
+            acc = sums.setdefault(c, [0.0, 0])
+            acc[0] += r
+            acc[1] += 1
+        means = {c: s / n for c, (s, n) in sums.items()}
+        curve[t] = auroc([m for c, m in means.items() if c in deviators], [m for c, m in means.items() if c not in deviators])
+    separated = next((t for t in curve if all(curve[u] == 1.0 for u in curve if u >= t)), None)
+    return {"partner_fine_ratio": honest_fine / deviator_fine if deviator_fine > 1e-12 else None,
+            "partners_paid_more": (sum(partners), len(partners)),
+            "honest_negative_share": float(np.mean([r < 0 for r in honest_paid])) if honest_paid else None,
+            "auroc": {t: curve[t] for t in (*CHECKPOINTS, rounds) if t in curve},
+            "separated_from_round": separated, "undetermined_rounds": undetermined, "curve": curve}
+
+
+def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake: bool = False) -> list[dict]:
+    updates = synthetic(rounds) if fake else capture(rounds, cache)
+    rows = []
+    for deviation in deviations:
+        submitted = submissions(updates, deviation)
+        packers = {t: pack_updates(s) for t, s in submitted.items()}
+        for name, (pool_class, settings) in settings_grid(full).items():
+            pool = None if settings is None else pool_class(settings)
+            rewards, undetermined = {}, 0
+            for t, packer in packers.items():
+                scored = score_with_pool(packer, pool, t, seed=derive_seed(0, KFCA, t))
+                rewards[t] = scored.report.rewards
+                undetermined += bool(scored.undetermined)
+                if pool is not None:
+                    copies = {c for g in scored.report.duplicates for c in g.clients}
+                    signs, _ = packer.words()
+                    pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies})
+            rows.append({"deviation": deviation, "setting": name, **measure(rewards, undetermined, len(updates))})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    checkpoints = sorted({t for r in rows for t in r["auroc"]})
+    lines = ["| deviation | setting | partner's fine / deviator's | partners paid > 0 and > deviator | honest paid < 0 | "
+             + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds |",
+             "|---|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
+    for r in rows:
+        ratio = "-" if r["partner_fine_ratio"] is None else f"{r['partner_fine_ratio']:.2f}"
+        aurocs = " | ".join(f"{r['auroc'][t]:.3f}" if t in r["auroc"] else "" for t in checkpoints)
+        good, meetings = r["partners_paid_more"]
+        lines.append(f"| {r['deviation']} | {r['setting']} | {ratio} | {good}/{meetings} | {r['honest_negative_share']:.2f} | {aurocs} | "
+                     f"{r['separated_from_round'] if r['separated_from_round'] is not None else 'never'} | "
+                     f"{r['undetermined_rounds']} |")
+    return "\n".join(lines)
+
+
+def lag_table(updates, max_lag: int = 6) -> str:
+    """Mean payment of an honest update against other clients' honest updates k rounds older (k = 0: the same
+    round), on the newer round's partition, and the share of such pairs paid < 0."""
+    by_lag: dict[int, list[float]] = {}
+    for t, clients in updates.items():
+        for client, update in clients.items():
+            others = {f"{c}@{s}": u for s in range(max(1, t - max_lag), t + 1) for c, u in updates[s].items()
+                      if c != client}
+            if not others:
+                continue
+            report = pack_updates({"me": update, **others}).score(pairs=[("me", o) for o in others],
+                                                                  seed=derive_seed(0, KFCA, t))
+            for (_, other), payment in report.pairwise.items():
+                by_lag.setdefault(t - int(other.rpartition("@")[2]), []).append(payment)
+    lines = ["| lag (rounds) | pairs | mean payment | paid < 0 |", "|---|---|---|---|"]
+    lines += [f"| {k} | {len(v)} | {np.mean(v):+.4f} | {np.mean(np.array(v) < 0):.2f} |" for k, v in sorted(by_lag.items())]
+    return "\n".join(lines)
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    """AUROC of the running mean rewards against rounds, per deviation: today's round peers vs the pool."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    deviations = list(dict.fromkeys(r["deviation"] for r in rows))
+    fig, axes = plt.subplots(1, len(deviations), figsize=(2.6 * len(deviations), 2.8), sharey=True, squeeze=False)
+    for ax, deviation in zip(axes[0], deviations):
+        for r in rows:
+            if r["deviation"] == deviation and r["setting"] in ("round peers only (today)", "pool (defaults)"):
+                ax.plot(list(r["curve"]), list(r["curve"].values()), label=r["setting"])
+        ax.set_title(deviation, fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylim(0.0, 1.05)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("AUROC of mean reward")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle("20 clients x 0.1 (two per round), 3 deviators: deviators vs honest clients by mean reward", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--cache", type=Path, default=None, help="safetensors file of the honest updates (read or written)")
+    parser.add_argument("--grid", action="store_true", help="also every pool variant (window, peers, weight, random draw)")
+    parser.add_argument("--deviations", default=",".join(DEVIATIONS))
+    parser.add_argument("--figure", type=Path, default=None, help="draw the AUROC curves into this PNG")
+    parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
+    parser.add_argument("--lags", action="store_true", help="print how honest updates agree across rounds, and stop")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    started = time.time()
+    if args.lags:
+        print(lag_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache)))
+        return 0
+    rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")), fake=args.synthetic)
+    print(markdown(rows))
+    if args.figure is not None:
+        figure(rows, args.figure)
+    print(f"\n({time.time() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

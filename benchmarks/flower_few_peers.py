@@ -1,0 +1,137 @@
+"""FlowerTune's regime under Flower's simulation engine: 20 nodes, ``FedAvg(fraction_train=0.1)`` (two nodes per
+round), ``KFCAStrategy`` with its defaults (or ``--min-peers 0``: round peers only, as before the pool), and
+deviating nodes (``kfca.attackers`` by partition id: flip, zero, random, stale by default).
+
+    .venv/bin/python benchmarks/flower_few_peers.py --rounds 60 --out /tmp/flower60.json
+
+Prints, per round, the two participants (partition and attack) and their rewards, then the figures the issue
+asks for: every round in which the flipper met an honest node (honest partner paid > 0 and > flipper?), the
+mean reward per node, the AUROC of mean reward separating deviators from honest nodes, the undetermined rounds.
+Heavy (Ray start-up ~20 s, then about 2 s a round on two cores): run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def auroc(deviators: list[float], honest: list[float]) -> float:
+    """P(a random honest node's mean reward > a random deviator's), ties counting half."""
+    if not deviators or not honest:
+        return float("nan")
+    wins = sum((h > d) + 0.5 * (h == d) for h in honest for d in deviators)
+    return wins / (len(honest) * len(deviators))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--fraction", type=float, default=0.1)
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--attackers", default="3=flip,7=zero,11=random,15=stale")
+    parser.add_argument("--min-peers", type=int, default=None, help="KFCAStrategy min_peers (default: its default)")
+    parser.add_argument("--max-steps", type=int, default=8, help="local steps per round (the tiny recipe: 8)")
+    parser.add_argument("--out", type=Path, default=None, help="write the per-round rewards as JSON here")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    from kfca_llm.flower import KFCAStrategy
+    from kfca_llm.flower.server_app import make_server_app
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    os.environ["PYTHONPATH"] = str(ROOT / "benchmarks") + os.pathsep + os.environ.get("PYTHONPATH", "")
+    config = {"num-server-rounds": args.rounds, "num-clients": args.nodes, "strategy.fraction-train": args.fraction,
+              "train.training-arguments.max-steps": args.max_steps, "kfca.attackers": args.attackers,
+              "kfca.ledger": "", "kfca.keep-signs": False}
+    os.environ["KFCA_FEW_PEERS_CONFIG"] = json.dumps(config)
+    import flower_few_peers_client as client_module  # the ClientApp Ray's workers import
+    extra = {} if args.min_peers is None else {"min_peers": args.min_peers}
+
+    class Strategy(KFCAStrategy):
+        """The default KFCAStrategy around FedAvg(fraction_train); remembers each node's partition."""
+
+        def __init__(self, *unused, **ignored):
+            super().__init__(FedAvg(fraction_train=args.fraction, fraction_evaluate=0.0), ledger=None, **extra)
+            self.partition_of: dict[str, int] = {}
+
+        def aggregate_train(self, server_round, replies):
+            replies = list(replies)
+            for m in replies:
+                if m.has_content() and "metrics" in m.content:
+                    self.partition_of[str(m.metadata.src_node_id)] = int(m.content["metrics"]["partition-id"])
+            return super().aggregate_train(server_round, replies)
+
+    done = {}
+    server_app = make_server_app(config, strategy_class=Strategy,
+                                 on_result=lambda strategy, result: done.update(strategy=strategy))
+    started = time.time()
+    run_simulation(server_app=server_app, client_app=client_module.client_app, num_supernodes=args.nodes,
+                   backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 2}})
+    wall = time.time() - started
+    strategy = done["strategy"]
+    attacks = dict(part.split("=", 1) for part in args.attackers.split(",") if part)
+    attack_of = {int(p): spec for p, spec in attacks.items()}
+    rounds = []
+    for t, rewards in sorted(strategy.rewards.items()):
+        nodes = strategy.node_ids[t]
+        by_partition = {strategy.partition_of[nodes[who]]: r for who, r in rewards.items()}
+        rounds.append({"round": t, "rewards": {str(p): r for p, r in sorted(by_partition.items())},
+                       "undetermined": [strategy.partition_of[nodes[w]] for w in strategy.undetermined.get(t, ())]})
+    print(summarise(rounds, attack_of, args, wall))
+    from bench_few_peers import markdown, measure
+
+    figures = measure({r["round"]: r["rewards"] for r in rounds}, sum(bool(r["undetermined"]) for r in rounds),
+                      len(rounds), deviators={str(p) for p in attack_of})
+    print(markdown([{"deviation": ", ".join(sorted(attacks.values())), "setting": "today (min_peers 0)"
+                     if args.min_peers == 0 else "pool (defaults)" if args.min_peers is None
+                     else f"min_peers {args.min_peers}", **figures}]))
+    if args.out is not None:
+        args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "wall_s": wall,
+                                        "attacks": attacks, "rounds": rounds}, indent=1))
+    return 0
+
+
+def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) -> str:
+    lines = [f"{args.nodes} nodes, fraction_train {args.fraction}, {len(rounds)} rounds scored, "
+             f"min_peers {'default' if args.min_peers is None else args.min_peers}, wall {wall:.0f} s"]
+    paid: dict[int, list[float]] = {}
+    flipper = next((p for p, s in attack_of.items() if s == "flip"), None)
+    meetings, good = 0, 0
+    for r in rounds:
+        rewards = {int(p): v for p, v in r["rewards"].items()}
+        for p, v in rewards.items():
+            paid.setdefault(p, []).append(v)
+        tag = ", ".join(f"{p}{'=' + attack_of[p] if p in attack_of else ''} {v:+.4f}" for p, v in rewards.items())
+        lines.append(f"round {r['round']:3d}: {tag}{'  UNDETERMINED' if r['undetermined'] else ''}")
+        if flipper in rewards:
+            for p, v in rewards.items():
+                if p not in attack_of:
+                    meetings += 1
+                    good += v > 0 and v > rewards[flipper]
+    means = {p: sum(v) / len(v) for p, v in sorted(paid.items())}
+    dev = [m for p, m in means.items() if p in attack_of]
+    hon = [m for p, m in means.items() if p not in attack_of]
+    lines.append("mean reward per node: " + ", ".join(
+        f"{p}{'=' + attack_of[p] if p in attack_of else ''} {m:+.4f} ({len(paid[p])})" for p, m in means.items()))
+    lines.append(f"flipper's honest partners paid > 0 and > the flipper: {good} of {meetings} meetings")
+    lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
+                 f"AUROC {auroc(dev, hon):.3f}")
+    lines.append(f"undetermined rounds: {[r['round'] for r in rounds if r['undetermined']]}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

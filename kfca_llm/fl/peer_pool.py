@@ -1,0 +1,386 @@
+"""Peers beyond the round: scoring rounds with too few participants against earlier rounds' sign words.
+
+Peer prediction with one peer is symmetric: at two participants per round (FlowerTune's 20 x 0.1) the
+honest partner of a sign flipper is paid exactly what the flipper is. ``PeerPool`` keeps, for the last
+``window`` rounds, each participant's packed sign words (1 bit per coordinate; never a float update).
+A round in which some participant has fewer than ``min_peers`` in-round peers scores that participant
+also against ``pool_peers`` pool entries:
+
+* **which entries**: one per other participant (its most recent submission in the window: several
+  entries of one participant are not independent peers), the most recent participants first; never the
+  participant's own earlier submissions, never a participant of the current round;
+* **how**: on the current round's tasks (its task mask and seeded bonus / penalty partition), the pool
+  entry's sign bits read as a report on those tasks; the expected penalty uses the entry's negative counts
+  on this round's penalty sets;
+* **weights**: an update agrees with updates of earlier rounds by an amount, and even a sign, that depends on
+  the lag: the tiny recipe's honest updates *anti*-agree with the previous round's (the global overshoots and
+  turns back; mean payment -0.049, 87% of such pairs negative) and agree with those two rounds back
+  (``benchmarks/ROBUSTNESS.md``). So each lag k gets a signed weight ``weight * m_k / max_j |m_j|``, where
+  ``m_k`` is the median payment between pool entries k rounds apart (other participants, this round's
+  partition): estimated from the pool alone, no ground truth, robust to a minority of deviators in it. A
+  participant's reward is ``(sum of in-round payments + sum_k w_k * payment_k) / (in-round peers + sum |w_k|)``;
+* **copies**: a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
+  to any pool entry in the window, or, on a fixed 4,096-bit sketch of its signs, to any earlier submission of
+  the run (its own included: ``stale``), is a copy, paid under the round's duplicate policy, and is not added
+  to the pool;
+* **undetermined**: a participant with fewer than ``min_peers`` distinct peers (in-round and pool) has no
+  majority of independent peers that could outvote one deviator; the round is marked undetermined.
+
+A round in which every participant has ``min_peers`` in-round peers is scored exactly as without a pool
+(``SignPacker.score``): same rewards, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine import get_backend
+from ..engine.duplicates import DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy, disagreement_counts, find_duplicates
+from ..engine.stats import PairPayment, joint_tables, pair_payments
+from ..errors import InputError
+from ..packer import SIGN_LABELS, SignPacker
+from ..report import RewardReport
+
+POOL_SEPARATOR = "@"
+"""Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How short rounds borrow peers (defaults measured in ``benchmarks/ROBUSTNESS.md``)."""
+
+    min_peers: int = 2
+    """A participant with fewer in-round peers is also scored against pool peers; fewer distinct peers in
+    all leaves the round undetermined. 0 turns the pool off (today's scoring, never undetermined)."""
+    window: int = 10
+    """Rounds of sign words kept."""
+    pool_peers: int = 8
+    """Pool peers per short participant (distinct participants, most recent first)."""
+    weight: float = 4.0
+    """The weight of a pool peer of the strongest lag (an in-round peer's is 1); other lags in proportion."""
+
+    def __post_init__(self):
+        for name in ("min_peers", "window", "pool_peers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
+            raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_peers > 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def pool_name(participant: str, round_: int) -> str:
+    return f"{participant}{POOL_SEPARATOR}{int(round_)}"
+
+
+def parse_pool_name(name: str) -> tuple[str, int] | None:
+    """(participant, round) of a pool peer name; None for an in-round peer."""
+    participant, sep, tail = name.rpartition(POOL_SEPARATOR)
+    return (participant, int(tail)) if sep and participant and tail.isdigit() else None
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    round: int
+    participant: str
+    signs: np.ndarray
+    """int32 packed sign words of the participant's submission against its own round's global."""
+
+    @property
+    def name(self) -> str:
+        return pool_name(self.participant, self.round)
+
+
+@dataclass(frozen=True)
+class PooledRound:
+    """A round's report and what the pool did for it."""
+
+    report: RewardReport
+    pool_peers: dict[str, list[str]]
+    """Participant -> the pool entries it was scored against (empty when the round had enough peers)."""
+    undetermined: tuple[str, ...]
+    """Participants with fewer than ``min_peers`` distinct peers: their reward cannot tell who deviated."""
+    pool_copies: tuple[DuplicateGroup, ...] = ()
+    """Groups of a participant and the pool entries it copies (also in ``report.duplicates``)."""
+    lag_weights: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Lag (rounds back) -> the signed weight of a pool peer that old (see the module docstring)."""
+
+    @property
+    def used_pool(self) -> bool:
+        return any(self.pool_peers.values())
+
+
+class PeerPool:
+    """The last ``window`` rounds' sign words, by round and participant (see the module docstring)."""
+
+    def __init__(self, settings: PoolSettings = PoolSettings()):
+        self.settings = settings
+        self._rounds: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._sketches: list[tuple[str, np.ndarray]] = []
+        self._words: int | None = None
+
+    def entries(self, before_round: int, extra: int = 0) -> list[PoolEntry]:
+        """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name."""
+        low = before_round - self.settings.window - extra
+        return [PoolEntry(t, who, words) for t, members in reversed(self._rounds.items()) if low <= t < before_round
+                for who, words in sorted(members.items())]
+
+    def candidates(self, before_round: int, participant: str, exclude: Sequence[str]) -> list[PoolEntry]:
+        """Up to ``pool_peers`` entries: each other participant's most recent one, most recent first."""
+        seen, out = set(exclude) | {participant}, []
+        for entry in self.entries(before_round):
+            if entry.participant not in seen:
+                seen.add(entry.participant)
+                out.append(entry)
+        return out[:self.settings.pool_peers]
+
+    def add_round(self, round_: int, signs: Mapping[str, np.ndarray]) -> None:
+        """Keep a round's sign words (call after scoring it, leaving out copies); old rounds drop out."""
+        if not signs:
+            return
+        widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
+        if len(widths) != 1 or (self._words is not None and widths != {self._words}):
+            self._rounds.clear()  # another layout: earlier words are not comparable (a new model)
+            self._sketches.clear()
+        self._words = widths.pop()
+        self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
+        self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
+        # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
+        for t in [t for t in self._rounds if t < round_ - self.settings.window]:
+            del self._rounds[t]
+
+    def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
+                      ) -> list[tuple[str, float]]:
+        """(entry, agreement) of earlier submissions older than the window whose sketch ``words`` matches."""
+        mask, mine = sketch(task), sketch(words)
+        bits = int(np.unpackbits(mask.view(np.uint8)).sum())
+        if bits == 0:
+            return []
+        low = before_round - self.settings.window
+        out = []
+        for name, other in self._sketches:
+            if parse_pool_name(name)[1] >= low:
+                continue  # in the window: compared on every bit
+            differ = int(np.unpackbits(((mine ^ other) & mask).view(np.uint8)).sum())
+            if differ <= max_disagreement * bits:
+                out.append((name, 1.0 - differ / bits))
+        return out
+
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """(arrays, metadata) that ``from_arrays`` turns back into this pool (a resumed run continues with it)."""
+        arrays, entries = {}, []
+        for t, members in self._rounds.items():
+            for who, words in sorted(members.items()):
+                arrays[f"words.{len(entries)}"] = words
+                entries.append([t, who])
+        for k, (name, bits) in enumerate(self._sketches):
+            arrays[f"sketch.{k}"] = bits
+        return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches])}
+
+    @classmethod
+    def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+                    ) -> PeerPool:
+        pool = cls(settings)
+        for k, (t, who) in enumerate(json.loads(metadata["entries"])):
+            words = np.asarray(arrays[f"words.{k}"], dtype=np.int32)
+            pool._rounds.setdefault(int(t), {})[who] = words
+            pool._words = words.shape[-1]
+        pool._rounds = OrderedDict(sorted(pool._rounds.items()))
+        pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
+                          for k, name in enumerate(json.loads(metadata["sketches"]))]
+        return pool
+
+
+SKETCH_WORDS = 128
+
+
+def sketch(words: np.ndarray) -> np.ndarray:
+    """A fixed sample of ``SKETCH_WORDS`` words (4,096 sign bits) spread over the update: the long memory of
+    copy detection (512 bytes a submission)."""
+    words = np.asarray(words, dtype=np.int32)
+    stride = max(1, words.size // SKETCH_WORDS)
+    return np.ascontiguousarray(words[::stride][:SKETCH_WORDS])
+
+
+def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, peers: int | None = None,
+                    pairs: Sequence[tuple[str, str]] | None = None, seed: int, penalty: str = "expected",
+                    bonus_fraction: float = 0.5, duplicates: str = "zero",
+                    duplicate_rule: DuplicateRule = DuplicateRule(),
+                    copy_candidates: Sequence[str] | None = None,
+                    owners: Mapping[str, str] | None = None) -> PooledRound:
+    """Score a packed round, borrowing pool peers for participants with fewer than ``min_peers`` peers.
+
+    ``pairs`` / ``peers``: the in-round pairs, as ``SignPacker.score`` takes them. Scorers are the clients
+    of ``pairs`` (all clients with ``peers``); only ``copy_candidates`` (None: all) are real participants
+    that are checked against the pool for copies. ``owners`` maps a scorer that is not a participant (the
+    attack analysis' side-by-side submissions) to the participant whose pool peers it gets; scorers neither
+    real nor owned are scored on their in-round pairs only.
+    """
+    report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
+                          duplicates=duplicates, duplicate_rule=duplicate_rule, copy_candidates=copy_candidates)
+    if pool is None or not pool.settings.enabled:
+        return PooledRound(report, {c: [] for c in report.rewards}, ())
+    settings = pool.settings
+    real = set(packer.clients if copy_candidates is None else map(str, copy_candidates))
+    in_round = report.peers
+    owner = {c: c for c in real} | dict(owners or {})
+    short = [c for c in sorted(report.rewards) if c in owner and len(set(in_round[c])) < settings.min_peers]
+    if not short:
+        return PooledRound(report, {c: [] for c in report.rewards}, ())
+    chosen = {c: pool.candidates(round_, owner[c], exclude=sorted(real)) for c in short}
+    # Every entry of the window and the round before it: copy detection covers them all, lag weights need them.
+    rows = {e.name: e for e in pool.entries(round_, extra=1)}
+    if not rows:
+        undetermined = tuple(c for c in short if c in real)
+        return PooledRound(report, {c: [] for c in report.rewards}, undetermined)
+    return _score_pooled(packer, pool, round_, report, rows, chosen, real, seed=seed, penalty=penalty,
+                         bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule)
+
+
+def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
+                  rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str], *,
+                  seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule
+                  ) -> PooledRound:
+    settings = pool.settings
+    signs, task = packer.words()
+    names = [*packer.clients, *rows]
+    index = {name: k for k, name in enumerate(names)}
+    # The pooled rows on the CPU backend (host words; the bits are what they are on any backend, and every
+    # backend counts them to the same integers), on this round's task mask and partition.
+    cpu = get_backend("cpu")
+    buffers = cpu.allocate(len(names), packer.layout)
+    n_words = signs.shape[1]
+    buffers.signs[:len(packer.clients), :n_words] = signs
+    for k, entry in enumerate(rows.values(), start=len(packer.clients)):
+        if entry.signs.shape != (n_words,):
+            raise InputError(f"pool entry {entry.name} has {entry.signs.shape[-1]} sign words, this round {n_words}")
+        buffers.signs[k, :n_words] = entry.signs
+    buffers.task[:n_words] = task
+    counts = cpu.round_counts(buffers, seed, bonus_fraction)
+
+    pool_copies = _pool_copies(counts, names, len(packer.clients), real, duplicate_rule)
+    pool_copies += _sketch_copies(pool, round_, signs, task, names[:len(packer.clients)], real, duplicate_rule)
+    lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, settings)
+    keys = list(round_report.pairwise)
+    weights = [1.0] * len(keys)
+    for client, entries in chosen.items():
+        keys += [(client, e.name) for e in entries]
+        weights += [lag_weights.get(round_ - e.round, 0.0) for e in entries]
+    index_pairs = np.array([(index[c], index[p]) for c, p in keys], dtype=np.int64)
+    matches = cpu.sampled_matches(buffers, seed, bonus_fraction, index_pairs) if penalty == "sampled" else None
+    payment, bonus, penalty_agreement = pair_payments(counts, index_pairs, matches)
+    terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))
+    joints = dict(zip(keys, joint_tables(counts, index_pairs)))
+    groups = (*round_report.duplicates, *pool_copies)
+    report = RewardReport.from_pairs(terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
+                                     backend=round_report.backend, labels=SIGN_LABELS, tasks=round_report.tasks,
+                                     duplicates=groups, duplicate_policy=duplicates)
+    unadjusted = _weighted_means(keys, payment, weights)
+    report = dataclasses.replace(report, unadjusted_rewards=unadjusted,
+                                 rewards=_apply_policy(unadjusted, round_report.duplicates, pool_copies, duplicates))
+    weighted: dict[str, set[str]] = {}
+    for (client, peer), weight in zip(keys, weights):
+        if weight != 0.0:
+            named = parse_pool_name(peer)
+            weighted.setdefault(client, set()).add(named[0] if named else peer)
+    undetermined = tuple(c for c in sorted(report.rewards) if c in real
+                         and len(weighted.get(c, ())) < settings.min_peers)
+    return PooledRound(report, {c: [e.name for e in chosen.get(c, [])] for c in report.rewards}, undetermined,
+                       pool_copies, lag_weights)
+
+
+def _lag_weights(counts, entries: Sequence[PoolEntry], first: int, round_: int, settings: PoolSettings
+                 ) -> dict[int, float]:
+    """Lag -> ``weight * m_k / max_j |m_j|``, ``m_k`` the median payment between pool entries of other
+    participants k rounds apart (rows ``first`` onwards of ``counts``), on this round's partition."""
+    pairs, lags = [], []
+    for a, newer in enumerate(entries):
+        for b, older in enumerate(entries):
+            k = newer.round - older.round
+            if 1 <= k <= settings.window and newer.participant != older.participant:
+                pairs.append((first + a, first + b))
+                lags.append(k)
+    if not pairs:
+        return {}
+    payment, _, _ = pair_payments(counts, np.array(pairs, dtype=np.int64))
+    lags_array = np.array(lags)
+    medians = {k: float(np.median(payment[lags_array == k])) for k in sorted(set(lags))}
+    scale = max(abs(m) for m in medians.values())
+    if scale == 0.0:
+        return {}
+    # Lags the pool cannot estimate (no pair that far apart yet) get no weight.
+    return {k: float(settings.weight) * m / scale for k, m in medians.items() if k <= round_}
+
+
+def _weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weights: Sequence[float]) -> dict[str, float]:
+    """Per scorer: sum of weight x payment over the sum of |weight| (a negative weight reads an anti-agreeing
+    lag the right way round; a peer of weight 0 counts for nothing)."""
+    totals: dict[str, list[float]] = {}
+    for (client, _), pay, weight in zip(keys, payment.tolist(), weights):
+        acc = totals.setdefault(client, [0.0, 0.0])
+        acc[0] += weight * pay
+        acc[1] += abs(weight)
+    return {c: acc[0] / acc[1] if acc[1] else 0.0 for c, acc in sorted(totals.items())}
+
+
+def _sketch_copies(pool: PeerPool, round_: int, signs: np.ndarray, task: np.ndarray, clients: Sequence[str],
+                   real: set[str], rule: DuplicateRule) -> tuple[DuplicateGroup, ...]:
+    """Groups of a participant and the submissions older than the window its sketch copies."""
+    out = []
+    for k, client in enumerate(clients):
+        if client not in real:
+            continue
+        found = pool.sketch_copies(signs[k], task, round_, rule.max_disagreement)
+        if found:
+            pairs = tuple(DuplicatePair(client, name, agreement, "near") for name, agreement in found)
+            out.append(DuplicateGroup(tuple(sorted({client, *(name for name, _ in found)})), pairs))
+    return tuple(out)
+
+
+def _pool_copies(counts, names: Sequence[str], n_round: int, real: set[str], rule: DuplicateRule
+                 ) -> tuple[DuplicateGroup, ...]:
+    """Groups of one participant and the pool entries it copies (identical or absolute rule only: the
+    one-factor model of in-round detection does not hold across rounds)."""
+    disagreements = disagreement_counts(counts)
+    tasks = int(counts.sizes.sum())
+    absolute = dataclasses.replace(rule, min_clients=max(len(names) + 1, rule.min_clients))
+    out = []
+    pool_rows = list(range(n_round, len(names)))
+    for i, client in enumerate(names[:n_round]):
+        if client not in real:
+            continue
+        chosen = [i, *pool_rows]
+        found = find_duplicates([names[k] for k in chosen], disagreements[np.ix_(chosen, chosen)], tasks, absolute)
+        pairs = tuple(p for g in found if client in g.clients for p in g.pairs if client in (p.client, p.peer))
+        if pairs:
+            members = sorted({client, *(p.peer if p.client == client else p.client for p in pairs)})
+            out.append(DuplicateGroup(tuple(members), pairs))
+    return tuple(out)
+
+
+def _apply_policy(rewards: dict[str, float], in_round: Sequence[DuplicateGroup], pool_copies: Sequence[DuplicateGroup],
+                  policy: str) -> dict[str, float]:
+    """The round's policy on in-round groups; a copy of a pool entry is paid as the policy pays a group whose
+    other members were paid already: zero under ``zero`` and ``split`` (its share went to the entry's round),
+    unchanged under ``flag``."""
+    out = apply_duplicate_policy(rewards, in_round, policy)
+    if policy == "flag":
+        return out
+    for group in pool_copies:
+        for client in group.clients:
+            if client in out:
+                out[client] = min(out[client], 0.0)
+    return out

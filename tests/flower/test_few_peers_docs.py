@@ -1,0 +1,82 @@
+"""docs/few-peers.md shows what the code does: its settings table, the log line, the ledger's CSV header and
+commands that parse."""
+
+import importlib.util
+import inspect
+import logging
+import random
+import shlex
+import sys
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+
+from flwr.serverapp.strategy import FedAvg  # noqa: E402
+from flower_local import LocalGrid, initial_arrays, numpy_node  # noqa: E402
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from doc_pages import ROOT, fenced_blocks, markdown_table, one_block, page  # noqa: E402
+
+from kfca_llm.cli import build_parser, main  # noqa: E402
+from kfca_llm.fl.peer_pool import PoolSettings  # noqa: E402
+from kfca_llm.flower import KFCAStrategy  # noqa: E402
+from kfca_llm.flower.ledger import DISTINGUISHABLE_Z  # noqa: E402
+from kfca_llm.recipe import KfcaConfig  # noqa: E402
+
+PAGE = "docs/few-peers.md"
+
+
+def test_settings_table_is_the_strategys_the_recipes_and_the_pools_defaults():
+    rows = markdown_table(page(PAGE), "| `KFCAStrategy` argument")
+    signature = inspect.signature(KFCAStrategy.__init__).parameters
+    recipe_fields = {info.alias: (name, info.default) for name, info in KfcaConfig.model_fields.items()}
+    pool_field = {"min_peers": "min_peers", "pool_window": "window", "pool_peers": "pool_peers", "pool_weight": "weight"}
+    assert [r[0].strip("`") for r in rows] == list(pool_field)
+    for argument, key, default, _ in rows:
+        argument, key = argument.strip("`"), key.strip("`").removeprefix("kfca.")
+        assert str(signature[argument].default) == default
+        assert str(recipe_fields[key][1]) == default
+        assert str(getattr(PoolSettings(), pool_field[argument])) == default
+
+
+def test_the_log_line_is_the_one_the_strategy_writes(caplog):
+    shown = one_block(PAGE, "text", "is undetermined").strip()
+    random.seed(0)
+    strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=None)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy.start(grid=LocalGrid({n: numpy_node("honest") for n in range(1, 21)}), initial_arrays=initial_arrays(),
+                       num_rounds=1)
+    (logged,) = [r.getMessage() for r in caplog.records if "is undetermined" in r.getMessage()]
+    assert logged == shown.replace("A, B", ", ".join(strategy.undetermined[1]))
+
+
+def test_the_csv_header_is_the_one_kfca_llm_ledger_prints(tmp_path, capsys):
+    ledger = tmp_path / "rewards.sqlite"
+    random.seed(0)
+    KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=ledger).start(
+        grid=LocalGrid({n: numpy_node("honest") for n in range(1, 21)}), initial_arrays=initial_arrays(), num_rounds=2)
+    capsys.readouterr()
+    assert main(["ledger", str(ledger), "--csv"]) == 0
+    printed = capsys.readouterr().out.splitlines()[0]
+    assert printed == one_block(PAGE, "text", "participant,label").strip()
+    assert f"more than {DISTINGUISHABLE_Z} standard errors away" in page(PAGE)
+
+
+def _script_parser(path: str):
+    spec = importlib.util.spec_from_file_location(path.replace("/", "_"), ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_parser()
+
+
+def test_every_command_of_the_page_parses():
+    commands = [line for block in fenced_blocks(page(PAGE), "bash") for line in block.splitlines() if line.strip()]
+    assert len(commands) == 4
+    for line in commands:
+        words = shlex.split(line.split("  #")[0])
+        if words[0] == "kfca-llm":
+            build_parser(words[1]).parse_args(words[1:])
+        else:
+            assert words[0] == ".venv/bin/python" and words[1].startswith("benchmarks/")
+            _script_parser(words[1]).parse_args(words[2:])

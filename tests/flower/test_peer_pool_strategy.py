@@ -1,0 +1,129 @@
+"""KFCAStrategy at FlowerTune's scale: 20 nodes, ``FedAvg(fraction_train=0.1)`` (two per round), one flipper.
+
+In-process grid (no Ray). Honest updates share a persistent direction (as updates of nearby rounds do) plus a
+per-round one and each node's noise. The strategy's defaults borrow pool peers; the ledger marks round 1
+(two participants, nothing pooled yet) undetermined, and ``kfca-llm verify`` recomputes the pooled rounds.
+"""
+
+import logging
+import random
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+
+from flwr.app import Array, ArrayRecord  # noqa: E402
+from flwr.serverapp.strategy import FedAvg  # noqa: E402
+from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
+
+from kfca_llm.cli import main  # noqa: E402
+from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
+from kfca_llm.flower.ledger import ledger_summary  # noqa: E402
+
+NODES, ROUNDS, FLIPPER = 20, 24, 4
+PERSISTENT = {k: np.random.default_rng(5).standard_normal(s) for k, s in SHAPES.items()}
+
+
+def update(node: int, t: int) -> dict[str, np.ndarray]:
+    this_round, own = np.random.default_rng(1000 + t), np.random.default_rng(7919 * node + t)
+    return {k: (0.6 * PERSISTENT[k] + 0.6 * this_round.standard_normal(s) + own.standard_normal(s)).astype(np.float32)
+            * 0.01 for k, s in SHAPES.items()}
+
+
+def node(message):
+    n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
+    sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
+    sign = -1.0 if n == FLIPPER else 1.0
+    return reply_with(message, ArrayRecord({k: Array(sent[k] + sign * u) for k, u in update(n, t).items()}))
+
+
+def run(ledger, **options):
+    random.seed(7)  # FedAvg samples its nodes with the random module
+    strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=ledger, keep_signs=True,
+                            **options)
+    result = strategy.start(grid=LocalGrid({n: node for n in range(1, NODES + 1)}), initial_arrays=initial_arrays(),
+                            num_rounds=ROUNDS)
+    return strategy, result
+
+
+@pytest.fixture(scope="module")
+def pooled(tmp_path_factory):
+    ledger = tmp_path_factory.mktemp("pool") / "rewards.sqlite"
+    return (*run(ledger), ledger)
+
+
+def test_two_per_round_and_the_flippers_honest_partners_are_paid_more_than_zero_and_the_flipper(pooled):
+    strategy, _, _ = pooled
+    flipper, met = pid(FLIPPER), 0
+    for t, rewards in strategy.rewards.items():
+        assert len(rewards) == 2
+        if flipper in rewards and t > 1:
+            (partner,) = set(rewards) - {flipper}
+            assert rewards[partner] > 0 and rewards[partner] > rewards[flipper], (t, rewards)
+            met += 1
+    assert met >= 3
+
+
+def test_round_peers_only_pay_the_partner_what_the_flipper_is_paid(tmp_path):
+    strategy, _ = run(tmp_path / "off.sqlite", min_peers=0)
+    met = [r for t, r in strategy.rewards.items() if pid(FLIPPER) in r]
+    # Symmetric up to the partition's noise: the honest partner is fined about what the flipper is.
+    assert len(met) >= 3 and all(max(r.values()) < -0.05 and max(r.values()) - min(r.values()) < 0.02 for r in met)
+    assert strategy.undetermined == {t: () for t in strategy.rewards}
+
+
+def test_rounds_one_and_two_are_undetermined_in_the_ledger_and_the_metrics_and_later_rounds_are_not(pooled):
+    # Round 2 borrows round 1's entries, but a lag's weight needs pool entries of two rounds: none yet.
+    strategy, result, ledger = pooled
+    rounds = read_ledger(ledger).rounds
+    assert [r.undetermined for r in rounds[:2]] == [tuple(sorted(strategy.rewards[t])) for t in (1, 2)]
+    assert all(r.undetermined == () for r in rounds[2:])
+    metrics = result.train_metrics_clientapp
+    assert metrics[1]["kfca.undetermined"] == 2 and metrics[1]["kfca.pool-peers"] == 0
+    assert metrics[2]["kfca.undetermined"] == 2
+    assert all(metrics[t]["kfca.undetermined"] == 0 and metrics[t]["kfca.pool-peers"] > 0 for t in range(3, ROUNDS + 1))
+    summary = {s["participant"]: s for s in ledger_summary(read_ledger(ledger))}
+    assert sum(s["undetermined_rounds"] for s in summary.values()) == 4
+
+
+def test_the_log_says_why_a_round_is_undetermined_and_what_to_change(caplog):
+    random.seed(3)
+    strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=None)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        strategy.start(grid=LocalGrid({n: node for n in range(1, NODES + 1)}), initial_arrays=initial_arrays(),
+                       num_rounds=1)
+    text = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert "round 1 is undetermined" in text and "min_peers=2" in text and "fraction_train" in text
+
+
+def test_pooled_rounds_verify_from_the_ledger_and_a_changed_pool_entry_is_never_a_false_match(pooled, tmp_path,
+                                                                                            capsys):
+    _, _, ledger = pooled
+    assert main(["verify", str(ledger)]) == 0
+    assert f"{ROUNDS} match, 0 mismatch, 0 unverifiable" in capsys.readouterr().out
+    # A pool entry's sign file altered: the rounds that drew on it cannot be recomputed (never a match).
+    contents = read_ledger(ledger)
+    first = [r for r in contents.rewards if r.round == 1][0]
+    from kfca_llm.flower.ledger import signs_path
+
+    path = signs_path(ledger, first.sign_sha256)
+    original = path.read_bytes()
+    try:
+        path.write_bytes(original[:-4] + bytes(4))
+        main(["verify", str(ledger)])
+        out = capsys.readouterr().out
+        assert "0 mismatch" in out and f"{ROUNDS} match" not in out
+    finally:
+        path.write_bytes(original)
+
+
+def test_ledger_cli_shows_rounds_mean_standard_error_and_whether_distinguishable(pooled, capsys):
+    _, _, ledger = pooled
+    summary = ledger_summary(read_ledger(ledger))
+    flipper = next(s for s in summary if s["participant"] == pid(FLIPPER))
+    assert flipper["std_error"] > 0 and flipper["mean"] < 0
+    assert main(["ledger", str(ledger), "--csv"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == ("participant,label,node_ids,total,rounds,mean,std_error,distinguishable_from_zero,"
+                      "undetermined_rounds")

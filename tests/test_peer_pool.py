@@ -1,0 +1,174 @@
+"""Peers beyond the round (``kfca_llm.fl.peer_pool``): two participants per round, one of them a deviator.
+
+Updates share a persistent direction (what honest updates of nearby rounds share) plus a per-round one and
+each client's own noise, so earlier rounds' honest updates agree with today's beyond chance.
+"""
+
+import numpy as np
+import pytest
+
+from kfca_llm import InputError, score_updates
+from kfca_llm.api import pack_updates
+from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, parse_pool_name, pool_name, score_with_pool
+from kfca_llm.recipe import KfcaConfig
+
+SHAPE = (48, 64)
+PERSISTENT = np.random.default_rng(99).standard_normal(SHAPE)
+
+
+def honest(client: int, t: int) -> dict[str, np.ndarray]:
+    this_round = np.random.default_rng(1000 + t).standard_normal(SHAPE)
+    own = np.random.default_rng(7919 * client + t).standard_normal(SHAPE)
+    return {"w": (0.6 * PERSISTENT + 0.6 * this_round + own).astype(np.float32)}
+
+
+def round_updates(t: int, clients, deviations=None) -> dict[str, dict[str, np.ndarray]]:
+    out = {}
+    for c in clients:
+        update = honest(c, t)
+        kind = (deviations or {}).get(c)
+        if kind == "flip":
+            update = {"w": -update["w"]}
+        elif kind == "zero":
+            update = {"w": np.zeros(SHAPE, np.float32)}
+        elif callable(kind):
+            update = kind(t)
+        out[f"c{c:02d}"] = update
+    return out
+
+
+def run_rounds(schedule, settings=PoolSettings(), deviations=None):
+    """Score ``schedule`` (round -> clients) in order, keeping the pool; round -> PooledRound."""
+    pool, out = PeerPool(settings), {}
+    for t, clients in schedule.items():
+        packer = pack_updates(round_updates(t, clients, deviations))
+        out[t] = score_with_pool(packer, pool, t, seed=t)
+        copies = {c for g in out[t].report.duplicates for c in g.clients}
+        signs, _ = packer.words()
+        pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies})
+    return out
+
+
+# 10 clients, two per round, client 3 flips whenever it trains (rounds 8, 11, 14: beside 1, 6, 9).
+SCHEDULE = {t: ((2 * t) % 10, (2 * t + 1) % 10) for t in range(1, 8)} | {8: (1, 3), 9: (0, 4), 10: (5, 7),
+                                                                         11: (3, 6), 12: (2, 8), 13: (0, 5),
+                                                                         14: (3, 9)}
+
+
+def test_without_the_pool_the_honest_partner_of_a_flipper_is_paid_what_the_flipper_is():
+    rewards = score_updates(round_updates(8, (1, 3), {3: "flip"}), seed=8).rewards
+    assert rewards["c01"] == pytest.approx(rewards["c03"], abs=0.002) and rewards["c01"] < -0.1
+
+
+def test_with_the_pool_the_honest_partner_is_paid_more_than_zero_and_more_than_the_flipper():
+    scored = run_rounds(SCHEDULE, deviations={3: "flip"})
+    for t, partner in ((8, "c01"), (11, "c06"), (14, "c09")):
+        rewards = scored[t].report.rewards
+        assert rewards[partner] > 0 > rewards["c03"], (t, rewards)
+        assert scored[t].pool_peers[partner] and not scored[t].undetermined
+
+
+def test_a_round_with_enough_in_round_peers_gives_todays_rewards_bit_for_bit():
+    pool = PeerPool(PoolSettings(min_peers=2))
+    for t in range(1, 4):
+        pool.add_round(t, {f"c{c:02d}": w for c, w in zip((t, t + 10), pack_updates(round_updates(t, (t, t + 10))).words()[0])})
+    assert pool.entries(4)
+    for clients in ((0, 1, 2), (0, 1, 2, 3)):  # exactly min_peers in-round peers each, and more
+        updates = round_updates(4, clients, {2: "flip"})
+        pooled = score_with_pool(pack_updates(updates), pool, 4, seed=123)
+        today = score_updates(updates, seed=123)
+        assert pooled.report.rewards == today.rewards and pooled.report.pairwise == today.pairwise
+        assert not pooled.used_pool and pooled.undetermined == ()
+
+
+def test_min_peers_zero_turns_the_pool_off():
+    scored = run_rounds(SCHEDULE, PoolSettings(min_peers=0), deviations={3: "flip"})
+    assert scored[8].report.rewards == score_updates(round_updates(8, (1, 3), {3: "flip"}), seed=8).rewards
+    assert not any(s.used_pool or s.undetermined for s in scored.values())
+
+
+def test_a_participant_never_gets_its_own_earlier_update_nor_a_participant_of_the_round_as_a_pool_peer():
+    scored = run_rounds(SCHEDULE)
+    for t, s in scored.items():
+        for client, names in s.pool_peers.items():
+            owners = [parse_pool_name(n)[0] for n in names]
+            assert client not in owners and not set(owners) & set(s.report.rewards)
+            assert len(set(owners)) == len(owners)  # one entry per other participant
+            assert all(t - PoolSettings().window <= parse_pool_name(n)[1] < t for n in names)
+
+
+def test_the_first_two_rounds_of_two_participants_are_undetermined_and_later_rounds_are_not():
+    scored = run_rounds(SCHEDULE)
+    assert scored[1].undetermined == ("c02", "c03") and not scored[1].used_pool
+    # Round 2 borrows round 1's entries, but the pool needs two rounds to weigh a lag: no weight, no peer yet.
+    assert scored[2].undetermined == ("c04", "c05") and scored[2].lag_weights == {}
+    assert all(not scored[t].undetermined for t in range(3, 15))
+    narrow = run_rounds({1: (1, 2), 2: (3, 4)}, PoolSettings(min_peers=4))
+    assert narrow[2].undetermined == ("c03", "c04")  # 1 in-round + 2 pool peers < 4
+
+
+def test_pool_peers_are_the_most_recent_distinct_participants_and_the_window_drops_old_rounds():
+    pool = PeerPool(PoolSettings(window=3, pool_peers=2))
+    words = np.zeros(4, np.int32)
+    for t, members in {1: ("a", "b"), 2: ("c", "a"), 3: ("d", "e"), 4: ("a", "f")}.items():
+        pool.add_round(t, {m: words for m in members})
+    assert [e.name for e in pool.entries(5)] == ["a@4", "f@4", "d@3", "e@3", "a@2", "c@2"]
+    assert [e.name for e in pool.candidates(5, "x", exclude=["f"])] == ["a@4", "d@3"]
+    assert [e.name for e in pool.candidates(5, "a", exclude=[])] == ["f@4", "d@3"]
+
+
+def test_a_stale_resubmission_and_a_copy_of_a_pool_member_are_copies_paid_nothing():
+    first = honest(3, 1)
+    stale = {3: lambda t: first}  # client 3 resubmits its round-1 update
+    scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (3, 7)}, deviations=stale)
+    r3 = scored[3]
+    assert [g.clients for g in r3.pool_copies] == [("c03", "c03@1")]
+    assert r3.report.rewards["c03"] == 0.0 < r3.report.unadjusted_rewards["c03"]
+    assert r3.report.rewards["c07"] == r3.report.unadjusted_rewards["c07"]
+    copier = {8: lambda t: honest(5, 2)}  # client 8 submits client 5's round-2 update
+    scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (8, 7)}, deviations=copier)
+    assert [g.clients for g in scored[3].pool_copies] == [("c05@2", "c08")]
+    assert scored[3].report.rewards["c08"] == 0.0
+
+
+def test_an_earlier_peer_is_weighted_by_its_lags_signed_weight_the_strongest_lag_by_the_pool_weight():
+    pooled = run_rounds(SCHEDULE, PoolSettings(weight=0.25), deviations={3: "flip"})[8]
+    weights, light = pooled.lag_weights, pooled.report
+    assert max(abs(w) for w in weights.values()) == 0.25 and weights[1] > 0  # a persistent signal: agreeing lags
+    pool = [(v, weights[8 - parse_pool_name(p)[1]]) for (c, p), v in light.pairwise.items() if c == "c01" and p != "c03"]
+    expected = (light.pairwise[("c01", "c03")] + sum(w * v for v, w in pool)) / (1 + sum(abs(w) for _, w in pool))
+    assert light.rewards["c01"] == pytest.approx(expected, abs=1e-15)
+
+
+def test_a_lag_that_anti_agrees_gets_a_negative_weight_and_still_pays_the_honest_partner():
+    # Updates that turn back every round (the global overshoots): round t's honest direction is (-1)^t.
+    def turning(client, t):
+        return {"w": ((-1) ** t * 0.9 * PERSISTENT + np.random.default_rng(7919 * client + t).standard_normal(SHAPE))
+                .astype(np.float32)}
+    scored = run_rounds(SCHEDULE, deviations={c: (lambda t, c=c: turning(c, t)) for c in range(10) if c != 3}
+                        | {3: lambda t: {"w": -turning(3, t)["w"]}})
+    assert scored[8].lag_weights[1] < 0 < scored[8].lag_weights[2]
+    for t, partner in ((8, "c01"), (11, "c06"), (14, "c09")):
+        rewards = scored[t].report.rewards
+        assert rewards[partner] > 0 > rewards["c03"], (t, rewards)
+
+
+def test_pool_names_and_settings_are_checked_and_the_recipe_defaults_are_the_pools():
+    assert parse_pool_name(pool_name("key:ab@c", 12)) == ("key:ab@c", 12)
+    assert parse_pool_name("c01") is None
+    for bad in ({"min_peers": -1}, {"window": 1.5}, {"weight": 0}, {"pool_peers": True}):
+        with pytest.raises(InputError):
+            PoolSettings(**bad)
+    kfca = KfcaConfig()
+    assert (kfca.min_peers, kfca.pool_window, kfca.pool_peers, kfca.pool_weight) == (
+        PoolSettings().min_peers, PoolSettings().window, PoolSettings().pool_peers, PoolSettings().weight)
+
+
+def test_a_stale_resubmission_older_than_the_window_is_caught_on_the_sketch():
+    first = honest(3, 1)
+    scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (1, 2), 4: (8, 9), 5: (3, 7)}, PoolSettings(window=2),
+                        deviations={3: lambda t: first})
+    r5 = scored[5]
+    assert [g.clients for g in r5.pool_copies] == [("c03", "c03@1")]  # round 1 is outside the window of 2
+    assert r5.pool_copies[0].pairs[0].agreement == 1.0 and r5.report.rewards["c03"] == 0.0
+    assert r5.report.rewards["c07"] == r5.report.unadjusted_rewards["c07"]

@@ -1,0 +1,28 @@
+"""``kfca-llm simulate`` at two clients per round, the analysis client beside an attacker in every round: the run
+finishes (delta.png with no pair of honest updates used to crash ``plots.plot_delta``), the pool is used and the
+first rounds are marked undetermined in report.json and the table."""
+
+import json
+
+from kfca_llm.cli import main
+
+FAST = ["--no-progress", "--set", "train.training-arguments.max-steps=2"]
+
+
+def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp_path, capsys):
+    out = tmp_path / "run"
+    # 4 clients x 0.5: the analysis client 0 and one of clients 1-3, all fixed attackers.
+    assert main(["simulate", "--rounds", "4", "--attacks", "honest,flip,stale", "--set", "num-clients=4",
+                 "--set", "strategy.fraction-train=0.5", "--set", 'kfca.attackers=["1=flip", "2=zero", "3=flip"]',
+                 *FAST, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert (out / "delta.png").stat().st_size > 0
+    assert report["delta"] == [None] * 4  # no round had a pair of honest updates
+    assert report["undetermined_rounds"] == [1, 2]
+    records = report["round_records"]
+    assert records[0]["undetermined"] == sorted(records[0]["clients"]) and records[0]["pool_peers"] == {}
+    assert records[3]["undetermined"] == [] and records[3]["pool_peers"]["client-000"]
+    # The analysis client's side-by-side strategies borrow the same pool peers as its honest update.
+    assert records[3]["pool_peers"]["client-000/flip"] == records[3]["pool_peers"]["client-000"]
+    assert "undetermined: 2/4 round(s)" in printed and "kfca.min-peers = 2" in printed
