@@ -393,6 +393,7 @@ def test_a_resumed_run_logs_the_ledgers_round_numbers(tmp_path):
         flower_logger.removeHandler(lines)
     assert [line for line in lines.lines if line.startswith("[ROUND")] == ["[ROUND 3/4]", "[ROUND 4/4]", "[ROUND 1/1]"]
 
+
 def test_ledger_summary_standard_error_and_distinguishability_from_constructed_rows():
     from kfca_llm.flower.ledger import LedgerContents, RewardRow, RoundRow, ledger_summary
 
