@@ -23,7 +23,7 @@ demo: $(VENV)/.installed
 	$(BIN)/kfca-llm simulate
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_cpu_engine.py

@@ -5,9 +5,18 @@ client earns agreement with a peer on bonus coordinates minus agreement between 
 penalty coordinates (the paper's multi-task peer prediction with the KFCA score 1{r1 == r2}).
 """
 
+import logging
 from importlib import import_module
 
 from .errors import InputError
+
+# bitsandbytes (which peft imports) looks for an optional 4-bit CPU kernel in the Hugging Face hub package
+# `kernels` on CPUs with AVX512-BF16, and warns in every process where that package is absent (kfca-llm runs
+# no hub code; from the repository root `import kernels` finds this repository's kernels/ folder, with the same
+# result): in the CLI, Flower's ServerApp and every Ray worker. Set here, before anything imports
+# bitsandbytes, that one message is dropped wherever kfca_llm is used.
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
+    lambda record: "gemm_4bit_forward" not in record.getMessage())
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 
@@ -115,7 +116,9 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
     client's file is read in one sweep into one padded flat buffer (the reference's once) and packed as
     one batch, so peak memory is the packed bits plus one client's adapter (and the reference's).
     ``device="cuda"`` streams them to the GPU. ``duplicates``: as in ``score_updates`` (two paths to one
-    file are caught as identical reports).
+    file are caught as identical reports). Without ``reference``, inputs that are all copies of each other
+    (full adapters trained from one global adapter keep its signs almost everywhere) are scored as such, with
+    a warning in ``report.warnings`` that names the reference as the likely fix.
     """
     files = [open_adapter(path, client) for client, path in client_paths(paths).items()]
     if len(files) < 2:
@@ -138,8 +141,23 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
                 update = {name: update_from_reference(update[name], base[name]) for name in update}
         packer.add_many(file.client, update)
         del update
-    return packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
-                        duplicates=duplicates)
+    report = packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
+                          duplicates=duplicates)
+    return report if ref is not None else _warn_if_full_adapters(report)
+
+
+def _warn_if_full_adapters(report: RewardReport) -> RewardReport:
+    """Updates of different clients disagree on a good part of their signs; adapters fine-tuned from one
+    global adapter share its signs almost everywhere and are all found to be copies of each other."""
+    everyone = set(report.rewards)
+    group = next((g for g in report.duplicates if set(g.clients) == everyone), None)
+    if group is None:
+        return report
+    lowest = min(p.agreement for p in group.pairs)
+    warning = (f"all {len(everyone)} inputs are copies of each other (sign agreement {lowest:.4f} or more): they "
+               "look like full adapters, not updates; pass the global adapter they were trained from as the "
+               "reference (kfca-llm score --reference GLOBAL) to score their updates")
+    return dataclasses.replace(report, warnings=(*report.warnings, warning))
 
 
 def _read_update(file: AdapterFile, handle, layout: Layout, device) -> Mapping[str, torch.Tensor]:

@@ -80,20 +80,24 @@ class _Registration:
     parse: Callable[[str], Any] | None
     usage: str
     context: bool
+    replays: Callable[..., int] | None = None
 
 
 _REGISTRY: dict[str, _Registration] = {}
 
 
 def register_attack(name: str, *, parse: Callable[[str], Any] | None = None, usage: str | None = None,
-                    context: bool = False) -> Callable[[AttackFn], AttackFn]:
+                    context: bool = False, replays: Callable[..., int] | None = None
+                    ) -> Callable[[AttackFn], AttackFn]:
     """Decorator registering an attack under ``name`` (``parse`` given: the spec is ``name:PARAM``;
-    ``context``: the function takes an ``AttackContext`` instead of ``(honest, history, generator)``)."""
+    ``context``: the function takes an ``AttackContext`` instead of ``(honest, history, generator)``;
+    ``replays``: for an attack that submits one of the client's own honest updates unchanged,
+    ``replays(t[, param])`` is the round whose update it submits in round t)."""
     if not name or ":" in name or name != name.strip():
         raise InputError(f"attack name must be non-empty, without ':' or surrounding spaces: {name!r}")
 
     def decorate(fn: AttackFn) -> AttackFn:
-        _REGISTRY[name] = _Registration(fn, parse, usage or (f"{name}:PARAM" if parse else name), context)
+        _REGISTRY[name] = _Registration(fn, parse, usage or (f"{name}:PARAM" if parse else name), context, replays)
         return fn
 
     return decorate
@@ -146,6 +150,31 @@ def resolve_attack(spec: str) -> Attack:
     except ValueError as exc:
         raise InputError(f"bad parameter in attack spec {spec!r}: {exc}; {_valid_text()}") from None
     return Attack(spec.strip(), reg.fn, param, True, reg.context)
+
+
+def replayed_round(spec: str, server_round: int) -> int | None:
+    """The round whose honest update ``spec`` submits unchanged in ``server_round``; None for an attack that
+    submits anything else (or a spec this process does not know)."""
+    try:
+        attack = resolve_attack(spec)
+    except InputError:
+        return None
+    replays = _REGISTRY[attack.spec.partition(":")[0]].replays
+    if replays is None:
+        return None
+    return replays(server_round, attack.param) if attack.has_param else replays(server_round)
+
+
+def first_round_apart(a: str, b: str, rounds: Sequence[int]) -> int | None:
+    """The first round after ``rounds`` in which ``a`` and ``b`` can submit different updates, when they submit
+    the same one in every round of ``rounds`` (two replays of the same honest round: ``lagged:2`` and ``stale``
+    in rounds 1-3); None when they can differ in one of ``rounds``."""
+    if not rounds or any(replayed_round(a, t) is None or replayed_round(b, t) is None
+                         or replayed_round(a, t) != replayed_round(b, t) for t in rounds):
+        return None
+    # The built-in replays part within their lag; two registered ones that never do are left measurable.
+    return next((t for t in range(max(rounds) + 1, max(rounds) + 10_001)
+                 if replayed_round(a, t) != replayed_round(b, t)), None)
 
 
 def resolve_attacks(specs: Sequence[str]) -> list[Attack]:
@@ -216,18 +245,18 @@ def _gaussian_like(t: torch.Tensor, std: torch.Tensor, g: torch.Generator) -> to
 
 # --- built-in attacks ---------------------------------------------------------------------------
 
-@register_attack("honest")
+@register_attack("honest", replays=lambda t: t)
 def honest_update(honest, history, generator):
     return {k: v.clone() for k, v in honest.items()}
 
 
-@register_attack("stale")
+@register_attack("stale", replays=lambda t: 1)
 def stale_update(honest, history, generator):
     source = history[0] if history else honest
     return {k: source[k].clone() for k in honest}
 
 
-@register_attack("lagged", parse=_positive_int, usage="lagged:K (K >= 1)")
+@register_attack("lagged", parse=_positive_int, usage="lagged:K (K >= 1)", replays=lambda t, lag: max(1, t - lag))
 def lagged_update(honest, history, generator, lag: int):
     # history[-1] is round t-1, so round t-K is history[-K]; before round K+1 the oldest there is.
     if not history:

@@ -4,7 +4,9 @@
 ``summary.json``), ``check_runs`` measures every expectation on every run and ``CheckResult`` prints the
 table and the failures, and writes JUnit XML. A link ``a > b`` of a chain has the *gap* ``a - b`` (``b - a``
 for ``<``); an expectation holds on a run when its smallest gap, over links (and rounds, for
-``every-round``), exceeds the margin.
+``every-round``), exceeds the margin. A link between two strategies that submit the same update in every
+round read (``lagged:2`` and ``stale`` replay round 1's until round 3) is not measurable on that run unless a
+tolerance lets them tie: the check names the rounds a run needs instead of reporting a failure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from .attacks import first_round_apart
 from .errors import InputError
 from .expectations import Chain, Expectation, ExpectationSet, Term
 
@@ -226,14 +229,34 @@ class Breach:
 
 
 @dataclass(frozen=True)
+class Unmeasured:
+    """A link between two strategies that submit the same update in every round the check reads (``lagged:2``
+    and ``stale`` replay round 1's in rounds 1-3): its gap is 0 by construction, not a measurement."""
+
+    link: str
+    rounds: tuple[int, int]
+    """The first and last round read."""
+    needs_rounds: int
+    """The rounds a run needs for the two to submit different updates."""
+
+
+@dataclass(frozen=True)
 class RunOutcome:
     run: Run
     gap: float
-    """The smallest gap (NaN when a value is not a number, which never holds)."""
+    """The smallest gap over the measured links (NaN when a value is not a number, which never holds, or when
+    no link could be measured)."""
     holds: bool
+    """No measured link broke."""
     breaches: tuple[Breach, ...]
     worst: str
     """The link (or honest pair) of the smallest gap."""
+    unmeasured: tuple[Unmeasured, ...] = ()
+
+    @property
+    def needs_rounds(self) -> int | None:
+        """The rounds a run needs to measure every link (None: this one measured them all)."""
+        return max((u.needs_rounds for u in self.unmeasured), default=None)
 
 
 @dataclass(frozen=True)
@@ -243,6 +266,12 @@ class Outcome:
     passed: bool
     quantile_gap: float | None = None
     """With ``seeds = q``: the q-quantile of the runs' gaps (numpy's 'lower': one run's own gap)."""
+    needs_rounds: int | None = None
+    """Set when nothing measured broke but a link could not be measured: the rounds a run needs."""
+
+    @property
+    def failed(self) -> bool:
+        return not self.passed and self.needs_rounds is None
 
 
 def _smallest(candidates: list[tuple[float, str]]) -> tuple[float, str]:
@@ -289,16 +318,29 @@ def _term_values(term: Term, run: Run, rounds: np.ndarray, mean: bool) -> np.nda
     return np.asarray([term.value(float(values.mean()))]) if mean else np.asarray([term.value(v) for v in values])
 
 
+def _same_submissions(a: Term, b: Term, rounds: np.ndarray) -> int | None:
+    """The rounds a run needs to tell ``a`` from ``b``, when the two submit the same update in every one of
+    ``rounds`` (None: they can differ there)."""
+    if a.strategy is None or b.strategy is None or (a.scale, a.absolute) != (b.scale, b.absolute):
+        return None
+    return first_round_apart(a.strategy, b.strategy, [int(t) for t in rounds])
+
+
 def _measure_chain(expectation: Expectation, chain: Chain, run: Run) -> RunOutcome:
     rounds = _rounds(expectation, run)
     mean = expectation.over == "mean"
     need = expectation.required_gap
     sign = 1.0 if chain.descending else -1.0
-    candidates, breaches = [], []
+    candidates, breaches, unmeasured = [], [], []
     for a, b in _links(chain, run):
+        link = f"{a} {'>' if chain.descending else '<'} {b}"
+        # Equal submissions give a gap of exactly 0: a tolerance accepts that tie, a margin (>= 0) cannot be met.
+        needs_rounds = _same_submissions(a, b, rounds) if need >= 0 else None
+        if needs_rounds is not None:
+            unmeasured.append(Unmeasured(link, (int(rounds[0]), int(rounds[-1])), needs_rounds))
+            continue
         av, bv = _term_values(a, run, rounds, mean), _term_values(b, run, rounds, mean)
         gap = sign * (av - bv)
-        link = f"{a} {'>' if chain.descending else '<'} {b}"
         candidates += [(float(g), link if mean else f"round {t}, {link}") for g, t in zip(gap, rounds)]
         for j in np.flatnonzero(~(gap > need)):
             broken: tuple[int, ...] = ()
@@ -308,8 +350,8 @@ def _measure_chain(expectation: Expectation, chain: Chain, run: Run) -> RunOutco
             breaches.append(Breach(None if mean else int(rounds[j]), str(a), float(av[j]), str(b), float(bv[j]),
                                    float(gap[j]), broken))
     breaches.sort(key=lambda x: (x.round or 0, x.gap))
-    smallest, worst = _smallest(candidates)
-    return RunOutcome(run, smallest, not breaches, tuple(breaches), worst)
+    smallest, worst = _smallest(candidates) if candidates else (math.nan, "no link measurable")
+    return RunOutcome(run, smallest, not breaches, tuple(breaches), worst, tuple(unmeasured))
 
 
 def _sign_gap(delta: np.ndarray) -> tuple[float, float, float]:
@@ -357,11 +399,15 @@ def check_runs(expectations: ExpectationSet, runs: Sequence[Run]) -> CheckResult
     outcomes = []
     for e in expectations.expect:
         measured = tuple(measure(e, run) for run in runs)
+        needs = max((m.needs_rounds for m in measured if m.needs_rounds is not None), default=None)
         if e.seeds == "all":
-            outcomes.append(Outcome(e, measured, all(m.holds for m in measured)))
+            held = all(m.holds for m in measured)
+            outcomes.append(Outcome(e, measured, held and needs is None, needs_rounds=needs if held else None))
         else:
-            q = float(np.quantile([m.gap for m in measured], e.seeds, method="lower"))
-            outcomes.append(Outcome(e, measured, q > e.required_gap, q))
+            gaps = [m.gap for m in measured if not (m.unmeasured and math.isnan(m.gap) and m.holds)]
+            q = float(np.quantile(gaps, e.seeds, method="lower")) if gaps else None
+            held = q is None or q > e.required_gap
+            outcomes.append(Outcome(e, measured, held and needs is None, q, needs_rounds=needs if held else None))
     return CheckResult(expectations.name, tuple(outcomes), tuple(runs))
 
 
@@ -386,6 +432,12 @@ def _breach_text(b: Breach, need: float) -> str:
     return text
 
 
+def _run_verdict(m: RunOutcome) -> str:
+    if not m.holds:
+        return "broken"
+    return "holds" if m.needs_rounds is None else f"not measurable (needs {m.needs_rounds} rounds)"
+
+
 @dataclass(frozen=True)
 class CheckResult:
     name: str
@@ -399,6 +451,24 @@ class CheckResult:
     @property
     def passed(self) -> bool:
         return all(o.passed for o in self.outcomes)
+
+    @property
+    def failed(self) -> bool:
+        """An expectation broke (not merely unmeasurable on these runs)."""
+        return any(o.failed for o in self.outcomes)
+
+    def unmeasured_text(self, outcome: Outcome) -> str:
+        """Why an expectation could not be measured on these runs, and the rounds a run needs (each line
+        printable on its own, as in ``failure_text``)."""
+        from .report import printable
+
+        e = outcome.expectation
+        lines = [f"NOT MEASURABLE {e.title}: {e.describe()} is not measurable on this run; it needs a run of at "
+                 f"least {outcome.needs_rounds} rounds"]
+        seen = {(u.link, u.rounds, u.needs_rounds) for m in outcome.runs for u in m.unmeasured}
+        lines += [f"  {link}: both submit the same update (one honest round replayed) in every round "
+                  f"{first}-{last}; they differ from round {needs}" for link, (first, last), needs in sorted(seen)]
+        return "\n".join(printable(line) for line in lines)
 
     def failure_text(self, outcome: Outcome) -> str:
         """Where a failed expectation broke: run (seed, report), links, the two values, the gap, the figure.
@@ -427,8 +497,10 @@ class CheckResult:
 
         rows = []
         for k, o in enumerate(self.outcomes, start=1):
-            cells = [f"{m.gap:+.4f}" + ("" if m.holds else " fail") for m in o.runs]
-            result = "pass" if o.passed else "FAIL"
+            cells = [("n/a" if math.isnan(m.gap) and m.holds and m.unmeasured else f"{m.gap:+.4f}")
+                     + ("" if m.holds else " fail") for m in o.runs]
+            result = ("pass" if o.passed else "FAIL" if o.failed
+                      else f"not measurable: needs {o.needs_rounds} rounds")
             if o.quantile_gap is not None:
                 result += f" (q{o.expectation.seeds:g} {o.quantile_gap:+.4f})"
             e = o.expectation
@@ -436,6 +508,7 @@ class CheckResult:
             rows.append((str(k), title, *cells,
                          f"{e.required_gap:+g}", result))
         held = sum(o.passed for o in self.outcomes)
+        unmeasurable = sum(not o.passed and not o.failed for o in self.outcomes)
         table = text_table(f"kfca-llm check: {self.name} on {len(self.runs)} run(s)",
                            ["#", "expectation", *self.labels, "margin", "result"], rows,
                            ["each value is the run's smallest gap between neighbours of the chain (left minus right "
@@ -444,32 +517,43 @@ class CheckResult:
         # Failures unwrapped (CI logs are searched line by line), from report text made printable.
         from .report import printable
 
-        failures = [printable(self.failure_text(o), keep_newlines=True) for o in self.outcomes if not o.passed]
-        return "\n".join([table, *failures, f"{held}/{len(self.outcomes)} expectations hold"])
+        failures = [printable(self.failure_text(o), keep_newlines=True) for o in self.outcomes if o.failed]
+        unmeasured = [printable(self.unmeasured_text(o), keep_newlines=True) for o in self.outcomes
+                      if not o.passed and not o.failed]
+        summary = f"{held}/{len(self.outcomes)} expectations hold"
+        if unmeasurable:
+            summary += f", {unmeasurable} not measurable on these runs"
+        return "\n".join([table, *failures, *unmeasured, summary])
 
     def junit_xml(self) -> bytes:
         """JUnit XML: one test suite, one test case per expectation (failure text as the runner shows it)."""
         from .report import printable  # XML 1.0 cannot carry control characters; report text may have them
 
-        failures = sum(not o.passed for o in self.outcomes)
+        failures = sum(o.failed for o in self.outcomes)
+        skipped = sum(not o.passed and not o.failed for o in self.outcomes)
         suites = ET.Element("testsuites", name="kfca-llm check", tests=str(len(self.outcomes)),
-                            failures=str(failures), errors="0", skipped="0", time="0")
+                            failures=str(failures), errors="0", skipped=str(skipped), time="0")
         suite = ET.SubElement(suites, "testsuite", name=printable(f"kfca-llm check: {self.name}"),
-                              tests=str(len(self.outcomes)), failures=str(failures), errors="0", skipped="0", time="0")
+                              tests=str(len(self.outcomes)), failures=str(failures), errors="0",
+                              skipped=str(skipped), time="0")
         properties = ET.SubElement(suite, "properties")
         for label, run in zip(self.labels, self.runs):
             ET.SubElement(properties, "property", name=printable(label), value=printable(str(run.path)))
         for o in self.outcomes:
             case = ET.SubElement(suite, "testcase", classname=printable(f"kfca-llm.check.{self.name}"),
                                  name=printable(o.expectation.title), time="0")
-            if not o.passed:
+            if o.failed:
                 text = self.failure_text(o)
                 failure = ET.SubElement(case, "failure", type="ExpectationFailed",
                                         message=printable(text.splitlines()[0]))
                 failure.text = printable(text, keep_newlines=True)
+            elif not o.passed:
+                text = self.unmeasured_text(o)
+                ET.SubElement(case, "skipped", message=printable(text.splitlines()[0])).text = printable(
+                    text, keep_newlines=True)
             out = ET.SubElement(case, "system-out")
             out.text = "\n".join(printable(
                 f"{label}: smallest gap {m.gap:+.4f} ({m.worst}), margin {o.expectation.required_gap:+g}: "
-                f"{'holds' if m.holds else 'broken'}") for label, m in zip(self.labels, o.runs))
+                f"{_run_verdict(m)}") for label, m in zip(self.labels, o.runs))
         ET.indent(suites)
         return ET.tostring(suites, encoding="utf-8", xml_declaration=True) + b"\n"

@@ -185,8 +185,25 @@ def all_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     return keys
 
 
+def close_keys(key: str, n: int = 3) -> list[str]:
+    """The valid keys ``key`` most likely means: close as written, else by their last part
+    (``max-steps`` -> ``train.training-arguments.max-steps``, ``lora-r`` -> ``model.lora.peft-lora-r``)."""
+    keys = all_keys()
+    close = difflib.get_close_matches(key, keys, n=n, cutoff=0.6)
+    if close:
+        return close
+    tail = key.rsplit(".", 1)[-1]
+    ends = [full for full in keys if full.endswith(("." + tail, "-" + tail))]
+    if ends:
+        return ends[:n]
+    by_tail: dict[str, list[str]] = {}
+    for full in keys:
+        by_tail.setdefault(full.rsplit(".", 1)[-1], []).append(full)
+    return [full for name in difflib.get_close_matches(tail, by_tail, n=n, cutoff=0.75) for full in by_tail[name]][:n]
+
+
 def _unknown_key(key: str) -> RecipeError:
-    close = difflib.get_close_matches(key, all_keys(), n=3, cutoff=0.6)
+    close = close_keys(key)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(all_keys())}"
     return RecipeError(f"unknown recipe key {key!r}{hint}")
 

@@ -47,6 +47,8 @@ class RewardReport:
     """How ``rewards`` treat those groups: zero (paid nothing), split (one reward shared), flag (unchanged)."""
     unadjusted_rewards: dict[str, float] = field(default_factory=dict)
     """Rewards before the duplicate policy (equal to ``rewards`` under ``flag``)."""
+    warnings: tuple[str, ...] = ()
+    """What the scorer found suspect in its inputs (``score_checkpoints``: full adapters without a reference)."""
 
     @classmethod
     def from_pairs(cls, terms: Mapping[Pair, PairPayment], joints: Mapping[Pair, np.ndarray], *,
@@ -109,6 +111,7 @@ class RewardReport:
             "duplicate_policy": self.duplicate_policy,
             "duplicates": [g.to_dict() for g in self.duplicates],
             "unadjusted_rewards": dict(self.unadjusted_rewards),
+            "warnings": list(self.warnings),
         }
 
     def table(self) -> str:
@@ -135,6 +138,7 @@ class RewardReport:
                                    if c in self.unadjusted_rewards)
             notes.append(f"copies #{k} ({action}): {', '.join(map(printable, group.clients))} ({pairs}); "
                          f"unadjusted rewards: {unadjusted}")
+        notes += [f"WARNING: {printable(w)}" for w in self.warnings]
         return text_table(f"KFCA rewards (seed {self.seed}, penalty {self.penalty}, backend {self.backend})",
                           ["rank", "client", "reward", "peers", "bonus agree", "penalty agree", "copies"], rows, notes)
 

@@ -7,6 +7,7 @@ interpreted (a compiled kernel never gets CPU tensors, an interpreted one never 
 """
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -93,3 +94,39 @@ def short_federation(tmp_path_factory):
     recipe = short_recipe('kfca.attacks=["honest", "flip", "stale", "lagged:1", "zero", "sparse:0.5"]',
                           "train.save-client-updates=true")
     return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))
+
+
+# --- parallel runs (pytest-xdist: `make test` runs two workers) --------------------------------------------
+
+SHARED_RUNS = ("tiny_federation", "short_federation")
+"""Session fixtures that run a federation: each worker running a test that uses one computes it again."""
+
+
+def shared_run_scopes(root: Path, tests: Path) -> dict[str, str]:
+    """Test module (its node id's path) -> the scope of the first ``SHARED_RUNS`` fixture it names."""
+    scopes = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        text = path.read_text(encoding="utf-8")
+        fixture = next((name for name in SHARED_RUNS if name in text), None)
+        if fixture is not None:
+            scopes[path.relative_to(root).as_posix()] = fixture
+    return scopes
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole modules per worker (a module fixture is computed once), and the modules that share a federation run
+    (``SHARED_RUNS``) on one worker, so that run is computed once too. xdist's ``--dist loadgroup`` would do the
+    latter from ``xdist_group`` marks, but pytest-xdist 3.8 never groups under pytest 9.2 (it renames the test
+    ids through ``item._nodeid``, which pytest 9 no longer reads)."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    scopes = shared_run_scopes(config.rootpath, Path(__file__).parent)
+
+    class ModulesAndSharedRuns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return scopes.get(module, module)
+
+    return ModulesAndSharedRuns(config, log)

@@ -231,6 +231,31 @@ def test_cli_score_prints_table_and_writes_json(tmp_path, capsys):
     assert "at least two" in capsys.readouterr().err
 
 
+def test_full_adapters_scored_without_a_reference_are_flagged_as_adapters_not_updates(tmp_path, capsys):
+    """Adapters fine-tuned from one global adapter keep its signs almost everywhere: without the reference
+    every client is a copy of every other (paid 0); the report says why and what to pass."""
+    ups = {c: sd for c, sd in _federation(11).items() if c.startswith("honest")}
+    g = torch.Generator().manual_seed(110)
+    reference = {k: 20 * torch.randn(s, generator=g) for k, s in SHAPES.items()}
+    save_file(reference, str(tmp_path / "global.safetensors"))
+    (tmp_path / "clients").mkdir()
+    paths = _save_clients(tmp_path / "clients", ups, reference)
+
+    adapters = score_checkpoints(list(paths.values()))
+    assert [set(g.clients) for g in adapters.duplicates] == [set(ups)]
+    (warning,) = adapters.warnings
+    assert "look like full adapters, not updates" in warning and "--reference GLOBAL" in warning
+    assert "WARNING: all 4 inputs are copies of each other" in adapters.table()
+    updates = score_checkpoints(list(paths.values()), reference=tmp_path / "global.safetensors")
+    assert updates.warnings == () and updates.duplicates == () and min(updates.rewards.values()) > 0
+    assert score_checkpoints(_save_clients(tmp_path, ups, as_peft_dir=False)).warnings == ()  # updates: no warning
+
+    out = tmp_path / "report.json"
+    assert main(["score", *map(str, paths.values()), "--json", str(out)]) == 0
+    assert "kfca-llm: warning: all 4 inputs are copies of each other" in capsys.readouterr().err
+    assert json.loads(out.read_text())["warnings"] == [warning]
+
+
 def test_cli_help_explains_the_mechanism(capsys):
     with pytest.raises(SystemExit):
         main(["score", "--help"])

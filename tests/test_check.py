@@ -228,3 +228,44 @@ def test_junit_is_replaced_atomically(tmp_path, monkeypatch):
         main(["check", str(run), "--expect", str(expect), "--junit", str(junit)])
     assert junit.read_text() == "previous"  # readers never see a torn file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e.toml", "junit.xml", "run"]  # no temporary left
+
+
+def test_strategies_that_submit_the_same_update_in_every_round_are_not_measurable_on_the_run(tmp_path, capsys):
+    """lagged:2 replays round 1 until round 3, as stale does: on 3 rounds the two submit the same update in every
+    round (equal rewards, by construction); the link needs a 4-round run. Nothing else failed: exit 2."""
+    short = write_report(tmp_path / "short", 0, {"honest": [0.3, 0.3, 0.3], "lagged:2": [0.3, 0.2, 0.2],
+                                                 "stale": [0.3, 0.2, 0.2]})
+    outcome = check([{"check": "lagged:2 > stale", "margin": 0.02}], short).outcomes[0]
+    assert (outcome.passed, outcome.failed, outcome.needs_rounds) == (False, False, 4)
+    assert outcome.runs[0].holds and outcome.runs[0].unmeasured[0].rounds == (1, 3)
+    # a tolerance lets neighbours tie: equal submissions meet it (the shipped lag chain on a 6-round run)
+    assert check([{"check": "lagged:2 > stale", "tolerance": 0.002}], short).passed
+    # the links that can be measured still are: honest vs the replays of round 1 differ from round 2 on
+    assert check([{"check": "honest > *", "margin": 0.05}], short).passed
+    assert check([{"check": "honest > *", "from-round": 1}], write_report(tmp_path / "one", 0, {
+        "honest": [0.3], "stale": [0.3]})).outcomes[0].needs_rounds == 2
+    assert check([{"check": "lagged:2 > stale", "over": "every-round", "from-round": 4}], write_report(
+        tmp_path / "five", 0, {"lagged:2": [0.3] * 5, "stale": [0.3, 0.3, 0.3, 0.2, 0.2]})).passed
+
+    expect = tmp_path / "mine.toml"
+    expect.write_text('[[expect]]\nname = "a lag costs reward"\ncheck = "lagged:2 > stale"\nmargin = 0.02\n'
+                      '[[expect]]\ncheck = "honest > 0"\n')
+    junit = tmp_path / "junit.xml"
+    assert main(["check", str(short), "--expect", str(expect), "--junit", str(junit)]) == 2
+    out = capsys.readouterr().out
+    assert "is not measurable on this run; it needs a run of at least 4 rounds" in out and "FAIL" not in out
+    assert "lagged:2 > stale: both submit the same update (one honest round replayed) in every round 1-3" in out
+    assert "1/2 expectations hold, 1 not measurable on these runs" in out
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert (suite.get("failures"), suite.get("skipped")) == ("0", "1")
+    (skipped,) = [c for c in suite.findall("testcase") if c.find("skipped") is not None]
+    assert skipped.get("name") == "a lag costs reward" and "at least 4 rounds" in skipped.find("skipped").get("message")
+
+    # a measured failure beside it still fails the check (exit 1), and a long enough run measures the link
+    expect.write_text(expect.read_text().replace("honest > 0", "honest > 0.5"))
+    assert main(["check", str(short), "--expect", str(expect)]) == 1
+    assert "FAILED honest > 0.5" in capsys.readouterr().out
+    long = write_report(tmp_path / "long", 0, {"honest": [0.3] * 4, "lagged:2": [0.3, 0.2, 0.2, 0.2],
+                                               "stale": [0.3, 0.2, 0.2, 0.2]})
+    outcome = check([{"check": "lagged:2 > stale", "margin": 0.02}], long).outcomes[0]
+    assert outcome.failed and outcome.needs_rounds is None

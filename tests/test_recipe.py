@@ -60,6 +60,17 @@ def test_unknown_override_key_names_the_key_and_close_matches():
         load_recipe(TINY, ["num-server-round=3"])
 
 
+@pytest.mark.parametrize("short, meant", [("max-steps", "train.training-arguments.max-steps"),
+                                          ("max_steps", "train.training-arguments.max-steps"),
+                                          ("lora-r", "model.lora.peft-lora-r"), ("seq-len", "train.seq-length")])
+def test_a_key_given_by_its_last_part_suggests_the_full_key_not_every_key(short, meant):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(TINY, [f"{short}=2"])
+    msg = str(err.value)
+    assert meant in msg.partition("did you mean")[2]
+    assert "valid keys" not in msg and msg.count(".") < 10  # a few suggestions, not the 40-odd keys
+
+
 def test_unknown_key_in_file_fails(tmp_path):
     text = TINY.read_text().replace("[strategy]", "[strategy]\nfraction-fit = 0.5")
     path = tmp_path / "bad.toml"

@@ -49,3 +49,15 @@ def test_every_recipe_file_parses():
     assert names == ["code", "finance", "general-nlp", "medical", "tiny"]
     for path in RECIPES.glob("*.toml"):
         assert load_recipe(path).name == path.stem
+
+
+def test_recipe_comments_name_no_path_outside_the_repository():
+    """A comment may point at a file of this repository or a public source, never at a path of the machine it
+    was written on (an absolute or home path means nothing in a user's clone)."""
+    import re
+
+    outside = re.compile(r"(?:^|[\s(\"'`])(?:/|~/)[\w.-]+/")
+    for path in sorted(RECIPES.rglob("*.toml")):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            comment = line.partition("#")[2]
+            assert not outside.search(comment), f"{path.name}:{number} names a path outside the repository: {line}"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import warnings
 from importlib import import_module
@@ -30,8 +29,11 @@ SUBCOMMANDS = {
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line, with the parser of ``command`` (one of ``SUBCOMMANDS``) in full."""
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="kfca-llm", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kfca-llm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in SUBCOMMANDS.items():
         if name == command:
@@ -42,14 +44,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _hide_known_third_party_noise() -> None:
-    """Two messages every CPU run would print, neither about anything kfca-llm does.
-
-    peft probes transformers' deprecated ``is_gradient_checkpointing``; bitsandbytes, on CPUs with
-    AVX512-BF16, reports that an optional 4-bit CPU kernel from the Hugging Face hub is missing.
-    """
+    """A warning every CPU run would print, not about anything kfca-llm does: peft probes transformers'
+    deprecated ``is_gradient_checkpointing`` (bitsandbytes' missing hub kernel: see ``kfca_llm/__init__.py``)."""
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-    logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(
-        lambda record: "gemm_4bit_forward" not in record.getMessage())
 
 
 # Conditions a user can fix (bad input, no GPU/backend, no bitsandbytes): one line and exit status 2, no

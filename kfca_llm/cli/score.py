@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..partition import PENALTY_MODES
 from . import DESCRIPTION
@@ -18,6 +19,8 @@ def run(args: argparse.Namespace) -> int:
                                penalty=args.penalty, bonus_fraction=args.bonus_fraction, backend=args.backend,
                                device=args.device, duplicates=args.duplicates)
     print(report.table())
+    for warning in report.warnings:  # also in the table's notes; on stderr for whoever reads only the JSON
+        print(f"kfca-llm: warning: {warning}", file=sys.stderr)
     if args.json:
         write_json(args.json, report.to_dict())
         print(f"wrote {args.json}")

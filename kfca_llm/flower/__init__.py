@@ -1,4 +1,4 @@
-"""KFCA rewards for Flower apps (``pip install 'kfca-llm[flower]'``).
+"""KFCA rewards for Flower apps (the ``flower`` extra: ``pip install -e '.[flower]'`` in a clone of kfca-llm).
 
 ``KFCAStrategy`` wraps any Flower message-API strategy and pays every training reply to a participant
 identity (``identity``); the ledger (``read_ledger``) keeps what was paid, ``audit.verify_ledger`` checks it.

@@ -44,7 +44,8 @@ def _crypto():
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
     except ImportError:
-        raise InputError("receipts need the `cryptography` package (pip install 'kfca-llm[flower]')") from None
+        raise InputError("receipts need the `cryptography` package (pip install cryptography; the flower extra "
+                         "of kfca-llm brings it)") from None
     return InvalidSignature, serialization, Ed25519PrivateKey, Ed25519PublicKey
 
 

@@ -17,9 +17,8 @@ evaluate round, its loss and exact-answer accuracy in the run's ``evaluate_metri
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
-
 from logging import INFO
+from typing import Any
 
 from flwr.app import ArrayRecord, Context
 from flwr.common import log
@@ -28,6 +27,7 @@ from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Kr
 
 from ..errors import InputError
 from ..recipe import Recipe
+from .logs import report_input_errors_on_one_line
 from .strategy import KFCAStrategy
 from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config
 
@@ -89,7 +89,11 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,
                     on_result: Callable[[KFCAStrategy, Result], None] | None = None) -> ServerApp:
-    """A ServerApp whose run config falls back to ``defaults``; ``on_result`` sees the strategy at the end."""
+    """A ServerApp whose run config falls back to ``defaults``; ``on_result`` sees the strategy at the end.
+
+    A wrong setting raises ``InputError`` out of the app (so Flower marks the run failed), logged on one line.
+    """
+    report_input_errors_on_one_line()
     app = ServerApp()
 
     @app.main()

@@ -29,7 +29,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
-from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from .. import __version__
 from ..engine import get_backend
@@ -46,6 +46,7 @@ from .audit import pool_from_rows, scoring_settings, sha256_hex, update_sha256, 
 from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_identity_mode,
                        check_participant_name, pinned_conflict, resolve)
 from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path, read_ledger, signs_path
+from .logs import ledger_round_numbers
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 
 AGGREGATION_MODES = REPLY_AGGREGATIONS
@@ -222,6 +223,12 @@ class KFCAStrategy(Strategy):
         if sha256_hex(data) != sha:
             raise InputError(f"cannot resume: the arrays of the last committed round ({path}) are missing or altered")
         return arrays_from_bytes(data)
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs) -> Result:
+        """``Strategy.start``; its round headers give the ledger's round (a resumed run's first is
+        ``round_offset + 1``)."""
+        with ledger_round_numbers(self.round_offset):
+            return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def _resumed_pool(self) -> PeerPool:
         """The pool the interrupted run had, from the ledger's kept signs (an empty one, with a warning, when the

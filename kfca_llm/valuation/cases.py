@@ -143,7 +143,8 @@ def load_images(data: str | None = None, *, seed: int = 0, test_fraction: float 
         try:
             from sklearn.datasets import load_digits
         except ImportError as exc:
-            raise InputError("the default data set needs scikit-learn: pip install 'kfca-llm[fidelity]'") from exc
+            raise InputError("the default data set needs scikit-learn: pip install scikit-learn (the fidelity "
+                             "extra of kfca-llm)") from exc
         digits = load_digits()
         x, y, name = digits.images, digits.target, "scikit-learn digits (8x8)"
         if max_examples:

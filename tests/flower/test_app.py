@@ -210,3 +210,45 @@ def test_a_wrapped_strategy_key_or_parameter_out_of_range_is_refused_naming_the_
         build_wrapped_strategy(recipe, {"kfca.wrapped-strategy": "krum", "kfca.wrapped.num-malicious-nodes": 1.5})
     # a parameter the chosen strategy does not take is ignored (Flower fills every declared key in)
     assert type(build_wrapped_strategy(recipe, {"kfca.wrapped.beta": 0.7})).__name__ == "FedAvg"
+
+
+# What Flower 1.42's ServerApp process does with the app (flwr/superlink/runtime/run_serverapp.py; the
+# simulation's flwr/simulation/app.py alike): load and run it, log an exception it raises with
+# ``exc_info`` and mark the run failed; a run whose app returns is marked completed.
+SERVERAPP_PROCESS = '''
+import json, sys
+from logging import ERROR
+from flwr.app import Context, RecordDict
+from flwr.server.run_serverapp import run
+from flwr.supercore.logger import log
+
+for run_config in json.loads(sys.argv[1]):
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
+    try:
+        run(grid=None, context=context, server_app_dir=".", server_app_attr="kfca_llm.flower.server_app:app")
+        print("completed")
+    except Exception as ex:
+        log(ERROR, "%s raised an exception", "ServerApp", exc_info=ex)
+        print("failed")
+'''
+
+
+def test_a_wrong_setting_fails_the_flower_run_with_one_input_error_line_and_no_traceback(tmp_path):
+    """``flwr run . --run-config "recipe='tny'"``, and a resume with a changed scoring setting."""
+    import json
+    import subprocess
+    import sys
+
+    from kfca_llm.flower.server_app import build_strategy
+
+    ledger = {**CONFIG, "kfca.ledger": str(tmp_path / "rewards.sqlite")}
+    build_strategy(recipe_from_config(ledger), ledger)  # the run a resume continues (identity "auto")
+    configs = [{"recipe": "tny"}, {**ledger, "kfca.resume": True, "kfca.identity": "public-key"}]
+    done = subprocess.run([sys.executable, "-c", SERVERAPP_PROCESS, json.dumps(configs)], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.stdout.split() == ["failed", "failed"], done.stderr  # the app raised: Flower marks the runs failed
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if "InputError" in line]
+    assert len(errors) == 2, done.stderr
+    assert "ServerApp raised an exception: InputError: no recipe file 'tny'" in errors[0]
+    assert "InputError: cannot resume: scoring setting 'identity'" in errors[1]

@@ -369,6 +369,31 @@ def test_random_kills_leave_complete_verifiable_rounds():
     assert summary["resumed_complete"] == 3
 
 
+def test_a_resumed_run_logs_the_ledgers_round_numbers(tmp_path):
+    """Flower counts a run's rounds from 1: without the offset a run resumed after round 2 logs round 3 as
+    "[ROUND 1/2]"."""
+    import logging
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=2, report=lambda line: None)
+    flower_logger, lines = logging.getLogger("flwr"), Lines()
+    flower_logger.addHandler(lines)
+    try:
+        serve(ledger, rounds=4, resume=True, report=lambda line: None)
+        serve(tmp_path / "fresh.sqlite", rounds=1, report=lambda line: None)
+    finally:
+        flower_logger.removeHandler(lines)
+    assert [line for line in lines.lines if line.startswith("[ROUND")] == ["[ROUND 3/4]", "[ROUND 4/4]", "[ROUND 1/1]"]
+
+
 def test_ledger_summary_standard_error_and_distinguishability_from_constructed_rows():
     from kfca_llm.flower.ledger import LedgerContents, RewardRow, RoundRow, ledger_summary
 
