@@ -197,7 +197,8 @@ class KFCAStrategy(Strategy):
         self.settings = scoring_settings(peers=self.peers, penalty=penalty, bonus_fraction=self.bonus_fraction,
                                          duplicates=duplicates, duplicate_rule=self.duplicate_rule,
                                          aggregation=aggregation, seed=self.seed, identity=identity,
-                                         pool=self.pool.settings.to_dict())
+                                         pool=self.pool.settings.to_dict(),
+                                         reference_weight=None if reference is None else self.reference_weight)
         self.rewards: dict[int, dict[str, float]] = {}
         self.node_ids: dict[int, dict[str, str]] = {}
         self.reports: dict[int, RewardReport] = {}
