@@ -30,9 +30,10 @@ def test_with_a_reference_the_honest_partner_of_a_flipper_is_paid_and_the_flippe
 
 
 def test_a_round_with_a_reference_is_not_undetermined_and_the_pool_alone_leaves_it_so():
-    pool = PeerPool(PoolSettings())
+    # min_peers 3: the partner and the reference alone are two distinct peers, still not undetermined.
+    pool = PeerPool(PoolSettings(min_peers=3))
     assert score_with_pool(pack_updates(round_updates(1, (1, 3), {3: "flip"})), pool, 1, seed=1).undetermined
-    assert scored(1, (1, 3), {3: "flip"}, pool=PeerPool(PoolSettings())).undetermined == ()
+    assert scored(1, (1, 3), {3: "flip"}, pool=PeerPool(PoolSettings(min_peers=3))).undetermined == ()
 
 
 def test_reference_weight_zero_gives_the_reference_free_rewards_bit_for_bit():
@@ -40,6 +41,8 @@ def test_reference_weight_zero_gives_the_reference_free_rewards_bit_for_bit():
         packer = pack_updates(round_updates(t, clients, {3: "flip"}))
         without = score_with_pool(packer, None, t, seed=t).report.rewards
         assert scored(t, clients, {3: "flip"}, reference_weight=0).report.rewards == without
+    # ... and a weightless reference decides nothing: round 1 with an empty pool stays undetermined.
+    assert scored(1, (1, 3), {3: "flip"}, reference_weight=0, pool=PeerPool(PoolSettings())).undetermined
 
 
 def test_the_reference_is_a_weighted_peer_never_paid_and_never_pooled():
