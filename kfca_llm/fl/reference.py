@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..engine.layout import FlatUpdate
 from ..errors import InputError
 from ..packer import SignPacker
 
@@ -41,7 +42,8 @@ def reference_signs(packer: SignPacker, update: Mapping[str, np.ndarray]) -> np.
     if not isinstance(update, Mapping):
         raise InputError(f"the reference must return a dict of tensor name -> array, got {type(update).__name__}",
                          client=REFERENCE)
-    arrays = {name: np.asarray(array) for name, array in update.items()}
+    # A FlatUpdate (simulate's reference client) packs as is; a dict of arrays or tensors tensor by tensor.
+    arrays = update if isinstance(update, FlatUpdate) else dict(update.items())
     # A packer scores pairs, so it holds two rows; the second is the same arrays (no copy), never read.
     own = SignPacker(packer.layout, [REFERENCE, f"{REFERENCE}'"], backend="cpu")
     own.add_clients({REFERENCE: arrays, f"{REFERENCE}'": arrays})
