@@ -73,3 +73,24 @@ def test_a_misshapen_or_non_finite_reference_is_a_clear_input_error():
     with pytest.raises(InputError, match="reference weight"):
         score_with_pool(packer, None, 1, seed=1, reference=reference_signs(packer, honest(SERVER, 1)),
                         reference_weight=-1.0)
+
+
+def test_simulate_reference_rows_pays_the_flippers_partner_in_a_round_with_no_pool():
+    from helpers import short_recipe
+
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+
+    base = ["num-clients=20", "strategy.fraction-train=0.1", "dataset.num-rows=200", 'kfca.attackers=["3=flip"]',
+            "kfca.min-peers=0", "num-server-rounds=6", 'kfca.attacks=["honest"]']
+    with_reference = run_federation(short_recipe(*base, "kfca.reference-rows=16"), FederationOptions(progress=False))
+    met = [r for r in with_reference.rounds if "client-003" in r.fixed_attacker_rewards]
+    assert met, "client 3 never trained: pick another seed"
+    for r in met:
+        (partner,) = r.honest_rewards.values()
+        assert partner > 0 > r.fixed_attacker_rewards["client-003"], r.round
+        assert r.undetermined == [] and not r.pool_peers
+    weightless = run_federation(short_recipe(*base, "kfca.reference-rows=16", "kfca.reference-weight=0"),
+                                FederationOptions(progress=False))
+    without = run_federation(short_recipe(*base), FederationOptions(progress=False))
+    assert [r.honest_rewards for r in weightless.rounds] == [r.honest_rewards for r in without.rounds]
+    assert [r.fixed_attacker_rewards for r in weightless.rounds] == [r.fixed_attacker_rewards for r in without.rounds]
