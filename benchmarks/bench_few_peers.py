@@ -1,4 +1,5 @@
-"""FlowerTune's regime (20 clients x 0.1: two per round) on the tiny recipe: round peers only vs the peer pool.
+"""FlowerTune's regime (20 clients x 0.1: two per round) on the tiny recipe: round peers only, the peer pool, a
+trusted reference and FLTrust's trust score.
 
 One federation is trained honestly (``run_federation``, ``kfca.aggregate = "honest"``: deviations change rewards,
 not the model, as ``kfca.attackers`` does in ``kfca-llm simulate``) and each round's honest updates are kept; then
@@ -15,6 +16,11 @@ deviators from honest clients after T rounds (T = 10, 50, ... up to --rounds), t
 AUROC stays 1.0, and the undetermined rounds. Deviations: the attack registry's flip, zero, random, stale
 (its first honest update, resubmitted), sparse:0.5, copy:0 (the partner's update of the round) and copy-pool
 (another client's update from an earlier round: a copy of a pool member).
+
+The two settings that need a clean data set on the server use the same reference update each round: the tiny
+recipe's training from the round's global on ``REFERENCE_ROWS`` rows no client has (``kfca.reference-rows``).
+"reference" scores it as a peer of weight ``DEFAULT_REFERENCE_WEIGHT`` (no pool); "FLTrust trust score" pays
+each participant ReLU(cos(update, reference)) (Cao et al. 2021's weight; never negative, so it fines no one).
 """
 
 from __future__ import annotations
@@ -30,12 +36,15 @@ import torch
 from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.reference import DEFAULT_REFERENCE_WEIGHT, REFERENCE, reference_signs
 from kfca_llm.fl.rounds import attack_context
 from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
 
 DEVIATORS = (3, 7, 11)
 DEVIATIONS = ("flip", "zero", "random", "stale", "sparse:0.5", "copy:0", "copy-pool")
 CHECKPOINTS = (10, 50, 200)
+REFERENCE_ROWS = 32
+REFERENCE_SETTING, FLTRUST_SETTING = "reference (no pool)", "FLTrust trust score"
 
 
 class RandomDrawPool(PeerPool):
@@ -61,14 +70,24 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
         from kfca_llm.fl.rounds import FederationOptions, run_federation
         from kfca_llm.recipe import load_recipe
 
+        from kfca_llm.data import load_reference_examples
+        from kfca_llm.fl.client import train_client
+        from kfca_llm.fl.seeds import REFERENCE_TRAIN
+
         recipe = load_recipe("tiny", ["num-clients=20", "strategy.fraction-train=0.1", f"num-server-rounds={rounds}",
                                       'kfca.attacks=["honest"]', "train.save-client-updates=false"])
-        flat = {}
+        flat, reference_rows = {}, []
 
         def keep(context):
-            for s in context.submissions:
-                for name, tensor in s.update.items():
-                    flat[f"{context.round:04d}|{s.client}|{name}"] = tensor.detach().cpu().float().numpy().copy()
+            if not reference_rows:
+                reference_rows.append(load_reference_examples(recipe, context.tokenizer, REFERENCE_ROWS))
+            # What simulate's kfca.reference-rows trains (after the clients, from the round's global).
+            server = train_client(context.model, context.global_state, reference_rows[0], recipe,
+                                  server_round=context.round, seed=derive_seed(0, REFERENCE_TRAIN, context.round),
+                                  device=context.device, pad_token_id=context.pad_token_id).update
+            for client, update in [*((s.client, s.update) for s in context.submissions), (REFERENCE, server)]:
+                for name, tensor in update.items():
+                    flat[f"{context.round:04d}|{client}|{name}"] = tensor.detach().cpu().float().numpy().copy()
 
         run_federation(recipe, FederationOptions(progress=False, on_round=keep))
         if cache is not None:
@@ -91,7 +110,8 @@ def synthetic(rounds: int, size: int = 4096, seed: int = 0) -> dict[int, dict[st
         direction = -0.6 * direction + 0.8 * rng.standard_normal(size)
         clients = sorted(rng.choice(20, size=2, replace=False).tolist())
         out[t] = {client_id(c): {"w": (0.3 * persistent + direction + rng.standard_normal(size)).astype(np.float32)}
-                  for c in clients}
+                  for c in [*clients, 99]}  # client 99 never trains: the server's reference
+        out[t][REFERENCE] = out[t].pop(client_id(99))
     return out
 
 
@@ -102,6 +122,7 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
     earlier: list[tuple[int, str, dict]] = []  # (round, client, update) of honest clients, for copy-pool
     out = {}
     for t, clients in updates.items():
+        clients = {c: u for c, u in clients.items() if c != REFERENCE}
         honest = {c: {k: torch.from_numpy(v) for k, v in u.items()} for c, u in clients.items()}
         round_out = {}
         for c, u in sorted(clients.items()):
@@ -122,13 +143,25 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
 
 
 def settings_grid(full: bool) -> dict[str, tuple[type, PoolSettings | None]]:
-    grid = {"round peers only (today)": (PeerPool, None), "pool (defaults)": (PeerPool, PoolSettings())}
+    grid = {"round peers only (today)": (PeerPool, None), "pool (defaults)": (PeerPool, PoolSettings()),
+            REFERENCE_SETTING: (PeerPool, None), FLTRUST_SETTING: (PeerPool, None)}
     if full:
         for window, peers, weight in itertools.product((5, 10, 20), (4, 8, 16), (0.5, 1.0, 2.0, 4.0)):
             settings = PoolSettings(window=window, pool_peers=peers, weight=weight)
             grid[f"pool W={window} K={peers} w={weight}"] = (PeerPool, settings)
         grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings())
     return grid
+
+
+def fltrust_scores(round_submissions, reference) -> dict[str, float]:
+    """FLTrust's trust score of each submission: ReLU of its cosine with the server's update."""
+    server = np.concatenate([np.ravel(reference[k]) for k in sorted(reference)]).astype(np.float64)
+    out = {}
+    for client, update in round_submissions.items():
+        mine = np.concatenate([np.ravel(np.asarray(update[k])) for k in sorted(reference)]).astype(np.float64)
+        norms = np.linalg.norm(mine) * np.linalg.norm(server)
+        out[client] = max(float(mine @ server / norms), 0.0) if norms > 0 else 0.0
+    return out
 
 
 def auroc(deviators, honest) -> float:
@@ -172,10 +205,16 @@ def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake
         submitted = submissions(updates, deviation)
         packers = {t: pack_updates(s) for t, s in submitted.items()}
         for name, (pool_class, settings) in settings_grid(full).items():
+            if name == FLTRUST_SETTING:
+                trust = {t: fltrust_scores(s, updates[t][REFERENCE]) for t, s in submitted.items()}
+                rows.append({"deviation": deviation, "setting": name, **measure(trust, 0, len(updates))})
+                continue
             pool = None if settings is None else pool_class(settings)
             rewards, undetermined = {}, 0
             for t, packer in packers.items():
-                scored = score_with_pool(packer, pool, t, seed=derive_seed(0, KFCA, t))
+                reference = reference_signs(packer, updates[t][REFERENCE]) if name == REFERENCE_SETTING else None
+                scored = score_with_pool(packer, pool, t, seed=derive_seed(0, KFCA, t), reference=reference,
+                                         reference_weight=DEFAULT_REFERENCE_WEIGHT)
                 rewards[t] = scored.report.rewards
                 undetermined += bool(scored.undetermined)
                 if pool is not None:
@@ -205,6 +244,7 @@ def lag_table(updates, max_lag: int = 6) -> str:
     """Mean payment of an honest update against other clients' honest updates k rounds older (k = 0: the same
     round), on the newer round's partition, and the share of such pairs paid < 0."""
     by_lag: dict[int, list[float]] = {}
+    updates = {t: {c: u for c, u in clients.items() if c != REFERENCE} for t, clients in updates.items()}
     for t, clients in updates.items():
         for client, update in clients.items():
             others = {f"{c}@{s}": u for s in range(max(1, t - max_lag), t + 1) for c, u in updates[s].items()

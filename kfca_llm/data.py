@@ -166,3 +166,24 @@ def collate(batch: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int) -> 
         labels[row, :n] = torch.tensor(item["labels"], dtype=torch.long)
         attention[row, :n] = 1
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+
+
+REFERENCE_OFFSET = 64
+"""Synthetic rows after the training rows left to the held-out evaluation; the reference's rows follow them."""
+
+
+def load_reference_examples(recipe: Recipe, tokenizer: Any, n_rows: int, *, data_dir: str | Path | None = None
+                            ) -> list[dict[str, list[int]]]:
+    """Encoded rows no client has, for the server's trusted reference (``kfca.reference-rows``, FLTrust's root
+    set): the synthetic generator's ``n_rows`` rows after the training rows and the ``REFERENCE_OFFSET``
+    evaluation rows. A real data set has no rows set aside yet: ``ValueError``."""
+    ds = recipe.dataset
+    if data_dir is not None or ds.name != SYNTHETIC_DATASET:
+        raise ValueError("kfca.reference-rows needs rows no client has; only the synthetic data set sets them "
+                         "aside so far (set kfca.reference-rows = 0 for a real data set)")
+    start = (ds.num_rows or 0) + REFERENCE_OFFSET
+    rows = synthetic.make_rows(recipe.domain, start + n_rows, recipe.kfca.seed)[start:]
+    fmt, seq = recipe.train.prompt_format, recipe.train.seq_length
+    encoded = [encode_example(tokenizer, *format_example(row, recipe.domain, prompt_format=fmt, tokenizer=tokenizer),
+                              seq) for row in rows]
+    return [item for item in encoded if any(label != IGNORE_INDEX for label in item["labels"])]

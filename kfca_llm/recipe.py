@@ -149,6 +149,10 @@ class KfcaConfig(_Section):
     pool_window: StrictInt = Field(10, ge=1)
     pool_peers: StrictInt = Field(8, ge=0)
     pool_weight: StrictFloat = Field(4.0, gt=0.0)
+    # A trusted reference (kfca_llm.fl.reference): the server trains on reference-rows held-out rows each round
+    # from the global adapter; that update is a peer of every client with weight reference-weight (0 rows: off).
+    reference_rows: StrictInt = Field(0, ge=0)
+    reference_weight: StrictFloat = Field(4.0, ge=0.0)
 
     @field_validator("attacks")
     @classmethod

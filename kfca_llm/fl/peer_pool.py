@@ -46,6 +46,7 @@ from ..engine.stats import PairPayment, joint_tables, pair_payments
 from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
+from .reference import REFERENCE, check_reference_weight
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
@@ -220,43 +221,54 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
                     bonus_fraction: float = 0.5, duplicates: str = "zero",
                     duplicate_rule: DuplicateRule = DuplicateRule(),
                     copy_candidates: Sequence[str] | None = None,
-                    owners: Mapping[str, str] | None = None) -> PooledRound:
+                    owners: Mapping[str, str] | None = None, reference: np.ndarray | None = None,
+                    reference_weight: float = 1.0) -> PooledRound:
     """Score a packed round, borrowing pool peers for participants with fewer than ``min_peers`` peers.
 
     ``pairs`` / ``peers``: the in-round pairs, as ``SignPacker.score`` takes them. Scorers are the clients
     of ``pairs`` (all clients with ``peers``); only ``copy_candidates`` (None: all) are real participants
     that are checked against the pool for copies. ``owners`` maps a scorer that is not a participant (the
     attack analysis' side-by-side submissions) to the participant whose pool peers it gets; scorers neither
-    real nor owned are scored on their in-round pairs only.
+    real nor owned are scored on their in-round pairs only. ``reference``: the packed sign words of a trusted
+    reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight`` (0: ignored).
     """
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
                           duplicates=duplicates, duplicate_rule=duplicate_rule, copy_candidates=copy_candidates)
-    if pool is None or not pool.settings.enabled:
+    reference_weight = check_reference_weight(reference_weight)
+    if reference is not None and reference_weight > 0:
+        reference = np.asarray(reference)
+        if reference.dtype != np.int32 or reference.shape != (packer.words()[0].shape[1],):
+            raise InputError(f"the reference's sign words have shape {reference.shape} ({reference.dtype}); this "
+                             f"round's are ({packer.words()[0].shape[1]},) int32", client=REFERENCE)
+    else:
+        reference = None
+    pool_on = pool is not None and pool.settings.enabled
+    if not pool_on and reference is None:
         return PooledRound(report, {c: [] for c in report.rewards}, ())
-    settings = pool.settings
     real = set(packer.clients if copy_candidates is None else map(str, copy_candidates))
     in_round = report.peers
     owner = {c: c for c in real} | dict(owners or {})
-    short = [c for c in sorted(report.rewards) if c in owner and len(set(in_round[c])) < settings.min_peers]
-    if not short:
+    short = [c for c in sorted(report.rewards)
+             if pool_on and c in owner and len(set(in_round[c])) < pool.settings.min_peers]
+    if not short and reference is None:
         return PooledRound(report, {c: [] for c in report.rewards}, ())
     chosen = {c: pool.candidates(round_, owner[c], exclude=sorted(real)) for c in short}
     # Every entry of the window and the round before it: copy detection covers them all, lag weights need them.
-    rows = {e.name: e for e in pool.entries(round_, extra=1)}
-    if not rows:
+    rows = {e.name: e for e in pool.entries(round_, extra=1)} if short else {}
+    if not rows and reference is None:
         undetermined = tuple(c for c in short if c in real)
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined)
     return _score_pooled(packer, pool, round_, report, rows, chosen, real, seed=seed, penalty=penalty,
-                         bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule)
+                         bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
+                         reference=reference, reference_weight=reference_weight)
 
 
 def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
                   rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str], *,
-                  seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule
-                  ) -> PooledRound:
-    settings = pool.settings
+                  seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
+                  reference: np.ndarray | None, reference_weight: float) -> PooledRound:
     signs, task = packer.words()
-    names = [*packer.clients, *rows]
+    names = [*packer.clients, *rows, *([REFERENCE] if reference is not None else [])]
     index = {name: k for k, name in enumerate(names)}
     # The pooled rows on the CPU backend (host words; the bits are what they are on any backend, and every
     # backend counts them to the same integers), on this round's task mask and partition.
@@ -268,17 +280,26 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         if entry.signs.shape != (n_words,):
             raise InputError(f"pool entry {entry.name} has {entry.signs.shape[-1]} sign words, this round {n_words}")
         buffers.signs[k, :n_words] = entry.signs
+    if reference is not None:
+        buffers.signs[index[REFERENCE], :n_words] = reference
     buffers.task[:n_words] = task
     counts = cpu.round_counts(buffers, seed, bonus_fraction)
 
-    pool_copies = _pool_copies(counts, names, len(packer.clients), real, duplicate_rule)
-    pool_copies += _sketch_copies(pool, round_, signs, task, names[:len(packer.clients)], real, duplicate_rule)
-    lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, settings)
+    pool_copies, lag_weights = (), {}
+    if rows:
+        pool_names = names[:len(packer.clients) + len(rows)]
+        pool_copies = _pool_copies(counts, pool_names, len(packer.clients), real, duplicate_rule)
+        pool_copies += _sketch_copies(pool, round_, signs, task, names[:len(packer.clients)], real, duplicate_rule)
+        lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, pool.settings)
     keys = list(round_report.pairwise)
     weights = [1.0] * len(keys)
     for client, entries in chosen.items():
         keys += [(client, e.name) for e in entries]
         weights += [lag_weights.get(round_ - e.round, 0.0) for e in entries]
+    if reference is not None:
+        scorers = sorted(round_report.rewards)
+        keys += [(client, REFERENCE) for client in scorers]
+        weights += [reference_weight] * len(scorers)
     index_pairs = np.array([(index[c], index[p]) for c, p in keys], dtype=np.int64)
     matches = cpu.sampled_matches(buffers, seed, bonus_fraction, index_pairs) if penalty == "sampled" else None
     payment, bonus, penalty_agreement = pair_payments(counts, index_pairs, matches)
@@ -296,8 +317,9 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         if weight != 0.0:
             named = parse_pool_name(peer)
             weighted.setdefault(client, set()).add(named[0] if named else peer)
-    undetermined = tuple(c for c in sorted(report.rewards) if c in real
-                         and len(weighted.get(c, ())) < settings.min_peers)
+    # A trusted reference tells an honest participant from a deviator at any round size.
+    undetermined = () if reference is not None or pool is None else tuple(
+        c for c in sorted(report.rewards) if c in real and len(weighted.get(c, ())) < pool.settings.min_peers)
     return PooledRound(report, {c: [e.name for e in chosen.get(c, [])] for c in report.rewards}, undetermined,
                        pool_copies, lag_weights)
 

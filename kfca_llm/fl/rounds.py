@@ -40,7 +40,7 @@ from .evaluate import evaluate_global
 from .peer_pool import PeerPool
 from .records import FederationResult, RoundClock, RoundRecord, aggregated_shares
 from .scoring import RoundScores, Submission, pool_settings, score_round
-from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
+from .seeds import ATTACK, KFCA, REFERENCE_TRAIN, SAMPLE, TRAIN, client_id, derive_seed
 from .state import last_complete_round, load_checkpoint, load_pool, save_checkpoint, save_client_updates, save_pool
 
 
@@ -157,7 +157,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     """Run KFCA-FedAvg for ``recipe.num_server_rounds`` rounds; see the module docstring."""
     from tqdm.auto import tqdm
 
-    from ..data import load_client_datasets, load_heldout_examples
+    from ..data import load_client_datasets, load_heldout_examples, load_reference_examples
     from ..modeling import load_model_and_tokenizer
 
     procs = Processes(cpu=options.cpu)
@@ -172,6 +172,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     datasets = load_client_datasets(recipe, tokenizer, data_dir=options.data_dir)
     heldout = load_heldout_examples(recipe, tokenizer, data_dir=options.data_dir) if options.evaluate else []
+    reference_rows = (load_reference_examples(recipe, tokenizer, recipe.kfca.reference_rows, data_dir=options.data_dir)
+                      if recipe.kfca.reference_rows else None)
     # One initial adapter for all processes (a real model's LoRA init draws from each process's RNG).
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
@@ -207,10 +209,15 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         trained = dict(sorted(procs.gather(local)))
         train_s = clock.lap()
         submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories)
+        # The server's reference client: the same training from the same global on rows no client has (every
+        # process trains it alike: a seeded, deterministic update; its time counts as training time).
+        reference = None if reference_rows is None else train_client(
+            model, global_state, reference_rows, recipe, server_round=t, seed=derive_seed(seed, REFERENCE_TRAIN, t),
+            device=procs.device, pad_token_id=pad_id).update
         kfca_seed = derive_seed(seed, KFCA, t)
-        clock.lap()
+        train_s += clock.lap()
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
-                             pool=pool, round_=t)
+                             pool=pool, round_=t, reference=reference)
         scoring_s = clock.lap()
         start_state = global_state
         if options.on_round is not None and procs.is_main:

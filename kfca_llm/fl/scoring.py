@@ -21,6 +21,7 @@ import numpy as np
 
 from ..api import pack_updates
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
+from .reference import reference_signs
 from ..errors import InputError
 from ..recipe import KfcaConfig
 from ..tensors import StateDict
@@ -85,9 +86,12 @@ def pool_settings(kfca: KfcaConfig) -> PoolSettings:
 
 
 def score_round(submissions: Sequence[Submission], *, analysis_client: str | None, kfca: KfcaConfig,
-                kfca_seed: int, pool: PeerPool | None = None, round_: int = 0) -> RoundScores:
+                kfca_seed: int, pool: PeerPool | None = None, round_: int = 0, reference: StateDict | None = None
+                ) -> RoundScores:
     """Score a round's submissions (see the module docstring); with a ``pool``, clients with too few peers
-    borrow earlier rounds' submissions (``fl.peer_pool``) and the round's real submissions join the pool."""
+    borrow earlier rounds' submissions (``fl.peer_pool``) and the round's real submissions join the pool;
+    ``reference``: the server's reference update (``fl.reference``), a peer of every submission with weight
+    ``kfca.reference-weight``."""
     participants = {s.client: s for s in submissions if not s.analysis}
     if len(participants) != sum(not s.analysis for s in submissions):
         raise InputError("a client sent more than one submission outside the attack analysis")
@@ -113,9 +117,11 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     packer = pack_updates(updates)
     wait_for_device(packer.buffers.device)
     pack_s = time.perf_counter() - started
+    signs = None if reference is None or not kfca.reference_weight else reference_signs(packer, reference)
     pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
                              bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,
-                             owners={s.id: s.client for s in analysed})
+                             owners={s.id: s.client for s in analysed}, reference=signs,
+                             reference_weight=kfca.reference_weight)
     report = pooled.report
     if pool is not None:
         copies = {c for g in report.duplicates for c in g.clients}

@@ -115,7 +115,10 @@ def scoring_settings(recipe: Recipe) -> dict:
     return {"kfca.peers": k.peers, "kfca.penalty": k.penalty, "kfca.bonus-fraction": k.bonus_fraction,
             "kfca.duplicates": k.duplicates, "kfca.aggregate": k.aggregate, "kfca.attackers": list(k.attackers),
             "kfca.min-peers": k.min_peers, "kfca.pool-window": k.pool_window, "kfca.pool-peers": k.pool_peers,
-            "kfca.pool-weight": k.pool_weight}
+            "kfca.pool-weight": k.pool_weight,
+            # Only when on: checkpoints of runs before the reference existed resume as they did.
+            **({"kfca.reference-rows": k.reference_rows, "kfca.reference-weight": k.reference_weight}
+               if k.reference_rows else {})}
 
 
 def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], recipe: Recipe,

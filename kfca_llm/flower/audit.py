@@ -54,14 +54,17 @@ SETTINGS_COMPARED_ON_RESUME = ("peers", "penalty", "bonus_fraction", "duplicates
 
 def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, duplicates: str,
                      duplicate_rule: DuplicateRule, aggregation: str, seed: int, identity: str,
-                     pool: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     pool: Mapping[str, Any] | None = None, reference_weight: float | None = None) -> dict[str, Any]:
     """What decides a round's payments, as the ledger records it per run and per round (JSON); ``pool``: the
-    peer pool's settings (``PoolSettings.to_dict``), left out where there is none."""
+    peer pool's settings (``PoolSettings.to_dict``), left out where there is none; ``reference_weight``: the
+    trusted reference's weight (``fl.reference``), left out where there is no reference."""
     out = {"peers": peers, "penalty": penalty, "bonus_fraction": float(bonus_fraction), "duplicates": duplicates,
            "duplicate_rule": dataclasses.asdict(duplicate_rule), "aggregation": aggregation, "seed": int(seed),
            "identity": identity}
     if pool is not None:
         out["pool"] = dict(pool)
+    if reference_weight is not None:
+        out["reference_weight"] = float(reference_weight)
     return out
 
 
@@ -219,6 +222,8 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
             raise _Damaged(f"a scored round with {len(rows)} reward row(s); KFCA scores two or more")
         words = {row.participant: _read_words(ledger, row.sign_sha256, n_bytes) for row in rows}
         task = _read_words(ledger, round_row.task_sha256, n_bytes)
+        if round_row.settings.get("reference_weight"):
+            raise _Unverifiable("a round scored against the server's reference: the ledger does not keep its signs")
         if "pool" in round_row.settings and pools is None:
             raise _Unverifiable("a round scored with a peer pool needs the earlier rounds to rebuild it")
         pool = None if pools is None else pools.before(round_row, lambda sha: _read_words(ledger, sha, n_bytes))

@@ -20,7 +20,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 
@@ -37,6 +37,7 @@ from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError
 from ..fl.aggregate import REPLY_AGGREGATIONS, aggregation_weights
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
+from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
 from ..partition import check_bonus_fraction, check_penalty, check_seed
@@ -139,6 +140,12 @@ class KFCAStrategy(Strategy):
     scores rounds alone, as before the pool. A participant left with fewer than ``min_peers`` distinct peers
     is *undetermined* (ledger ``rounds.undetermined``, metric ``kfca.undetermined``, a warning in the log).
 
+    A trusted reference (``kfca_llm.fl.reference``): ``reference`` is called once per scored round with the
+    round's global arrays (a dict name -> numpy array, copies the callable may keep) and returns the server's
+    update (name -> numpy array, local - global, every float tensor of the model). It is a peer of every
+    participant with weight ``reference_weight`` (an in-round peer's is 1); it is never paid, aggregated or
+    pooled, and a round with it is never undetermined. A misshapen or non-finite update is an ``InputError``.
+
     ``keep_signs``: store each round's packed sign words beside the ledger (``<ledger>.d/signs/``, named by
     SHA-256) before the round commits, so ``kfca-llm verify`` can recompute the round. ``resume``: continue
     the ledger's last run (its scoring settings must be these: else ``InputError`` naming the setting);
@@ -157,7 +164,9 @@ class KFCAStrategy(Strategy):
                  duplicates: str = "zero", identity: str = "auto", keep_signs: bool = False, resume: bool = False,
                  receipt_key: str | os.PathLike | None = None, min_peers: int = PoolSettings.min_peers,
                  pool_window: int = PoolSettings.window, pool_peers: int = PoolSettings.pool_peers,
-                 pool_weight: float = PoolSettings.weight):
+                 pool_weight: float = PoolSettings.weight,
+                 reference: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None,
+                 reference_weight: float = DEFAULT_REFERENCE_WEIGHT):
         strategy = FedAvg() if strategy is None else strategy
         _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
                        identity)
@@ -181,12 +190,17 @@ class KFCAStrategy(Strategy):
         self.keep_signs = bool(keep_signs)
         self.pool = PeerPool(PoolSettings(min_peers=min_peers, window=pool_window, pool_peers=pool_peers,
                                           weight=pool_weight))
+        if reference is not None and not callable(reference):
+            raise InputError(f"reference must be a callable (global arrays -> update), got {type(reference).__name__}")
+        self.reference = reference
+        self.reference_weight = check_reference_weight(reference_weight)
         self.arrayrecord_key: str = getattr(strategy, "arrayrecord_key", "arrays")
         self.weighted_by_key: str | None = getattr(strategy, "weighted_by_key", None)
         self.settings = scoring_settings(peers=self.peers, penalty=penalty, bonus_fraction=self.bonus_fraction,
                                          duplicates=duplicates, duplicate_rule=self.duplicate_rule,
                                          aggregation=aggregation, seed=self.seed, identity=identity,
-                                         pool=self.pool.settings.to_dict())
+                                         pool=self.pool.settings.to_dict(),
+                                         reference_weight=None if reference is None else self.reference_weight)
         self.rewards: dict[int, dict[str, float]] = {}
         self.node_ids: dict[int, dict[str, str]] = {}
         self.reports: dict[int, RewardReport] = {}
@@ -446,9 +460,14 @@ class KFCAStrategy(Strategy):
             # packed as one batch.
             packer.add_many(participant, {name: returned[name].numpy() - sent[name] for name in shapes})
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
+        reference = None
+        if self.reference is not None and self.reference_weight > 0:
+            global_arrays = {name: array.copy() for name, array in self._sent_arrays(first, sent_numpy).items()}
+            reference = reference_signs(packer, self.reference(global_arrays))
         pooled = score_with_pool(packer, self.pool, server_round, peers=peers, seed=self.round_seed(server_round),
                                  penalty=self.penalty, bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
-                                 duplicate_rule=self.duplicate_rule)
+                                 duplicate_rule=self.duplicate_rule, reference=reference,
+                                 reference_weight=self.reference_weight)
         signs, task = packer.words()
         copies = {c for g in pooled.report.duplicates for c in g.clients}
         self.pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies})

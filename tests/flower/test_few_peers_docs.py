@@ -40,6 +40,16 @@ def test_settings_table_is_the_strategys_the_recipes_and_the_pools_defaults():
         assert str(getattr(PoolSettings(), pool_field[argument])) == default
 
 
+def test_reference_table_is_the_strategys_and_the_recipes_defaults():
+    rows = markdown_table(page(PAGE), "| reference setting")
+    signature = inspect.signature(KFCAStrategy.__init__).parameters
+    recipe_fields = {info.alias: info.default for info in KfcaConfig.model_fields.values()}
+    assert [(r[0], r[1]) for r in rows] == [("`reference`", "`kfca.reference-rows`"),
+                                             ("`reference_weight`", "`kfca.reference-weight`")]
+    assert rows[0][2] == f"{signature['reference'].default} / {recipe_fields['reference-rows']}"
+    assert rows[1][2] == str(signature["reference_weight"].default) == str(recipe_fields["reference-weight"])
+
+
 def test_the_log_line_is_the_one_the_strategy_writes(caplog):
     shown = one_block(PAGE, "text", "is undetermined").strip()
     random.seed(0)
@@ -72,7 +82,7 @@ def _script_parser(path: str):
 
 def test_every_command_of_the_page_parses():
     commands = [line for block in fenced_blocks(page(PAGE), "bash") for line in block.splitlines() if line.strip()]
-    assert len(commands) == 4
+    assert len(commands) == 5
     for line in commands:
         words = shlex.split(line.split("  #")[0])
         if words[0] == "kfca-llm":
