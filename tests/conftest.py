@@ -113,6 +113,7 @@ def shared_run_scopes(root: Path, tests: Path) -> dict[str, str]:
     return scopes
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: plain `pytest` runs without the plugin
 def pytest_xdist_make_scheduler(config, log):
     """Whole modules per worker (a module fixture is computed once), and the modules that share a federation run
     (``SHARED_RUNS``) on one worker, so that run is computed once too. xdist's ``--dist loadgroup`` would do the
