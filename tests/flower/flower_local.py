@@ -148,3 +148,23 @@ def serve_with_receipts(folder, *, keep_signs: bool, nodes: Mapping[int, str], r
     finally:
         conn.close()
     return folder
+
+
+def run_ray_simulation(server_app, client_app, num_supernodes: int) -> None:
+    """``flwr.simulation.run_simulation`` on one CPU per node, with this folder on the Ray workers' PYTHONPATH
+    (their ClientApps import the tests' helper modules)."""
+    import os
+    from pathlib import Path
+
+    from flwr.simulation import run_simulation
+
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parent) + (os.pathsep + saved if saved else "")
+    try:
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=num_supernodes,
+                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 1}})
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved

@@ -8,8 +8,6 @@ in this process, so the test reads the strategy's rewards and recomputes them wi
 what was sent and received; the run keeps its signs, so ``kfca-llm verify`` recomputes it from the ledger.
 """
 
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
+from flower_local import run_ray_simulation  # noqa: E402
 
 from kfca_llm import score_updates  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
@@ -88,17 +86,7 @@ def simulation(tmp_path_factory):
                                  strategy_class=RecordingKFCA,
                                  on_result=lambda strategy, result: done.update(strategy=strategy, result=result))
     # Ray's workers import this module to run the ClientApp above: let them find it.
-    here = str(Path(__file__).resolve().parent)
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = here + (os.pathsep + saved if saved else "")
-    try:
-        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=NODES,
-                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 1}})
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = saved
+    run_ray_simulation(server_app, client_app, NODES)
     assert "strategy" in done, "the ServerApp did not finish"
     return done["strategy"], done["result"], ledger
 

@@ -3,8 +3,6 @@ ClientApp on 7 nodes (node 6 flips), and one ServerApp that builds the strategy 
 turn (``build_strategy``, as the app's ServerApp does) and runs it for one round on the same grid, with
 Flower's evaluate round on the held-out rows. One Ray start for the six strategies."""
 
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +11,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 from flwr.app import ArrayRecord  # noqa: E402
 from flwr.serverapp import ServerApp  # noqa: E402
-from flwr.simulation import run_simulation  # noqa: E402
+from flower_local import run_ray_simulation  # noqa: E402
 
 from kfca_llm.flower.client_app import make_client_app  # noqa: E402
 from kfca_llm.flower.server_app import WRAPPED_STRATEGIES, build_strategy  # noqa: E402
@@ -40,16 +38,7 @@ def runs(tmp_path_factory):
             result = strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_adapter(recipe)), num_rounds=1)
             done[name] = (strategy, result)
 
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(Path(__file__).resolve().parent) + (os.pathsep + saved if saved else "")
-    try:
-        run_simulation(server_app=server_app, client_app=make_client_app(CONFIG), num_supernodes=NODES,
-                       backend_config={"client_resources": {"num_cpus": 1}, "init_args": {"num_cpus": 1}})
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH")
-        else:
-            os.environ["PYTHONPATH"] = saved
+    run_ray_simulation(server_app, make_client_app(CONFIG), NODES)
     return done
 
 
