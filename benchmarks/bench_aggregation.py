@@ -181,15 +181,24 @@ def run_cell(args, fraction: float, attack: str, seed: int, method: str) -> dict
     return cell
 
 
+def column(cell: dict) -> tuple[float, str, int]:
+    """A table column: (fraction, attack, rounds); a longer run of the same attack is a column of its own."""
+    return cell["fraction"], cell["attack"], cell["rounds"]
+
+
+def column_order(col: tuple[float, str, int]) -> tuple:
+    return col[0], ATTACKS.index(col[1]) if col[1] in ATTACKS else 99, col[2]
+
+
 def summarise(cells: list[dict]) -> dict:
-    """(fraction, attack, method) -> mean, min, max of the final loss and accuracy over seeds, and exclusions."""
+    """(column, method) -> mean, min, max of the final loss and accuracy over seeds, and exclusions."""
     groups: dict[tuple, list[dict]] = {}
     for c in cells:
-        groups.setdefault((c["fraction"], c["attack"], c["method"]), []).append(c)
+        groups.setdefault((column(c), c["method"]), []).append(c)
     out = {}
     for key, group in groups.items():
-        if len({(c["rounds"], c["steps"]) for c in group}) > 1:
-            raise ValueError(f"cells {key} ran with different rounds or steps: not one figure")
+        if len({c["steps"] for c in group}) > 1:
+            raise ValueError(f"cells {key} ran with different local steps: not one figure")
         losses, accuracies = [c["loss"] for c in group], [c["accuracy"] for c in group]
         entry = {"seeds": [c["seed"] for c in group], "loss": float(np.mean(losses)), "loss_min": min(losses),
                  "loss_max": max(losses), "accuracy": float(np.mean(accuracies)),
@@ -203,20 +212,18 @@ def summarise(cells: list[dict]) -> dict:
 
 
 def table(cells: list[dict]) -> str:
-    """Markdown: one row per method, one column per (fraction, attack): final held-out loss (mean, min-max over
-    seeds), exact answers; KFCA modes add the shares of attacker / honest updates left out; rounds whose
+    """Markdown: one row per method, one column per (fraction, attack, rounds): final held-out loss (mean, min-max
+    over seeds), exact answers; KFCA modes add the shares of attacker / honest updates left out; rounds whose
     aggregation kept nothing (the global adapter stayed) are counted."""
     summary = summarise(cells)
-    columns = sorted({(f, a) for f, a, _ in summary}, key=lambda c: (c[0], ATTACKS.index(c[1]) if c[1] in ATTACKS else 99))
-    names = {m for _, _, m in summary}
-    methods = sorted(names, key=lambda m: (METHODS.index(base_method(m)), m))
-    rounds = {(c["fraction"], c["attack"]): c["rounds"] for c in cells}
-    lines = ["| method | " + " | ".join(f"{a} @ {f}, {rounds[f, a]} rounds" for f, a in columns) + " |",
+    columns = sorted({col for col, _ in summary}, key=column_order)
+    methods = sorted({m for _, m in summary}, key=lambda m: (METHODS.index(base_method(m)), m))
+    lines = ["| method | " + " | ".join(f"{a} @ {f}, {r} rounds" for f, a, r in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for method in methods:
         row = []
-        for f, a in columns:
-            e = summary.get((f, a, method))
+        for col in columns:
+            e = summary.get((col, method))
             if e is None:
                 row.append("not run")
                 continue
@@ -238,7 +245,7 @@ def verdict(cells: list[dict]) -> list[str]:
     ran (the oracle's, or the strategy's, may have fewer)."""
     losses: dict[tuple, dict[int, float]] = {}
     for c in cells:
-        losses.setdefault((c["fraction"], c["attack"], c["method"]), {})[c["seed"]] = c["loss"]
+        losses.setdefault((column(c), c["method"]), {})[c["seed"]] = c["loss"]
 
     def paired(ours: dict[int, float], theirs: dict[int, float]) -> tuple[float, float, int]:
         seeds = sorted(set(ours) & set(theirs))
@@ -246,18 +253,19 @@ def verdict(cells: list[dict]) -> list[str]:
                 float(np.mean([theirs[s] for s in seeds])) if seeds else math.nan, len(seeds))
 
     lines = []
-    for f, a in sorted({(f, a) for f, a, _ in losses}):
-        oracle = losses.get((f, a, "honest"))
-        variants = sorted(m for ff, aa, m in losses if (ff, aa) == (f, a) and base_method(m) == "exclude-negative")
+    for col in sorted({col for col, _ in losses}, key=column_order):
+        f, a, r = col
+        oracle = losses.get((col, "honest"))
+        variants = sorted(m for cc, m in losses if cc == col and base_method(m) == "exclude-negative")
         for name in variants if oracle is not None else ():
-            ours_loss, oracle_loss, n = paired(losses[(f, a, name)], oracle)
+            ours_loss, oracle_loss, n = paired(losses[(col, name)], oracle)
             if not n:
                 continue
             gap = ours_loss / oracle_loss - 1
-            text = (f"{a} @ {f}: {name} {100 * gap:+.1f}% of the oracle's loss ({'within' if gap <= 0.05 else 'OUTSIDE'}"
-                    f" 5%; {n} seed{'s' * (n > 1)})")
-            robust = {m: paired(losses[(f, a, name)], losses[(f, a, m)]) for m in FLOWER if (f, a, m) in losses}
-            robust = {m: r for m, r in robust.items() if r[2]}
+            text = (f"{a} @ {f}, {r} rounds: {name} {100 * gap:+.1f}% of the oracle's loss "
+                    f"({'within' if gap <= 0.05 else 'OUTSIDE'} 5%; {n} seed{'s' * (n > 1)})")
+            robust = {m: paired(losses[(col, name)], losses[(col, m)]) for m in FLOWER if (col, m) in losses}
+            robust = {m: got for m, got in robust.items() if got[2]}
             if robust:
                 best = min(robust, key=lambda m: robust[m][1] - robust[m][0])  # the lowest loss among them
                 mine, theirs, n = robust[best]
@@ -268,7 +276,7 @@ def verdict(cells: list[dict]) -> list[str]:
 
 
 FIGURE_PANELS = ((0.1, "flip"), (0.1, "scaled:-10"), (0.1, "zero"), (0.5, "flip"), (0.5, "scaled:-10"), (0.5, "zero"))
-FIGURE_METHODS = ("honest", "all", "exclude-negative", "exclude-negative [round peers only]", "reward-weighted", "krum",
+FIGURE_METHODS = ("honest", "all", "exclude-negative", "exclude-negative [round-peers-only]", "reward-weighted", "krum",
                   "fedmedian")
 
 
@@ -284,6 +292,8 @@ def plot(cells: list[dict], path: Path) -> None:
         for method in FIGURE_METHODS:
             curves = [c["loss_per_round"] for c in cells
                       if (c["fraction"], c["attack"], c["method"]) == (fraction, attack, method)]
+            if len({len(curve) for curve in curves}) > 1:  # a longer run of the column: its own curve
+                curves = [curve for curve in curves if len(curve) == max(len(c) for c in curves)]
             if curves:
                 mean = np.mean(curves, axis=0)
                 ax.plot(range(1, len(mean) + 1), mean, marker="o", markersize=3,
