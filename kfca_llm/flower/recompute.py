@@ -33,8 +33,6 @@ from .ledger_rows import SCORED, RewardRow, RoundRow, sha256_hex
 MATCH, MISMATCH, UNVERIFIABLE, DAMAGED = "match", "mismatch", "unverifiable", "damaged"
 STATUSES = (MATCH, MISMATCH, UNVERIFIABLE, DAMAGED)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-SETTINGS_COMPARED_ON_RESUME = ("peers", "penalty", "bonus_fraction", "duplicates", "duplicate_rule", "aggregation",
-                               "seed", "identity", "pool")
 
 
 def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, duplicates: str,
