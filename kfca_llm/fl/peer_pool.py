@@ -226,10 +226,12 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     """Score a packed round, borrowing pool peers for participants with fewer than ``min_peers`` peers.
 
     ``pairs`` / ``peers``: the in-round pairs, as ``SignPacker.score`` takes them. Scorers are the clients
-    of ``pairs`` (all clients with ``peers``); only ``copy_candidates`` (None: all) are real participants
-    that are checked against the pool for copies. ``owners`` maps a scorer that is not a participant (the
-    attack analysis' side-by-side submissions) to the participant whose pool peers it gets; scorers neither
-    real nor owned are scored on their in-round pairs only. ``reference``: the packed sign words of a trusted
+    of ``pairs`` (all clients with ``peers``); ``copy_candidates`` (None: all) are the real participants.
+    ``owners`` maps a scorer that is not a participant (the attack analysis' side-by-side submissions) to the
+    participant whose pool peers it gets; such a scorer is checked against the pool for copies and paid as a
+    real submission would be (a ``lagged:K`` replay of its owner's pool entry is a copy, as a real lagged node's
+    resubmission is), but never joins the pool nor decides an undetermined round. Scorers neither real nor owned
+    are scored on their in-round pairs only. ``reference``: the packed sign words of a trusted
     reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight`` (0: ignored).
     """
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
@@ -258,13 +260,14 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     if not rows and reference is None:
         undetermined = tuple(c for c in short if c in real)
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined)
-    return _score_pooled(packer, pool, round_, report, rows, chosen, real, seed=seed, penalty=penalty,
+    return _score_pooled(packer, pool, round_, report, rows, chosen, real, set(owner), seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                          reference=reference, reference_weight=reference_weight)
 
 
 def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
-                  rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str], *,
+                  rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str],
+                  checked: set[str], *,
                   seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                   reference: np.ndarray | None, reference_weight: float) -> PooledRound:
     signs, task = packer.words()
@@ -288,8 +291,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     pool_copies, lag_weights = (), {}
     if rows:
         pool_names = names[:len(packer.clients) + len(rows)]
-        pool_copies = _pool_copies(counts, pool_names, len(packer.clients), real, duplicate_rule)
-        pool_copies += _sketch_copies(pool, round_, signs, task, names[:len(packer.clients)], real, duplicate_rule)
+        pool_copies = _pool_copies(counts, pool_names, len(packer.clients), checked, duplicate_rule)
+        pool_copies += _sketch_copies(pool, round_, signs, task, names[:len(packer.clients)], checked, duplicate_rule)
         lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, pool.settings)
     keys = list(round_report.pairwise)
     weights = [1.0] * len(keys)
@@ -359,11 +362,11 @@ def _weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weight
 
 
 def _sketch_copies(pool: PeerPool, round_: int, signs: np.ndarray, task: np.ndarray, clients: Sequence[str],
-                   real: set[str], rule: DuplicateRule) -> tuple[DuplicateGroup, ...]:
-    """Groups of a participant and the submissions older than the window its sketch copies."""
+                   checked: set[str], rule: DuplicateRule) -> tuple[DuplicateGroup, ...]:
+    """Groups of a submission and the submissions older than the window its sketch copies."""
     out = []
     for k, client in enumerate(clients):
-        if client not in real:
+        if client not in checked:
             continue
         found = pool.sketch_copies(signs[k], task, round_, rule.max_disagreement)
         if found:
@@ -372,7 +375,7 @@ def _sketch_copies(pool: PeerPool, round_: int, signs: np.ndarray, task: np.ndar
     return tuple(out)
 
 
-def _pool_copies(counts, names: Sequence[str], n_round: int, real: set[str], rule: DuplicateRule
+def _pool_copies(counts, names: Sequence[str], n_round: int, checked: set[str], rule: DuplicateRule
                  ) -> tuple[DuplicateGroup, ...]:
     """Groups of one participant and the pool entries it copies (identical or absolute rule only: the
     one-factor model of in-round detection does not hold across rounds)."""
@@ -382,7 +385,7 @@ def _pool_copies(counts, names: Sequence[str], n_round: int, real: set[str], rul
     out = []
     pool_rows = list(range(n_round, len(names)))
     for i, client in enumerate(names[:n_round]):
-        if client not in real:
+        if client not in checked:
             continue
         chosen = [i, *pool_rows]
         found = find_duplicates([names[k] for k in chosen], disagreements[np.ix_(chosen, chosen)], tasks, absolute)
