@@ -113,6 +113,12 @@ def evaluate_global_adapter(recipe: Recipe, global_state: Mapping[str, torch.Ten
     return evaluate_global(model, global_state, examples, pad_id, torch.device("cpu"))
 
 
+def reference_rows(recipe: Recipe) -> list:
+    """The server's ``kfca.reference-rows`` held-out rows (encoded), once per process; InputError where the data
+    set has none set aside."""
+    return _reference_rows(recipe_key(recipe))
+
+
 @lru_cache(maxsize=2)
 def _reference_rows(key: str) -> list:
     """The server's held-out rows for its reference (``data.load_reference_examples``: rows no node trains on)."""
@@ -136,7 +142,7 @@ def reference_update(recipe: Recipe, global_arrays: Mapping[str, Any], server_ro
     model, tokenizer, _ = _model(key)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     global_state = {name: torch.as_tensor(array) for name, array in global_arrays.items()}
-    update = train_reference(model, global_state, _reference_rows(key), recipe, server_round=server_round,
+    update = train_reference(model, global_state, reference_rows(recipe), recipe, server_round=server_round,
                              device=torch.device("cpu"), pad_token_id=pad_id)
     return {name: update[name].detach().cpu().numpy() for name in global_state}
 
