@@ -372,7 +372,8 @@ class KFCAStrategy(Strategy):
                 task_sha256=None if scored is None else scored.task_sha256,
                 signs=scored.signs if scored is not None and self.keep_signs else None,
                 global_arrays=global_arrays, new_participants=new,
-                undetermined=None if scored is None else scored.pooled.undetermined))
+                undetermined=None if scored is None else scored.pooled.undetermined,
+                reference_sha256=None if scored is None else scored.reference_sha256))
             if self._post is not None:
                 self._post.issue(rows, digest)
             if global_arrays is not None and previous not in (None, global_arrays[0]):
