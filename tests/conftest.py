@@ -130,4 +130,39 @@ def pytest_xdist_make_scheduler(config, log):
             module = nodeid.split("::", 1)[0]
             return scopes.get(module, module)
 
+        def _assign_work_unit(self, node) -> None:
+            # Longest first: hand out the heaviest scope left, so that what remains at the end is short and
+            # neither worker idles while the other runs a long module (xdist's own order, most tests first,
+            # put the single-test real-process module last).
+            heaviest = max(self.workqueue, key=lambda scope: scope_weight(scope, len(self.workqueue[scope])))
+            self.workqueue.move_to_end(heaviest, last=False)
+            super()._assign_work_unit(node)
+
     return ModulesAndSharedRuns(config, log)
+
+
+SLOW_SCOPES = {
+    "tests/flower/test_superlink.py": 80,
+    "tests/test_benchmarks_smoke.py": 47,
+    "tests/kernels/test_sampled_penalty.py": 36,
+    "tests/flower/test_wrapped_simulation.py": 27,
+    "tests/flower/test_ledger.py": 26,
+    "tests/test_federated_multiprocess.py": 17,
+    "short_federation": 17,
+    "tests/flower/test_simulation.py": 15,
+    "tests/test_docs_auditing.py": 12,
+    "tests/test_simulate.py": 11,
+    "tests/test_readme_ci.py": 11,
+    "tests/test_doc_tables.py": 9,
+    "tests/test_cli.py": 7,
+    "tests/valuation/test_fidelity_experiment.py": 6,
+    "tests/flower/test_app.py": 5,
+    "tests/test_simulate_few_peers.py": 5,
+}
+"""Seconds a scheduling scope (a module, or a ``SHARED_RUNS`` fixture's modules) took in `make test` on two
+quiet cores (the sum of its tests' --durations; the scopes above 4 s). A guess is enough: it only orders."""
+
+
+def scope_weight(scope: str, tests: int) -> tuple[float, int]:
+    """The order the scheduler hands out scopes in: measured seconds (``SLOW_SCOPES``), then number of tests."""
+    return SLOW_SCOPES.get(scope, 0.0), tests
