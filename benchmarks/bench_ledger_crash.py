@@ -35,7 +35,8 @@ ROUNDS = 6
 def complete_rounds_only(ledger: Path) -> list[str]:
     """Problems of a ledger left by a crash (empty: only complete rounds)."""
     from kfca_llm.flower import read_ledger
-    from kfca_llm.flower.ledger import SCORED, signs_path
+    from kfca_llm.flower.ledger import signs_path
+    from kfca_llm.flower.ledger_rows import SCORED
 
     contents = read_ledger(ledger)
     problems = []

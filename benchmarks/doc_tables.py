@@ -138,7 +138,8 @@ def noniid_tables(digits: dict, llm: dict) -> dict[str, str]:
 
 def check_table(reports: list[str]) -> dict[str, str]:
     """docs/ci-check.md's table of the default expectations: each one's smallest gap on each run."""
-    from kfca_llm.check import check_runs, load_runs
+    from kfca_llm.check import check_runs
+    from kfca_llm.check_reports import load_runs
     from kfca_llm.expectations import load_expectations
 
     outcomes = check_runs(load_expectations("paper-llm"), load_runs(reports)).outcomes

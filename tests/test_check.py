@@ -5,7 +5,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kfca_llm.check import check_runs, load_runs
+from kfca_llm.check import check_runs
+from kfca_llm.check_reports import load_runs
 from kfca_llm.cli import main
 from kfca_llm.errors import InputError
 from kfca_llm.expectations import expectations_from_dict

@@ -78,7 +78,8 @@ def test_the_check_table_is_the_expectations_file_and_the_default_runs_gaps(tiny
     """docs/ci-check.md's paper-llm table: its expectation, check and margin columns are the shipped file's, and the
     first seed's gaps are what ``kfca-llm check`` measures on the default run (seed 0; seeds 1 and 2 are two more
     runs: ``python benchmarks/doc_tables.py check ...``)."""
-    from kfca_llm.check import check_runs, load_runs
+    from kfca_llm.check import check_runs
+    from kfca_llm.check_reports import load_runs
     from kfca_llm.expectations import load_expectations
     from kfca_llm.report import write_json
 

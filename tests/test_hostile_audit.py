@@ -99,7 +99,7 @@ def edit(ledger: Path, sql: str, *params) -> None:
 def reseal(ledger: Path) -> None:
     """Recompute every chain hash (what an operator rewriting history does)."""
     from kfca_llm.flower import read_ledger
-    from kfca_llm.flower.ledger import GENESIS, chain_hasher
+    from kfca_llm.flower.ledger_rows import GENESIS, chain_hasher
 
     contents = read_ledger(ledger)
     hash_round, prev = chain_hasher(contents), GENESIS

@@ -19,7 +19,8 @@ from .simulate import add_run_arguments, run_options, seed_recipes
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..check import check_runs, load_runs, require_strategies
+    from ..check import check_runs, require_strategies
+    from ..check_reports import load_runs
     from ..expectations import load_expectations
     from ..report import check_output_dir, check_output_path, write_atomic
 

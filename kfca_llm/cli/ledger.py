@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
     import sys
 
-    from ..flower.ledger import DISTINGUISHABLE_Z, SCORED, ledger_summary, read_ledger
+    from ..flower.ledger import read_ledger
+    from ..flower.ledger_rows import DISTINGUISHABLE_Z, SCORED, ledger_summary
     from ..report import printable, text_table
 
     contents = read_ledger(args.path)

@@ -32,7 +32,8 @@ def _node_update(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..flower.audit import STATUSES, verify_ledger
+    from ..flower.audit import verify_ledger
+    from ..flower.recompute import STATUSES
     from ..report import printable
 
     if args.node_update is not None:

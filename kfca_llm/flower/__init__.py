@@ -6,17 +6,22 @@ The ledger needs only the standard library, so reading one works without Flower 
 is imported on first use.
 """
 
-from .ledger import FailureRow, LedgerContents, RewardRow, RoundRow, read_ledger
+from .ledger import read_ledger
+from .ledger_rows import FailureRow, LedgerContents, RewardRow, RoundRow
 
 __all__ = ["AGGREGATION_MODES", "FailureRow", "KFCAStrategy", "LedgerContents", "RewardRow", "RoundRow",
            "declare_participant", "read_ledger", "update_sha256", "verify_ledger"]
 
 
 def __getattr__(name: str):
-    if name in ("KFCAStrategy", "AGGREGATION_MODES", "declare_participant"):
+    if name in ("KFCAStrategy", "AGGREGATION_MODES"):
         from . import strategy
 
         return getattr(strategy, name)
+    if name == "declare_participant":
+        from . import replies
+
+        return replies.declare_participant
     if name in ("update_sha256", "verify_ledger"):
         from . import audit
 

@@ -23,7 +23,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from .receipts import RECEIPTS_DIR_KEY, receipts_in_message, save_receipts
-from .strategy import declare_participant
+from .replies import declare_participant
 from .task import attacked_update, evaluate_global_adapter, node_attack, recipe_from_config, train_partition
 
 HISTORY_PREFIX = "kfca.honest-update."

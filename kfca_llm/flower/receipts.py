@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import InputError
-from .ledger import LedgerContents, RewardRow, canonical_json, sha256_hex
+from .ledger_rows import LedgerContents, RewardRow, canonical_json, sha256_hex
 
 RECEIPTS_RECORD = "kfca.receipts"
 """The ``ConfigRecord`` of a train or evaluate message that carries the node's receipts (key ``receipts``)."""

@@ -16,16 +16,13 @@ message its node is sent (the evaluate round's or the next training round's).
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
@@ -36,22 +33,25 @@ from ..engine import get_backend
 from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError
 from ..fl.aggregate import REPLY_AGGREGATIONS, aggregation_weights
-from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
+from ..fl.peer_pool import PeerPool, PoolSettings
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
 from ..partition import check_bonus_fraction, check_penalty, check_seed
 from ..report import RewardReport
 from ..tensors import is_float
-from .audit import pool_from_rows, scoring_settings, sha256_hex, update_sha256, words_bytes
-from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_identity_mode,
-                       check_participant_name, pinned_conflict, resolve)
-from .ledger import FailureRow, Ledger, Participant, RewardRow, RoundEntry, global_path, read_ledger, signs_path
+from .audit import update_sha256
+from .identity import Claim, Identity, check_identity_mode
+from .ledger import Ledger, global_path
+from .ledger_rows import FailureRow, Participant, RewardRow, RoundEntry, sha256_hex
 from .logs import ledger_round_numbers
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
+from .recompute import scoring_settings
+from .replies import check_reply, identify, num_examples, reply_weight, reweighted, sent_arrays
+from .round_scoring import (REWARD_METRIC_PREFIX, ScoredRound, arrays_to_bytes, resumed_pool, round_metrics,
+                            score_round, stored_global_arrays)
 
 AGGREGATION_MODES = REPLY_AGGREGATIONS
-REWARD_METRIC_PREFIX = "kfca.reward."
 
 __all__ = ["AGGREGATION_MODES", "KFCAStrategy", "REWARD_METRIC_PREFIX", "update_sha256"]
 
@@ -77,45 +77,6 @@ def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledg
     if aggregation == "reward-weighted" and not isinstance(getattr(strategy, "weighted_by_key", None), str):
         raise InputError(f"aggregation='reward-weighted' scales the wrapped strategy's weight key, but "
                          f"{type(strategy).__name__} has no `weighted_by_key`")
-
-
-def declare_participant(content: RecordDict, node_config: Mapping) -> RecordDict:
-    """Add the node config's ``participant`` (if any) to a reply's content, for ``identity`` declared/auto."""
-    name = node_config.get(PARTICIPANT_KEY)
-    if name is not None:
-        content[IDENTITY_RECORD] = ConfigRecord({PARTICIPANT_KEY: check_participant_name(name)})
-    return content
-
-
-def arrays_to_bytes(arrays: ArrayRecord) -> bytes:
-    """An ArrayRecord as safetensors bytes (names in order in the metadata); no pickle."""
-    from safetensors.numpy import save
-
-    tensors = {name: np.ascontiguousarray(array.numpy()) for name, array in arrays.items()}
-    return save(tensors, metadata={"order": json.dumps(list(tensors))})
-
-
-def arrays_from_bytes(data: bytes) -> ArrayRecord:
-    """The ArrayRecord ``arrays_to_bytes`` wrote, in its original order."""
-    from safetensors.numpy import load
-
-    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
-    tensors = load(data)
-    order = json.loads(header.get("__metadata__", {}).get("order", "[]")) or sorted(tensors)
-    return ArrayRecord({name: Array(tensors[name]) for name in order})
-
-
-@dataclass
-class _Scored:
-    pooled: PooledRound
-    digests: dict[str, str]
-    layout: list[tuple[str, tuple[int, ...]]]
-    task_sha256: str
-    signs: dict[str, bytes]
-
-    @property
-    def report(self) -> RewardReport:
-        return self.pooled.report
 
 
 class KFCAStrategy(Strategy):
@@ -214,7 +175,8 @@ class KFCAStrategy(Strategy):
         self.run_id = self.ledger.run_id if self.ledger else uuid.uuid4().hex
         self.round_offset = self.ledger.next_round - 1 if self.ledger else 0
         if self.round_offset and self.pool.settings.enabled:
-            self.pool = self._resumed_pool()
+            self.pool = resumed_pool(self.ledger.path, self.settings, self.run_id, self.round_offset,
+                                     self.pool.settings)
         self._pins: dict[str, Participant] = self.ledger.participants() if self.ledger else {}
         self._last_node: dict[str, str] = self.ledger.last_node_ids() if self.ledger else {}
         self._sent: dict[int, ArrayRecord] = {}
@@ -232,38 +194,13 @@ class KFCAStrategy(Strategy):
         sha = self.ledger.last_global_sha256()
         if sha is None:
             return None
-        path = global_path(self.ledger.path, sha)
-        data = path.read_bytes() if path.is_file() else b""
-        if sha256_hex(data) != sha:
-            raise InputError(f"cannot resume: the arrays of the last committed round ({path}) are missing or altered")
-        return arrays_from_bytes(data)
+        return stored_global_arrays(self.ledger.path, sha)
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs) -> Result:
         """``Strategy.start``; its round headers give the ledger's round (a resumed run's first is
         ``round_offset + 1``)."""
         with ledger_round_numbers(self.round_offset):
             return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
-
-    def _resumed_pool(self) -> PeerPool:
-        """The pool the interrupted run had, from the ledger's kept signs (an empty one, with a warning, when the
-        signs were not kept: the next rounds then borrow fewer peers than an uninterrupted run would)."""
-        earlier: dict[tuple[str, int], list] = {}
-        for row in read_ledger(self.ledger.path).rewards:
-            if row.run_id == self.run_id:
-                earlier.setdefault((row.run_id, row.round), []).append(row)
-
-        def read(sha: str) -> np.ndarray:
-            path = signs_path(self.ledger.path, sha)
-            data = path.read_bytes() if path.is_file() else b""
-            if sha256_hex(data) != sha:
-                raise InputError(f"the kept signs {path} are missing or altered")
-            return np.frombuffer(data, dtype="<i4")
-
-        try:
-            return pool_from_rows(self.settings, self.run_id, self.round_offset + 1, earlier, read)
-        except InputError as exc:
-            log(WARNING, "KFCA: the peer pool restarts empty after the resume (%s)", exc)
-            return PeerPool(self.pool.settings)
 
     def summary(self) -> None:
         log(INFO, "\t├──> KFCA rewards: peers %s, penalty %s, bonus fraction %s, seed %s, aggregation %s, "
@@ -301,13 +238,13 @@ class KFCAStrategy(Strategy):
             self._post.delivered(replies)
         for reply in replies:
             node = str(reply.metadata.src_node_id)
-            reason = self._check_reply(reply, node, valid, sent_numpy)
+            reason = check_reply(reply, node, valid, self._sent, sent_numpy, self.arrayrecord_key, self.weighted_by_key)
             if reason is None:
                 valid[node] = reply
             else:
                 failures.append((node, reason))
                 log(WARNING, "KFCA: reply of node %s excluded: %s", node, reason)
-        identities, refused = self._identify(valid)
+        identities, refused = identify(valid, self._claims, self.identity, self._pins, self._last_node)
         for node, reason in refused:
             failures.append((node, reason))
             log(WARNING, "KFCA: reply of node %s refused: %s", node, reason)
@@ -330,7 +267,7 @@ class KFCAStrategy(Strategy):
             except InconsistentMessageReplies as exc:
                 failures.append((None, f"the wrapped strategy did not aggregate: {exc}"))
         self._record(t, paid, identities, scored, failures, arrays)
-        return arrays, self._metrics(metrics, scored, failures)
+        return arrays, round_metrics(metrics, scored, failures)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -349,112 +286,13 @@ class KFCAStrategy(Strategy):
         messages = list(messages)
         return messages if self._post is None else self._post.attach(messages, self._last_node)
 
-    def _sent_arrays(self, node_id: int, sent_numpy: dict[int, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        record = self._sent[node_id]
-        if id(record) not in sent_numpy:
-            sent_numpy[id(record)] = {name: array.numpy() for name, array in record.items()}
-        return sent_numpy[id(record)]
-
-    def _check_reply(self, reply: Message, node: str, valid: Mapping[str, Message],
-                     sent_numpy: dict[int, dict[str, np.ndarray]]) -> str | None:
-        """Why a reply cannot be scored or aggregated (None: it can). Reply contents are untrusted."""
-        if reply.has_error():
-            return f"the node replied with an error (code {reply.error.code}): {reply.error.reason}"
-        if reply.metadata.src_node_id not in self._sent:
-            return "reply from a node that was not sent a training message this round"
-        if node in valid:
-            return "more than one reply from this node"
-        if not reply.has_content():
-            return "reply has no content"
-        content = reply.content
-        records = sorted(content.array_records)
-        if self.arrayrecord_key not in content.array_records:
-            return f"no ArrayRecord under {self.arrayrecord_key!r} (found {records})"
-        if len(records) != 1:
-            return f"expected one ArrayRecord, found {records}"
-        reason = self._check_metrics(content)
-        if reason is not None:
-            return reason
-        sent = self._sent_arrays(reply.metadata.src_node_id, sent_numpy)
-        returned = content.array_records[self.arrayrecord_key]
-        missing, extra = sorted(set(sent) - set(returned)), sorted(set(returned) - set(sent))
-        if missing:
-            return f"arrays missing from the reply: {missing[:5]}{' ...' if len(missing) > 5 else ''}"
-        if extra:
-            return f"arrays the node was not sent: {extra[:5]}{' ...' if len(extra) > 5 else ''}"
-        for name, expected in sent.items():
-            try:
-                array = returned[name].numpy()
-            except Exception as exc:  # untrusted bytes: any parse failure is a bad reply, not a crash
-                return f"array {name!r} cannot be read as a numpy array: {exc}"
-            if array.shape != expected.shape:
-                return f"array {name!r}: shape {array.shape} differs from the sent shape {expected.shape}"
-            if is_float(expected) and not is_float(array):
-                return f"array {name!r}: dtype {array.dtype} is not a floating-point type"
-            if array.dtype != expected.dtype:
-                return f"array {name!r}: dtype {array.dtype} differs from the sent dtype {expected.dtype}"
-            if is_float(array) and not np.isfinite(array).all():
-                return f"array {name!r} holds NaN or Inf values"
-        return None
-
-    def _check_metrics(self, content: RecordDict) -> str | None:
-        if self.weighted_by_key is None:
-            return None
-        metric_records = list(content.metric_records.values())
-        if len(metric_records) != 1:
-            return f"expected one MetricRecord, found {len(metric_records)}"
-        weight = metric_records[0].get(self.weighted_by_key)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
-            return f"metric {self.weighted_by_key!r} must be a finite number >= 0, got {weight!r}"
-        return None
-
-    def _claim(self, node: str, reply: Message) -> Claim:
-        """The grid's record of the node, with the participant name its reply declares (validated)."""
-        claim = self._claims.get(reply.metadata.src_node_id, Claim(node))
-        record = reply.content.config_records.get(IDENTITY_RECORD)
-        declared = None if record is None else check_participant_name(record.get(PARTICIPANT_KEY))
-        return Claim(claim.node_id, claim.public_key, claim.registered_name, declared)
-
-    def _identify(self, valid: Mapping[str, Message]) -> tuple[dict[str, Identity], list[tuple[str, str]]]:
-        """Each valid reply's participant; refused replies with the reason (untrusted claims never crash)."""
-        identities: dict[str, Identity] = {}
-        refused: list[tuple[str, str]] = []
-        labels = {p.label: p.participant for p in self._pins.values() if p.label and p.participant.startswith("key:")}
-        for node, reply in valid.items():
-            try:
-                identity = resolve(self._claim(node, reply), self.identity)
-            except InputError as exc:
-                refused.append((node, f"no participant identity: {exc}"))
-                continue
-            conflict = pinned_conflict(identity, labels)
-            if conflict is not None:
-                refused.append((node, conflict))
-                continue
-            identities[node] = identity
-        by_participant: dict[str, list[str]] = {}
-        for node, identity in identities.items():
-            by_participant.setdefault(identity.participant, []).append(node)
-        for participant, nodes in by_participant.items():
-            if len(nodes) < 2:
-                continue
-            # The node the participant was last paid from keeps it (a restart that overlaps its old
-            # process); otherwise the first reply received.
-            last = self._last_node.get(participant)
-            keep = last if last in nodes else nodes[0]
-            for node in nodes:
-                if node != keep:
-                    del identities[node]
-                    refused.append((node, f"participant {participant} already replied this round from node {keep}; "
-                                          "a second live node claiming it is refused"))
-        return identities, refused
-
     def _score(self, server_round: int, paid: Mapping[str, Message],
-               sent_numpy: dict[int, dict[str, np.ndarray]]) -> _Scored:
+               sent_numpy: dict[int, dict[str, np.ndarray]]) -> ScoredRound:
         first = next(iter(paid.values())).metadata.src_node_id
-        shapes = {name: a.shape for name, a in self._sent_arrays(first, sent_numpy).items() if is_float(a)}
+        shapes = {name: a.shape for name, a in sent_arrays(self._sent, first, sent_numpy).items() if is_float(a)}
         packer = SignPacker(shapes, list(paid), backend=self.backend)
         for participant, reply in paid.items():
-            sent = self._sent_arrays(reply.metadata.src_node_id, sent_numpy)
+            sent = sent_arrays(self._sent, reply.metadata.src_node_id, sent_numpy)
             returned = reply.content.array_records[self.arrayrecord_key]
             # Deserialised again (the check pass kept nothing): one participant's update in memory at a time,
             # packed as one batch.
@@ -462,28 +300,12 @@ class KFCAStrategy(Strategy):
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
         reference = None
         if self.reference is not None and self.reference_weight > 0:
-            global_arrays = {name: array.copy() for name, array in self._sent_arrays(first, sent_numpy).items()}
+            global_arrays = {name: array.copy() for name, array in sent_arrays(self._sent, first, sent_numpy).items()}
             reference = reference_signs(packer, self.reference(global_arrays))
-        pooled = score_with_pool(packer, self.pool, server_round, peers=peers, seed=self.round_seed(server_round),
-                                 penalty=self.penalty, bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
-                                 duplicate_rule=self.duplicate_rule, reference=reference,
-                                 reference_weight=self.reference_weight)
-        signs, task = packer.words()
-        copies = {c for g in pooled.report.duplicates for c in g.clients}
-        self.pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies})
-        if pooled.undetermined:
-            log(WARNING, "KFCA: round %s is undetermined for %s: fewer than min_peers=%s distinct peers (in this "
-                "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted and their "
-                "rewards cannot tell who deviated. Raise the clients per round (fraction_train / min_train_nodes), "
-                "lower min_peers, or widen pool_window", server_round, ", ".join(pooled.undetermined),
-                self.pool.settings.min_peers, self.pool.settings.window)
-        stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
-        digests = {participant: sha256_hex(data) for participant, data in stored.items()}
-        task_bytes = words_bytes(task)
-        task_sha = sha256_hex(task_bytes)
-        kept = {**{digests[p]: data for p, data in stored.items()}, task_sha: task_bytes} if self.keep_signs else {}
-        layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
-        return _Scored(pooled, digests, layout, task_sha, kept)
+        return score_round(packer, self.pool, server_round, peers=peers, seed=self.round_seed(server_round),
+                           penalty=self.penalty, bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
+                           duplicate_rule=self.duplicate_rule, reference=reference,
+                           reference_weight=self.reference_weight, keep_signs=self.keep_signs)
 
     def _select(self, paid: Mapping[str, Message], report: RewardReport | None
                 ) -> tuple[list[Message], str | None]:
@@ -493,41 +315,16 @@ class KFCAStrategy(Strategy):
         ``kfca-llm simulate`` too); a reply whose weight the rule changed carries the new weight under the
         wrapped strategy's weight key."""
         order = sorted(paid, key=lambda who: str(paid[who].metadata.src_node_id))
-        weights = {who: self._weight(paid[who]) for who in order}
+        weights = {who: reply_weight(paid[who], self.weighted_by_key) for who in order}
         kept = aggregation_weights(self.aggregation, None if report is None else report.rewards, weights)
         if not kept:
             return [], (f"no reply was paid {'>=' if self.aggregation == 'exclude-negative' else '>'} 0; "
                         "the global arrays are kept")
-        return [paid[who] if kept[who] == weights[who] else self._reweighted(paid[who], kept[who])
+        return [paid[who] if kept[who] == weights[who] else reweighted(paid[who], self.weighted_by_key, kept[who])
                 for who in order if who in kept], None
 
-    def _weight(self, reply: Message) -> float:
-        """A reply's weight in the wrapped strategy (1 where it weighs replies by no key)."""
-        if self.weighted_by_key is None:
-            return 1.0
-        (metrics,) = reply.content.metric_records.values()  # _check_metrics: exactly one
-        return float(metrics[self.weighted_by_key])
-
-    def _reweighted(self, reply: Message, weight: float) -> Message:
-        content = RecordDict(dict(reply.content.items()))
-        (name, metrics), = content.metric_records.items()
-        scaled = MetricRecord(dict(metrics.items()))
-        scaled[self.weighted_by_key] = weight
-        content[name] = scaled
-        return Message(content=content, metadata=reply.metadata)
-
-    def _num_examples(self, reply: Message) -> int | None:
-        key = self.weighted_by_key or "num-examples"
-        for metrics in reply.content.metric_records.values():
-            value = metrics.get(key)
-            if isinstance(value, int) and not isinstance(value, bool):
-                return value
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-        return None
-
     def _record(self, server_round: int, paid: Mapping[str, Message], identities: Mapping[str, Identity],
-                scored: _Scored | None, failures: list[tuple[str | None, str]], arrays: ArrayRecord | None) -> None:
+                scored: ScoredRound | None, failures: list[tuple[str | None, str]], arrays: ArrayRecord | None) -> None:
         self.failures[server_round] = failures
         node_of = {identity.participant: node for node, identity in identities.items()}
         rows = []
@@ -540,7 +337,7 @@ class KFCAStrategy(Strategy):
             peers = report.peers
             group_of = {c: g.clients for g in report.duplicates for c in g.clients}
             rows = [RewardRow(self.run_id, server_round, who, node_of[who], float(reward), tuple(peers[who]),
-                              self._num_examples(paid[who]), scored.digests[who],
+                              num_examples(paid[who], self.weighted_by_key), scored.digests[who],
                               float(report.unadjusted_rewards[who]), group_of.get(who))
                     for who, reward in report.rewards.items()]
         participant_of = {node: identity.participant for node, identity in identities.items()}
@@ -569,17 +366,3 @@ class KFCAStrategy(Strategy):
                 global_path(self.ledger.path, previous).unlink(missing_ok=True)
         self._pins.update({p.participant: p for p in new})
         self._last_node.update({row.participant: row.node_id for row in rows})
-
-    def _metrics(self, metrics: MetricRecord | None, scored: _Scored | None,
-                 failures: list[tuple[str | None, str]]) -> MetricRecord:
-        report = None if scored is None else scored.report
-        out = MetricRecord(dict(metrics.items())) if metrics is not None else MetricRecord()
-        out["kfca.scored"] = int(report is not None)
-        out["kfca.undetermined"] = 0 if scored is None else len(scored.pooled.undetermined)
-        out["kfca.pool-peers"] = 0 if scored is None else sum(map(len, scored.pooled.pool_peers.values()))
-        out["kfca.failed-replies"] = sum(node is not None for node, _ in failures)
-        out["kfca.copies"] = 0 if report is None else sum(len(g.clients) for g in report.duplicates)
-        if report is not None:
-            for node, reward in report.rewards.items():
-                out[REWARD_METRIC_PREFIX + node] = float(reward)
-        return out

@@ -21,7 +21,7 @@ from doc_pages import ROOT, fenced_blocks, markdown_table, one_block, page  # no
 from kfca_llm.cli import build_parser, main  # noqa: E402
 from kfca_llm.fl.peer_pool import PoolSettings  # noqa: E402
 from kfca_llm.flower import KFCAStrategy  # noqa: E402
-from kfca_llm.flower.ledger import DISTINGUISHABLE_Z  # noqa: E402
+from kfca_llm.flower.ledger_rows import DISTINGUISHABLE_Z  # noqa: E402
 from kfca_llm.recipe import KfcaConfig  # noqa: E402
 
 PAGE = "docs/few-peers.md"

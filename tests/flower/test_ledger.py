@@ -149,7 +149,8 @@ def test_ledger_command_prints_balances_as_table_and_csv(tmp_path, capsys):
 
 
 def test_csv_export_cannot_turn_names_into_formulas(tmp_path, capsys):
-    from kfca_llm.flower.ledger import Ledger, RewardRow, RoundEntry
+    from kfca_llm.flower.ledger import Ledger
+    from kfca_llm.flower.ledger_rows import RewardRow, RoundEntry
 
     ledger = tmp_path / "rewards.sqlite"
     writer = Ledger(ledger, run_id="r", strategy="FedAvg", package_version="0", settings={}, keep_signs=False)
@@ -326,7 +327,7 @@ def test_rounds_scored_under_an_earlier_copy_rule_are_unverifiable_not_mismatche
 
 def _reseal(ledger: Path) -> None:
     """Recompute every round's chain hash in place (what a forger with write access would do)."""
-    from kfca_llm.flower.ledger import chain_hasher
+    from kfca_llm.flower.ledger_rows import chain_hasher
 
     contents = read_ledger(ledger)
     hash_round = chain_hasher(contents)
@@ -395,7 +396,7 @@ def test_a_resumed_run_logs_the_ledgers_round_numbers(tmp_path):
 
 
 def test_ledger_summary_standard_error_and_distinguishability_from_constructed_rows():
-    from kfca_llm.flower.ledger import LedgerContents, RewardRow, RoundRow, ledger_summary
+    from kfca_llm.flower.ledger_rows import LedgerContents, RewardRow, RoundRow, ledger_summary
 
     def row(who, t, reward):
         return RewardRow("run", t, who, "1", reward, (), None, "", reward)

@@ -19,7 +19,7 @@ from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with  # n
 
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
-from kfca_llm.flower.ledger import ledger_summary  # noqa: E402
+from kfca_llm.flower.ledger_rows import ledger_summary  # noqa: E402
 
 NODES, ROUNDS, FLIPPER = 20, 24, 4
 PERSISTENT = {k: np.random.default_rng(5).standard_normal(s) for k, s in SHAPES.items()}

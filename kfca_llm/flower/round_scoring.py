@@ -1,0 +1,137 @@
+"""A round of ``KFCAStrategy`` between the replies and the ledger: the packed updates scored (peer pool, trusted
+reference), their sign words hashed (and kept) for the ledger, the round's train metrics; and what a resumed run
+reads back from the ledger (the peer pool, the global arrays the last round produced, stored as safetensors bytes,
+no pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from logging import WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord
+from flwr.common import log
+
+from ..engine.duplicates import DuplicateRule
+from ..errors import InputError
+from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
+from ..packer import SignPacker
+from ..report import RewardReport
+from .ledger import global_path, read_ledger, signs_path
+from .ledger_rows import sha256_hex
+from .recompute import pool_from_rows, words_bytes
+
+REWARD_METRIC_PREFIX = "kfca.reward."
+
+
+@dataclass
+class ScoredRound:
+    pooled: PooledRound
+    digests: dict[str, str]
+    """Participant -> SHA-256 of its packed sign words (the ledger's ``sign_sha256``)."""
+    layout: list[tuple[str, tuple[int, ...]]]
+    task_sha256: str
+    signs: dict[str, bytes]
+    """The words to keep beside the ledger, by SHA-256 (empty: not kept)."""
+
+    @property
+    def report(self) -> RewardReport:
+        return self.pooled.report
+
+
+def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
+                  failures: list[tuple[str | None, str]]) -> MetricRecord:
+    """The round's aggregated train metrics (the wrapped strategy's, if any) with KFCA's: scored, undetermined,
+    pool peers, failed replies, copies, and ``kfca.reward.<participant>`` per paid participant."""
+    report = None if scored is None else scored.report
+    out = MetricRecord(dict(metrics.items())) if metrics is not None else MetricRecord()
+    out["kfca.scored"] = int(report is not None)
+    out["kfca.undetermined"] = 0 if scored is None else len(scored.pooled.undetermined)
+    out["kfca.pool-peers"] = 0 if scored is None else sum(map(len, scored.pooled.pool_peers.values()))
+    out["kfca.failed-replies"] = sum(node is not None for node, _ in failures)
+    out["kfca.copies"] = 0 if report is None else sum(len(g.clients) for g in report.duplicates)
+    if report is not None:
+        for node, reward in report.rewards.items():
+            out[REWARD_METRIC_PREFIX + node] = float(reward)
+    return out
+
+
+def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers: int | None, seed: int,
+                penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
+                reference: np.ndarray | None, reference_weight: float, keep_signs: bool) -> ScoredRound:
+    """Score the packed round against its peers and ``pool`` (then add its participants, copies left out, to the
+    pool); ``reference``: the server's packed signs, or None."""
+    pooled = score_with_pool(packer, pool, server_round, peers=peers, seed=seed, penalty=penalty,
+                             bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
+                             reference=reference, reference_weight=reference_weight)
+    signs, task = packer.words()
+    copies = {c for g in pooled.report.duplicates for c in g.clients}
+    pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies})
+    if pooled.undetermined:
+        log(WARNING, "KFCA: round %s is undetermined for %s: fewer than min_peers=%s distinct peers (in this "
+            "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted and their "
+            "rewards cannot tell who deviated. Raise the clients per round (fraction_train / min_train_nodes), "
+            "lower min_peers, or widen pool_window", server_round, ", ".join(pooled.undetermined),
+            pool.settings.min_peers, pool.settings.window)
+    stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
+    digests = {participant: sha256_hex(data) for participant, data in stored.items()}
+    task_bytes = words_bytes(task)
+    task_sha = sha256_hex(task_bytes)
+    kept = {**{digests[p]: data for p, data in stored.items()}, task_sha: task_bytes} if keep_signs else {}
+    layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
+    return ScoredRound(pooled, digests, layout, task_sha, kept)
+
+
+def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id: str, round_offset: int,
+                 pool_settings: PoolSettings) -> PeerPool:
+    """The pool the interrupted run had, from the ledger's kept signs (an empty one, with a warning, when the
+    signs were not kept: the next rounds then borrow fewer peers than an uninterrupted run would)."""
+    earlier: dict[tuple[str, int], list] = {}
+    for row in read_ledger(ledger).rewards:
+        if row.run_id == run_id:
+            earlier.setdefault((row.run_id, row.round), []).append(row)
+
+    def read(sha: str) -> np.ndarray:
+        path = signs_path(ledger, sha)
+        data = path.read_bytes() if path.is_file() else b""
+        if sha256_hex(data) != sha:
+            raise InputError(f"the kept signs {path} are missing or altered")
+        return np.frombuffer(data, dtype="<i4")
+
+    try:
+        return pool_from_rows(settings, run_id, round_offset + 1, earlier, read)
+    except InputError as exc:
+        log(WARNING, "KFCA: the peer pool restarts empty after the resume (%s)", exc)
+        return PeerPool(pool_settings)
+
+
+def arrays_to_bytes(arrays: ArrayRecord) -> bytes:
+    """An ArrayRecord as safetensors bytes (names in order in the metadata); no pickle."""
+    from safetensors.numpy import save
+
+    tensors = {name: np.ascontiguousarray(array.numpy()) for name, array in arrays.items()}
+    return save(tensors, metadata={"order": json.dumps(list(tensors))})
+
+
+def arrays_from_bytes(data: bytes) -> ArrayRecord:
+    """The ArrayRecord ``arrays_to_bytes`` wrote, in its original order."""
+    from safetensors.numpy import load
+
+    header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+    tensors = load(data)
+    order = json.loads(header.get("__metadata__", {}).get("order", "[]")) or sorted(tensors)
+    return ArrayRecord({name: Array(tensors[name]) for name in order})
+
+
+def stored_global_arrays(ledger: str | os.PathLike, sha: str) -> ArrayRecord:
+    """The global arrays stored beside the ledger under ``sha``; InputError when missing or altered."""
+    path = global_path(ledger, sha)
+    data = path.read_bytes() if path.is_file() else b""
+    if sha256_hex(data) != sha:
+        raise InputError(f"cannot resume: the arrays of the last committed round ({path}) are missing or altered")
+    return arrays_from_bytes(data)
