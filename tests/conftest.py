@@ -142,7 +142,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 SLOW_SCOPES = {
-    "tests/flower/test_superlink.py": 80,
+    "tests/flower/test_superlink.py": 53,
     "tests/test_benchmarks_smoke.py": 47,
     "tests/kernels/test_sampled_penalty.py": 36,
     "tests/flower/test_wrapped_simulation.py": 27,
@@ -152,7 +152,7 @@ SLOW_SCOPES = {
     "tests/flower/test_simulation.py": 15,
     "tests/test_docs_auditing.py": 12,
     "tests/test_simulate.py": 11,
-    "tests/test_readme_ci.py": 11,
+    "tests/test_readme_ci.py": 15,
     "tests/test_doc_tables.py": 9,
     "tests/test_cli.py": 7,
     "tests/valuation/test_fidelity_experiment.py": 6,
