@@ -1,8 +1,10 @@
 """`make test` runs two xdist workers: the modules sharing a federation run must land on one worker."""
 
+import os
 from pathlib import Path
 
-from conftest import SHARED_RUNS, shared_run_scopes
+import torch
+from conftest import SHARED_RUNS, shared_run_scopes, worker_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,3 +53,11 @@ def test_the_scheduler_hands_out_the_slowest_scope_first_then_the_ones_with_most
     for _ in range(3):
         scheduler._assign_work_unit(node)
     assert node.sent == [[4], [1, 2, 3], [0]]
+
+
+def test_an_xdist_worker_runs_torch_on_its_share_of_the_cores():
+    worker = {"PYTEST_XDIST_WORKER": "gw0", "PYTEST_XDIST_WORKER_COUNT": "2"}
+    assert [worker_threads(worker, cores) for cores in (1, 2, 3, 16)] == [1, 1, 1, 8]
+    assert worker_threads({}, 16) is None and worker_threads({**worker, "OMP_NUM_THREADS": "4"}, 16) is None
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # this session: the worker's torch and the processes it starts
+        assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"]) >= 1
