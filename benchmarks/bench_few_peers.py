@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
 from pathlib import Path
 
@@ -71,8 +72,7 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
         from kfca_llm.recipe import load_recipe
 
         from kfca_llm.data import load_reference_examples
-        from kfca_llm.fl.client import train_client
-        from kfca_llm.fl.seeds import REFERENCE_TRAIN
+        from kfca_llm.fl.client import train_reference
 
         recipe = load_recipe("tiny", ["num-clients=20", "strategy.fraction-train=0.1", f"num-server-rounds={rounds}",
                                       'kfca.attacks=["honest"]', "train.save-client-updates=false"])
@@ -82,12 +82,14 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
             if not reference_rows:
                 reference_rows.append(load_reference_examples(recipe, context.tokenizer, REFERENCE_ROWS))
             # What simulate's kfca.reference-rows trains (after the clients, from the round's global).
-            server = train_client(context.model, context.global_state, reference_rows[0], recipe,
-                                  server_round=context.round, seed=derive_seed(0, REFERENCE_TRAIN, context.round),
-                                  device=context.device, pad_token_id=context.pad_token_id).update
+            server = train_reference(context.model, context.global_state, reference_rows[0], recipe,
+                                     server_round=context.round, device=context.device,
+                                     pad_token_id=context.pad_token_id)
             for client, update in [*((s.client, s.update) for s in context.submissions), (REFERENCE, server)]:
                 for name, tensor in update.items():
                     flat[f"{context.round:04d}|{client}|{name}"] = tensor.detach().cpu().float().numpy().copy()
+            if context.round % 10 == 0:
+                print(f"trained round {context.round} at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
 
         run_federation(recipe, FederationOptions(progress=False, on_round=keep))
         if cache is not None:

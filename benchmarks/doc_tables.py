@@ -185,7 +185,10 @@ def expectation_check(e) -> str:
 
 
 def expectation_margin(e) -> str:
-    return f"tolerance {e.tolerance:g}" if e.tolerance else (f"{e.margin:g}" if e.margin else "")
+    def amount(value) -> str:
+        return value if isinstance(value, str) else f"{value:g}"
+
+    return f"tolerance {amount(e.tolerance)}" if e.tolerance else (amount(e.margin) if e.margin else "")
 
 
 def rewrite(tables: dict[str, str]) -> list[str]:

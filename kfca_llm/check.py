@@ -6,6 +6,13 @@ of a chain has the *gap* ``a - b`` (``b - a`` for ``<``); an expectation holds o
 over links (and rounds, for ``every-round``), exceeds the margin. A link between two strategies that submit the
 same update in every round read (``lagged:2`` and ``stale`` replay round 1's until round 3) is not measurable on
 that run unless a tolerance lets them tie: the check names the rounds a run needs instead of reporting a failure.
+
+A margin or tolerance ``K x STRATEGY`` is K times the magnitude of the run's mean reward of that strategy over the
+rounds read (``Expectation.gap_needed``). Rounds in which both strategies of a link were paid as copies of earlier
+submissions (``copy_rounds`` in report.json: the peer pool pays a replay of the analysis client's own update as a
+copy, at two clients per round) are left out of that link: the duplicate policy paid both nothing, and what is left
+of each reward is a fine read with lag weights that take the replay for a fresh update, not the scoring rule's
+order of lags. A link with no round left is a tie under a tolerance and not measurable under a margin.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ def _rounds(expectation: Expectation, run: Run) -> np.ndarray:
 def require_strategies(expectations: ExpectationSet, strategies: Sequence[str], where: str) -> None:
     """InputError unless every strategy the expectations name is among ``strategies`` (a run's, or a recipe's
     kfca.attacks before a run)."""
-    named = {s: None for e in expectations.expect if e.chain is not None for s in e.chain.named}
+    named = {s: None for e in expectations.expect
+             for s in (*(e.chain.named if e.chain is not None else ()), *filter(None, [e.scale_strategy]))}
     missing = [s for s in named if s not in strategies]
     if missing:
         import difflib
@@ -74,18 +82,39 @@ def _same_submissions(a: Term, b: Term, rounds: np.ndarray) -> int | None:
     return first_round_apart(a.strategy, b.strategy, [int(t) for t in rounds])
 
 
+def _need(expectation: Expectation, run: Run, rounds: np.ndarray) -> float:
+    """The gap every link must exceed on ``run`` (a relative margin on its mean reward over ``rounds``)."""
+    return expectation.gap_needed(lambda strategy: float(run.rewards[strategy][rounds - 1].mean()))
+
+
+def _both_copies(a: Term, b: Term, run: Run, rounds: np.ndarray) -> np.ndarray:
+    """Per round of ``rounds``: both terms are strategies paid as copies of earlier submissions in that round."""
+    if a.strategy is None or b.strategy is None:
+        return np.zeros(len(rounds), dtype=bool)
+    both = run.copies.get(a.strategy, frozenset()) & run.copies.get(b.strategy, frozenset())
+    return np.isin(rounds, sorted(both))
+
+
 def _measure_chain(expectation: Expectation, chain: Chain, run: Run) -> RunOutcome:
-    rounds = _rounds(expectation, run)
+    read = _rounds(expectation, run)
     mean = expectation.over == "mean"
-    need = expectation.required_gap
+    need = _need(expectation, run, read)
     sign = 1.0 if chain.descending else -1.0
     candidates, breaches, unmeasured = [], [], []
     for a, b in _links(chain, run):
         link = f"{a} {'>' if chain.descending else '<'} {b}"
+        rounds = read[~_both_copies(a, b, run, read)]
+        if not len(rounds):  # a tie the duplicate policy made: a tolerance accepts it, a margin cannot be met
+            if need >= 0:
+                unmeasured.append(Unmeasured(link, (int(read[0]), int(read[-1])), None))
+            else:
+                candidates.append((0.0, f"{link} (both paid as copies)"))
+            continue
         # Equal submissions give a gap of exactly 0: a tolerance accepts that tie, a margin (>= 0) cannot be met.
         needs_rounds = _same_submissions(a, b, rounds) if need >= 0 else None
         if needs_rounds is not None:
-            unmeasured.append(Unmeasured(link, (int(rounds[0]), int(rounds[-1])), needs_rounds))
+            copied = len(rounds) < len(read)
+            unmeasured.append(Unmeasured(link, (int(read[0]), int(read[-1])), None if copied else needs_rounds))
             continue
         av, bv = _term_values(a, run, rounds, mean), _term_values(b, run, rounds, mean)
         gap = sign * (av - bv)
@@ -99,7 +128,7 @@ def _measure_chain(expectation: Expectation, chain: Chain, run: Run) -> RunOutco
                                    float(gap[j]), broken))
     breaches.sort(key=lambda x: (x.round or 0, x.gap))
     smallest, worst = _smallest(candidates) if candidates else (math.nan, "no link measurable")
-    return RunOutcome(run, smallest, not breaches, tuple(breaches), worst, tuple(unmeasured))
+    return RunOutcome(run, smallest, not breaches, tuple(breaches), worst, tuple(unmeasured), need)
 
 
 def _sign_gap(delta: np.ndarray) -> tuple[float, float, float]:
@@ -113,7 +142,7 @@ def _measure_categorical(expectation: Expectation, run: Run) -> RunOutcome:
     if run.honest_pairs is None:
         raise InputError(f"{run.path} has no round_records, so no delta matrices to check")
     rounds = _rounds(expectation, run)
-    need = expectation.required_gap
+    need = _need(expectation, run, rounds)
     scored = [(t, p) for t in rounds for p in run.honest_pairs[t - 1]]
     if not scored:
         raise InputError(f"{run.path} scored no pair of honest updates in rounds {rounds[0]}-{rounds[-1]}")
@@ -130,7 +159,7 @@ def _measure_categorical(expectation: Expectation, run: Run) -> RunOutcome:
             breaches.append(Breach(t, f"smallest diagonal entry of {label}", low, "largest off-diagonal entry",
                                    high, gap))
     smallest, worst = _smallest(candidates)
-    return RunOutcome(run, smallest, not breaches, tuple(breaches), worst)
+    return RunOutcome(run, smallest, not breaches, tuple(breaches), worst, need=need)
 
 
 def measure(expectation: Expectation, run: Run) -> RunOutcome:
@@ -148,12 +177,20 @@ def check_runs(expectations: ExpectationSet, runs: Sequence[Run]) -> CheckResult
     for e in expectations.expect:
         measured = tuple(measure(e, run) for run in runs)
         needs = max((m.needs_rounds for m in measured if m.needs_rounds is not None), default=None)
+        unmeasured = any(m.unmeasured for m in measured)
+        q = None
         if e.seeds == "all":
             held = all(m.holds for m in measured)
-            outcomes.append(Outcome(e, measured, held and needs is None, needs_rounds=needs if held else None))
         else:
-            gaps = [m.gap for m in measured if not (m.unmeasured and math.isnan(m.gap) and m.holds)]
-            q = float(np.quantile(gaps, e.seeds, method="lower")) if gaps else None
-            held = q is None or q > e.required_gap
-            outcomes.append(Outcome(e, measured, held and needs is None, q, needs_rounds=needs if held else None))
+            # The q-quantile run by its gap over its own need (a relative margin differs between runs).
+            # A NaN gap never holds, whatever the quantile.
+            scored = sorted((m for m in measured if not (m.unmeasured and math.isnan(m.gap) and m.holds)),
+                            key=lambda m: (not math.isnan(m.gap - m.need), m.gap - m.need))
+            index = 0 if scored and math.isnan(scored[0].gap - scored[0].need) else (
+                int(np.quantile(np.arange(len(scored)), e.seeds, method="lower")) if scored else None)
+            pick = None if index is None else scored[index]
+            q = None if pick is None else pick.gap
+            held = pick is None or pick.gap > pick.need
+        outcomes.append(Outcome(e, measured, held and not unmeasured, q, needs_rounds=needs if held else None,
+                                unmeasurable=held and unmeasured))
     return CheckResult(expectations.name, tuple(outcomes), tuple(runs))

@@ -9,7 +9,7 @@ import json
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,7 @@ Number = StrictFloat | StrictInt
 class _Strategy(BaseModel):
     model_config = ConfigDict(extra="ignore")
     per_round: list[Number]
+    copy_rounds: list[StrictInt] = []
 
 
 class _Pair(BaseModel):
@@ -63,6 +64,9 @@ class Run:
     rewards: dict[str, np.ndarray]
     honest_pairs: list[list[HonestPair]] | None
     """Per round (None when the report has no ``round_records``)."""
+    copies: dict[str, frozenset[int]] = field(default_factory=dict)
+    """Strategy -> the rounds its submission was paid as a copy of an earlier round's (the peer pool's copy
+    detection: a replay of the analysis client's own earlier update), under the run's duplicate policy."""
 
     @property
     def rounds(self) -> int:
@@ -153,7 +157,8 @@ def load_report(path: Path) -> Run:
             pairs.append(honest)
     rewards = {spec: _finite(entry.per_round, f"report {path}: strategy {spec!r}")
                for spec, entry in report.strategies.items()}
-    return Run(path=path, seed=report.seed, rewards=rewards, honest_pairs=pairs)
+    copies = {spec: frozenset(entry.copy_rounds) for spec, entry in report.strategies.items() if entry.copy_rounds}
+    return Run(path=path, seed=report.seed, rewards=rewards, honest_pairs=pairs, copies=copies)
 
 
 def _summary_reports(folder: Path) -> list[Path]:

@@ -32,14 +32,24 @@ class Breach:
 
 @dataclass(frozen=True)
 class Unmeasured:
-    """A link between two strategies that submit the same update in every round the check reads (``lagged:2``
-    and ``stale`` replay round 1's in rounds 1-3): its gap is 0 by construction, not a measurement."""
+    """A link whose gap is 0 by construction, not a measurement, in every round the check reads: the two strategies
+    submit the same update (``lagged:2`` and ``stale`` replay round 1's in rounds 1-3), or both are paid as copies
+    of earlier submissions (the peer pool pays every replay of the analysis client's own updates as a copy)."""
 
     link: str
     rounds: tuple[int, int]
     """The first and last round read."""
-    needs_rounds: int
-    """The rounds a run needs for the two to submit different updates."""
+    needs_rounds: int | None
+    """The rounds a run needs for the two to submit different updates (None: both were paid as copies in every
+    round read that they did not submit the same update; no longer run changes that)."""
+
+    def text(self) -> str:
+        first, last = self.rounds
+        if self.needs_rounds is not None:
+            return (f"{self.link}: both submit the same update (one honest round replayed) in every round "
+                    f"{first}-{last}; they differ from round {self.needs_rounds}")
+        return (f"{self.link}: in every round {first}-{last} both submit the same update or both are paid as copies "
+                "of earlier submissions (the peer pool's copy detection, under kfca.duplicates): no order to measure")
 
 
 @dataclass(frozen=True)
@@ -54,11 +64,14 @@ class RunOutcome:
     worst: str
     """The link (or honest pair) of the smallest gap."""
     unmeasured: tuple[Unmeasured, ...] = ()
+    need: float = 0.0
+    """What every gap had to exceed on this run: the margin, or minus the tolerance (a relative one, ``K x
+    STRATEGY``, on this run's mean reward of the strategy)."""
 
     @property
     def needs_rounds(self) -> int | None:
-        """The rounds a run needs to measure every link (None: this one measured them all)."""
-        return max((u.needs_rounds for u in self.unmeasured), default=None)
+        """The rounds a run needs to measure every link (None: this one measured them all, or no run length helps)."""
+        return max((u.needs_rounds for u in self.unmeasured if u.needs_rounds is not None), default=None)
 
 
 @dataclass(frozen=True)
@@ -70,10 +83,20 @@ class Outcome:
     """With ``seeds = q``: the q-quantile of the runs' gaps (numpy's 'lower': one run's own gap)."""
     needs_rounds: int | None = None
     """Set when nothing measured broke but a link could not be measured: the rounds a run needs."""
+    unmeasurable: bool = False
+    """Nothing measured broke but a link could not be measured (``needs_rounds``, or copies on every round)."""
 
     @property
     def failed(self) -> bool:
-        return not self.passed and self.needs_rounds is None
+        return not self.passed and not self.unmeasurable
+
+    def verdict(self) -> str:
+        if self.passed:
+            return "pass"
+        if self.failed:
+            return "FAIL"
+        return "not measurable: " + (f"needs {self.needs_rounds} rounds" if self.needs_rounds is not None
+                                     else "both paid as copies")
 
 
 def _run_labels(runs: Sequence[Run]) -> list[str]:
@@ -83,10 +106,15 @@ def _run_labels(runs: Sequence[Run]) -> list[str]:
             for r in runs]
 
 
-def _breach_text(b: Breach, need: float) -> str:
+def _margin_of_run(e: Expectation, need: float) -> str:
+    """The margin as a failure names it: ``+0.02``, or ``0.1 x honest = +0.0050`` for a relative one."""
+    return f"{need:+g}" if e.scale_strategy is None else f"{e.margin_text()} = {need:+.4f}"
+
+
+def _breach_text(b: Breach, margin: str) -> str:
     where = "mean over rounds" if b.round is None else f"round {b.round}"
     text = (f"{where}: {b.left} = {b.left_value:+.4f}, {b.right} = {b.right_value:+.4f}: gap {b.gap:+.4f} "
-            f"is not above the margin {need:+g}")
+            f"is not above the margin {margin}")
     if b.round is None:
         text += (f" (broken on its own in round{'s' if len(b.rounds_broken) > 1 else ''} "
                  f"{', '.join(map(str, b.rounds_broken))})" if b.rounds_broken else " (no single round broke it)")
@@ -96,7 +124,10 @@ def _breach_text(b: Breach, need: float) -> str:
 def _run_verdict(m: RunOutcome) -> str:
     if not m.holds:
         return "broken"
-    return "holds" if m.needs_rounds is None else f"not measurable (needs {m.needs_rounds} rounds)"
+    if not m.unmeasured:
+        return "holds"
+    return "not measurable (" + (f"needs {m.needs_rounds} rounds)" if m.needs_rounds is not None
+                                 else "both paid as copies)")
 
 
 @dataclass(frozen=True)
@@ -124,11 +155,11 @@ class CheckResult:
         from .report import printable
 
         e = outcome.expectation
-        lines = [f"NOT MEASURABLE {e.title}: {e.describe()} is not measurable on this run; it needs a run of at "
-                 f"least {outcome.needs_rounds} rounds"]
-        seen = {(u.link, u.rounds, u.needs_rounds) for m in outcome.runs for u in m.unmeasured}
-        lines += [f"  {link}: both submit the same update (one honest round replayed) in every round "
-                  f"{first}-{last}; they differ from round {needs}" for link, (first, last), needs in sorted(seen)]
+        why = (f"it needs a run of at least {outcome.needs_rounds} rounds" if outcome.needs_rounds is not None
+               else "no run length changes that")
+        lines = [f"NOT MEASURABLE {e.title}: {e.describe()} is not measurable on this run; {why}"]
+        seen = {u.text() for m in outcome.runs for u in m.unmeasured}
+        lines += [f"  {text}" for text in sorted(seen)]
         return "\n".join(printable(line) for line in lines)
 
     def failure_text(self, outcome: Outcome) -> str:
@@ -138,15 +169,15 @@ class CheckResult:
         folder) is shown as ``\\n``, never starts a line of its own in a CI log."""
         from .report import printable
 
-        e, need = outcome.expectation, outcome.expectation.required_gap
-        lines = [f"FAILED {e.title}: {e.describe()}, margin {need:+g}"]
+        e = outcome.expectation
+        lines = [f"FAILED {e.title}: {e.describe()}, margin {e.margin_text()}"]
         if outcome.quantile_gap is not None:
             lines.append(f"  the {e.seeds:g}-quantile of the seeds' smallest gaps is {outcome.quantile_gap:+.4f}")
         for label, m in zip(self.labels, outcome.runs):
             if m.holds:
                 continue
             lines.append(f"  {label} ({m.run.path}):")
-            lines += [f"    {_breach_text(b, need)}" for b in m.breaches[:MAX_LISTED]]
+            lines += [f"    {_breach_text(b, _margin_of_run(e, m.need))}" for b in m.breaches[:MAX_LISTED]]
             if len(m.breaches) > MAX_LISTED:
                 lines.append(f"    ... and {len(m.breaches) - MAX_LISTED} more")
             figure = m.run.figure
@@ -160,14 +191,12 @@ class CheckResult:
         for k, o in enumerate(self.outcomes, start=1):
             cells = [("n/a" if math.isnan(m.gap) and m.holds and m.unmeasured else f"{m.gap:+.4f}")
                      + ("" if m.holds else " fail") for m in o.runs]
-            result = ("pass" if o.passed else "FAIL" if o.failed
-                      else f"not measurable: needs {o.needs_rounds} rounds")
+            result = o.verdict()
             if o.quantile_gap is not None:
                 result += f" (q{o.expectation.seeds:g} {o.quantile_gap:+.4f})"
             e = o.expectation
             title = e.describe() if e.name is None else f"{e.name}: {e.describe()}"
-            rows.append((str(k), title, *cells,
-                         f"{e.required_gap:+g}", result))
+            rows.append((str(k), title, *cells, e.margin_text(), result))
         held = sum(o.passed for o in self.outcomes)
         unmeasurable = sum(not o.passed and not o.failed for o in self.outcomes)
         table = text_table(f"kfca-llm check: {self.name} on {len(self.runs)} run(s)",
@@ -214,7 +243,7 @@ class CheckResult:
                     text, keep_newlines=True)
             out = ET.SubElement(case, "system-out")
             out.text = "\n".join(printable(
-                f"{label}: smallest gap {m.gap:+.4f} ({m.worst}), margin {o.expectation.required_gap:+g}: "
+                f"{label}: smallest gap {m.gap:+.4f} ({m.worst}), margin {_margin_of_run(o.expectation, m.need)}: "
                 f"{_run_verdict(m)}") for label, m in zip(self.labels, o.runs))
         ET.indent(suites)
         return ET.tostring(suites, encoding="utf-8", xml_declaration=True) + b"\n"

@@ -6,6 +6,7 @@ A file is a list of ``[[expect]]`` tables::
     name = "sparse attacks interpolate"          # optional; the check text by default
     check = "sparse:0.75 > sparse:0.5 > sparse:0.25 > 0"
     margin = 0.02          # each neighbour must exceed the next by more than this (default 0)
+    # margin = "0.1 x honest"   # or a share of a strategy's mean reward (its magnitude) on the run
     # tolerance = 0.002    # instead of a margin: neighbours may tie or run backwards by less than this
     over = "mean"          # "mean": on the mean reward over rounds; "every-round": in each round
     from-round = 1         # rounds before it are left out (of the mean, or of every-round)
@@ -17,6 +18,11 @@ a number, ``K x STRATEGY`` (``-0.5 x honest``), ``|STRATEGY|``, or ``*``: every 
 that the chain does not name (``honest > *``: honest above every attack). The word ``categorical-world``
 instead checks Definition 3.1 on the delta matrices of the honest pairs (every diagonal entry above the
 margin, every off-diagonal entry below minus the margin).
+
+A margin or tolerance written ``K x STRATEGY`` is K times the magnitude of that strategy's mean reward over
+the rounds read, on each run: rewards scale with how a round is scored (a participant scored against pool peers
+of earlier rounds, at two clients per round, is paid about a fifth of what in-round peers pay at three of six),
+and a share of the run's own honest reward holds the same meaning on both.
 
 An optional top-level ``name`` (default: the file's stem) names the check in the table and the JUnit suite.
 The file is validated like a recipe: unknown keys are refused with the closest valid key named.
@@ -31,9 +37,10 @@ import sys
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, ValidationError,
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError,
                       field_validator, model_validator)
 
 from .errors import InputError
@@ -175,6 +182,28 @@ def _finite_number(value: Any) -> Any:
 FiniteFloat = Annotated[float, BeforeValidator(_finite_number), Field(strict=True)]
 
 
+def _amount(value: Any) -> Any:
+    """A margin or tolerance: a finite number >= 0, or ``K x STRATEGY`` with K >= 0 (kept as its text)."""
+    if isinstance(value, str):
+        term = _SCALED.fullmatch(value.strip(" "))
+        if term is None or not math.isfinite(float(term[1])) or float(term[1]) < 0:
+            raise ValueError(f"must be a number >= 0 or 'K x STRATEGY' with K >= 0 (a share of that strategy's mean "
+                             f"reward, e.g. '0.1 x honest'), got {value!r}")
+        return f"{float(term[1]):g} x {term[2]}"
+    value = _finite_number(value)
+    if isinstance(value, float) and value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+Amount = Annotated[StrictFloat | StrictStr, BeforeValidator(_amount)]
+
+
+def amount_term(amount: float | str) -> Term:
+    """A margin or tolerance as a term: a constant, or ``K x STRATEGY``."""
+    return _term(amount) if isinstance(amount, str) else Term(constant=float(amount))
+
+
 class Expectation(BaseModel):
     """One ``[[expect]]`` entry (see the module docstring)."""
 
@@ -183,8 +212,8 @@ class Expectation(BaseModel):
 
     check: StrictStr
     name: StrictStr | None = None
-    margin: Annotated[FiniteFloat, Field(ge=0.0)] = 0.0
-    tolerance: Annotated[FiniteFloat, Field(ge=0.0)] = 0.0
+    margin: Amount = 0.0
+    tolerance: Amount = 0.0
     over: Over = "mean"
     from_round: StrictInt = Field(1, ge=1)
     seeds: Literal["all"] | Annotated[FiniteFloat, Field(ge=0.0, le=1.0)] = "all"
@@ -210,9 +239,35 @@ class Expectation(BaseModel):
         return parse_check(self.check)
 
     @property
+    def scale_strategy(self) -> str | None:
+        """The strategy a relative margin or tolerance (``K x STRATEGY``) is a share of (None: absolute)."""
+        return next((t.strategy for t in map(amount_term, (self.margin, self.tolerance)) if t.strategy), None)
+
+    def gap_needed(self, mean_reward: Callable[[str], float] | None = None) -> float:
+        """What every link's gap must exceed on a run: the margin, or minus the tolerance; a relative one is its
+        share of the magnitude of ``mean_reward(strategy)`` (the run's mean over the rounds read)."""
+        value = 0.0
+        for amount, sign in ((self.margin, 1.0), (self.tolerance, -1.0)):
+            term = amount_term(amount)
+            if term.strategy is not None:
+                if mean_reward is None:
+                    raise ValueError(f"{amount!r} is relative to a run's {term.strategy} reward")
+                value += sign * term.scale * abs(mean_reward(term.strategy))
+            else:
+                value += sign * term.constant
+        return value
+
+    @property
     def required_gap(self) -> float:
-        """What every link's gap must exceed: the margin, or minus the tolerance."""
-        return self.margin - self.tolerance
+        """What every link's gap must exceed where the margin and tolerance are numbers (``gap_needed``)."""
+        return self.gap_needed()
+
+    def margin_text(self) -> str:
+        """The margin as the table shows it: ``+0.03``, ``-0.002`` (a tolerance), ``0.15 x honest``, ``-0.01 x honest``."""
+        for amount, sign in ((self.margin, ""), (self.tolerance, "-")):
+            if isinstance(amount, str):
+                return sign + amount
+        return f"{self.required_gap:+g}"
 
     def describe(self) -> str:
         """The check with its scope, e.g. ``honest > * (mean over rounds)``."""

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from .engine.duplicates import DuplicateGroup, apply_duplicate_policy
 from .engine.stats import PairPayment, delta_from_joint, deltas_from_joints
 from .errors import InputError
 from .mechanism import categorical_world
+from .text import printable, text_table
 
 Pair = tuple[str, str]
 
@@ -144,33 +144,6 @@ class RewardReport:
 
     def __str__(self) -> str:
         return self.table()
-
-
-def text_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]],
-               notes: Sequence[str] = (), width: int = 110) -> str:
-    """A plain-text rich table (numbers right-aligned: every column but a name column) and notes."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
-    # Cells and notes are plain Text (client names come from users: no markup, no control characters).
-    table = Table(title=Text(printable(title)))
-    for k, column in enumerate(columns):
-        table.add_column(column, justify="left" if k == 1 else "right")
-    for row in rows:
-        table.add_row(*(Text(printable(cell)) for cell in row))
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=width, force_terminal=False, color_system=None)
-    console.print(table)
-    for note in notes:
-        console.print(Text(printable(note, keep_newlines=True)))
-    return buffer.getvalue().rstrip()
-
-
-def printable(text: str, *, keep_newlines: bool = False) -> str:
-    """``text`` with control characters (newlines, ANSI escapes) shown as Python escapes."""
-    return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else ch.encode("unicode_escape").decode()
-                   for ch in text)
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:

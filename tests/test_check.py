@@ -14,8 +14,9 @@ from kfca_llm.expectations import expectations_from_dict
 HOLDS = [[0.1, -0.1], [-0.1, 0.1]]
 
 
-def write_report(folder, seed, rewards, deltas=None):
-    """A report.json with these per-round strategy rewards; ``deltas[t]``: the honest pairs' deltas of round t."""
+def write_report(folder, seed, rewards, deltas=None, copies=None):
+    """A report.json with these per-round strategy rewards; ``deltas[t]``: the honest pairs' deltas of round t;
+    ``copies``: strategy -> the rounds it was paid as a copy of an earlier submission."""
     rounds = len(next(iter(rewards.values())))
     deltas = deltas or [[HOLDS, HOLDS]] * rounds
     records = [{"round": t + 1, "pairs": [
@@ -24,7 +25,9 @@ def write_report(folder, seed, rewards, deltas=None):
         {"client": "client-000/flip", "peer": "client-001", "honest_pair": False, "delta": [[-1, 1], [1, -1]]}]}
         for t, round_deltas in enumerate(deltas)]
     report = {"domain": "general-nlp", "recipe": "hand", "seed": seed, "rounds": rounds,
-              "strategies": {s: {"mean_reward": sum(v) / len(v), "per_round": v} for s, v in rewards.items()},
+              "strategies": {s: {"mean_reward": sum(v) / len(v), "per_round": v,
+                                 **({"copy_rounds": copies[s]} if s in (copies or {}) else {})}
+                             for s, v in rewards.items()},
               "round_records": records}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "report.json").write_text(json.dumps(report))
@@ -270,3 +273,57 @@ def test_strategies_that_submit_the_same_update_in_every_round_are_not_measurabl
                                                "stale": [0.3, 0.2, 0.2, 0.2]})
     outcome = check([{"check": "lagged:2 > stale", "margin": 0.02}], long).outcomes[0]
     assert outcome.failed and outcome.needs_rounds is None
+
+
+def test_a_relative_margin_is_a_share_of_the_runs_own_mean_reward(tmp_path):
+    """``0.15 x honest`` on a run paid at three of six (honest 0.2: margin 0.03) and on one paid a fifth of that
+    (honest 0.04: margin 0.006): the same ordering holds on both, and a gap below the share fails on either."""
+    big = write_report(tmp_path / "big", 0, {"honest": [0.1, 0.3], "x": [0.1, 0.25]})   # gap 0.025 < 0.03
+    small = write_report(tmp_path / "small", 1, {"honest": [0.04, 0.04], "x": [0.03, 0.03]})  # gap 0.01 > 0.006
+    expect = [{"check": "honest > *", "margin": "0.15 x honest"}]
+    outcome = check(expect, big, small).outcomes[0]
+    assert [m.need for m in outcome.runs] == pytest.approx([0.03, 0.006])
+    assert [m.holds for m in outcome.runs] == [False, True] and outcome.failed
+    result = check(expect, big)
+    assert "gap +0.0250 is not above the margin 0.15 x honest = +0.0300" in result.failure_text(result.outcomes[0])
+    assert "0.15 x honest" in result.table()
+    # the magnitude of the mean: a mechanism that pays honest clients a negative mean gets no slack from it
+    assert check([{"check": "x > y", "margin": "0.5 x honest"}], write_report(
+        tmp_path / "neg", 2, {"honest": [-0.2], "x": [0.05], "y": [0.0]})).outcomes[0].runs[0].need == 0.1
+    # a tolerance alike, from the rounds read only
+    tie = check([{"check": "a > b", "tolerance": "0.1 x honest", "from-round": 2}], write_report(
+        tmp_path / "tie", 3, {"honest": [1.0, 0.2], "a": [0.0, 0.1], "b": [0.0, 0.115]})).outcomes[0]
+    assert tie.runs[0].need == pytest.approx(-0.02) and tie.passed
+    with pytest.raises(InputError, match="no strategy 'honest'"):
+        check([{"check": "x > 0", "margin": "0.1 x honest"}], write_report(tmp_path / "no", 4, {"x": [1.0]}))
+
+
+def test_rounds_in_which_both_strategies_were_paid_as_copies_are_left_out_of_the_link(tmp_path, capsys):
+    """At two clients per round the pool pays every replay of the analysis client's own update as a copy (round 2
+    on): lagged:2 and stale were both paid nothing but their fines, which is no order of lags. Those rounds are
+    left out of the link: a margin has nothing left to measure (not measurable, exit 2, whatever the run's length),
+    a tolerance a tie; a link with one side not a copy is measured in every round."""
+    rewards = {"honest": [0.3, 0.05, 0.05, 0.05, 0.05], "lagged:2": [0.3, 0.0, 0.0, -0.01, 0.0],
+               "lagged:3": [0.3, 0.0, 0.0, -0.03, -0.02], "stale": [0.3, 0.0, 0.0, 0.0, 0.0]}
+    replays = {"lagged:2": [2, 3, 4, 5], "lagged:3": [2, 3, 4, 5], "stale": [2, 3, 4, 5]}
+    run = write_report(tmp_path / "pool", 0, rewards, copies=replays)
+    lag = check([{"check": "lagged:2 > stale", "margin": "0.1 x honest"}], run).outcomes[0]
+    assert (lag.passed, lag.failed, lag.needs_rounds, lag.verdict()) == (False, False, None,
+                                                                          "not measurable: both paid as copies")
+    assert check([{"check": "lagged:2 > lagged:3 > stale", "tolerance": "0.01 x honest"}], run).passed
+    assert check([{"check": "honest > *", "margin": "0.15 x honest"}], run).passed
+    # without the copy rounds the same rewards are measured, and the fines' order breaks the chain
+    plain = write_report(tmp_path / "plain", 0, rewards)
+    assert check([{"check": "lagged:2 > lagged:3 > stale", "tolerance": "0.01 x honest"}], plain).outcomes[0].failed
+    assert check([{"check": "lagged:2 > stale", "margin": "0.1 x honest"}], plain).outcomes[0].failed
+    # one round in which only one side was a copy is measured as any round
+    partly = write_report(tmp_path / "partly", 0, rewards, copies={**replays, "lagged:2": [2, 3, 5]})
+    assert check([{"check": "lagged:2 > stale", "margin": "0.1 x honest"}], partly).outcomes[0].failed
+
+    expect = tmp_path / "lag.toml"
+    expect.write_text('[[expect]]\nname = "a lag costs reward"\ncheck = "lagged:2 > stale"\nmargin = "0.1 x honest"\n')
+    assert main(["check", str(run), "--expect", str(expect)]) == 2
+    out = capsys.readouterr().out
+    assert "is not measurable on this run; no run length changes that" in out and "FAIL" not in out
+    assert ("lagged:2 > stale: in every round 1-5 both submit the same update or both are paid as copies of earlier "
+            "submissions") in out

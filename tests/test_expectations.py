@@ -15,7 +15,7 @@ def test_shipped_default_is_the_papers_ordering():
     expectations = load_expectations()
     assert expectations.name == "paper-llm"
     checks = {e.title: (e.check, e.margin, e.tolerance, e.over) for e in expectations.expect}
-    assert checks["honest above every attack"] == ("honest > *", 0.03, 0.0, "mean")
+    assert checks["honest above every attack"] == ("honest > *", "0.15 x honest", 0.0, "mean")
     assert checks["categorical world"] == ("categorical-world", 0.0, 0.0, "every-round")
     assert resolve_expectations_path("paper-llm") == resolve_expectations_path(None)
 
@@ -56,6 +56,9 @@ def test_bad_checks_are_refused_with_the_reason(text, message):
     ({"margn": 0.1}, "unknown key 'margn'; did you mean margin?"),
     ({"from_round": 2}, "unknown key 'from_round'; did you mean from-round?"),
     ({"margin": "0.1"}, "key 'margin'"),
+    ({"margin": "-0.1 x honest"}, "key 'margin': must be a number >= 0 or 'K x STRATEGY' with K >= 0"),
+    ({"tolerance": "honest"}, "key 'tolerance': must be a number >= 0 or 'K x STRATEGY'"),
+    ({"margin": "0.1 x honest", "tolerance": "0.01 x honest"}, "give a margin or a tolerance, not both"),
     ({"margin": True}, "key 'margin'"),
     ({"margin": -0.1}, "key 'margin'"),
     ({"margin": float("inf")}, "key 'margin': must be a finite number"),
@@ -76,6 +79,9 @@ def test_integers_are_numbers_and_quantiles_are_accepted():
     e = entry(margin=1, seeds=0.5, **{"from-round": 3})
     assert e.margin == 1.0 and e.seeds == 0.5 and e.from_round == 3
     assert entry(tolerance=0.002).required_gap == -0.002
+    relative = entry(margin="0.15x honest")  # written back as the table shows it
+    assert (relative.margin, relative.scale_strategy, relative.margin_text()) == ("0.15 x honest", "honest", "0.15 x honest")
+    assert relative.gap_needed(lambda strategy: -0.2) == pytest.approx(0.03)  # the magnitude of the mean
 
 
 @pytest.mark.parametrize("table, message", [

@@ -2,15 +2,16 @@
 ``kfca-llm check`` with its default expectations (recipes/expectations/paper-llm.toml), the command and file
 a user's CI runs.
 
-The tiny run is shared by the session (``tiny_federation`` in conftest.py). The file's margins are what this
-regression has always used (a change of torch numerics cannot cross them, a real regression does):
+The tiny run is shared by the session (``tiny_federation`` in conftest.py). The file's margins are shares of the
+run's honest reward h (about 0.21 here), which at this regime are what the regression has always used (a change
+of torch numerics cannot cross them, a real regression does):
 
-* honest beats every attack by more than 0.03 (measured: 0.055 over sparse:0.75), and is paid;
-* sparse:0.75 > sparse:0.5 > sparse:0.25 > 0 by more than 0.02 (measured >= 0.05);
-* lagged:2 >= lagged:3 >= lagged:4 >= lagged:5 >= stale may tie within 0.002 (measured steps 0.009-0.017,
-  smallest over seeds 0-5 about 0.004), but lagged:2 - stale > 0.02 (measured 0.047): a lag that stops
-  mattering (every lag the same update) or runs backwards (oldest for the shortest lag) fails;
-* |zero|, |random| < 0.02 (chance agreement, per-round noise about 0.005);
+* honest beats every attack by more than 0.15 h (about 0.03; measured: 0.055 over sparse:0.75), and is paid;
+* sparse:0.75 > sparse:0.5 > sparse:0.25 > 0 by more than 0.1 h (about 0.02; measured >= 0.05);
+* lagged:2 >= lagged:3 >= lagged:4 >= lagged:5 >= stale may tie within 0.01 h (about 0.002; measured steps
+  0.009-0.017, smallest over seeds 0-5 about 0.004), but lagged:2 - stale > 0.1 h (measured 0.047): a lag that
+  stops mattering (every lag the same update) or runs backwards (oldest for the shortest lag) fails;
+* |zero|, |random| < 0.1 h (chance agreement, per-round noise about 0.005);
 * flip < -0.5 x honest (KFCA pays a flipper the negative of the honest reward);
 * the categorical-world condition for every honest pair in every round.
 
@@ -59,34 +60,40 @@ def mean(report, spec):
     return report["strategies"][spec]["mean_reward"]
 
 
+H = 0.15  # "honest above every attack": margin 0.15 x honest
+STEP = 0.1  # sparse steps, "a lag costs reward", |zero| and |random|: 0.1 x honest
+TIE = 0.01  # "older updates earn less": tolerance 0.01 x honest
+
+
 def _honest(r):
-    shift_mean(r, "honest", mean(r, "sparse:0.75") + 0.029)
+    # honest - sparse:0.75 just below 0.15 x honest (honest moves the margin with it).
+    shift_mean(r, "honest", mean(r, "sparse:0.75") / (1 - H) - 0.001)
 
 
 def _sparse_step(r):
-    shift_mean(r, "sparse:0.25", mean(r, "sparse:0.5") - 0.019)
+    shift_mean(r, "sparse:0.25", mean(r, "sparse:0.5") - 0.95 * STEP * mean(r, "honest"))
 
 
 def _sparse_floor(r):
-    shift_mean(r, "sparse:0.25", 0.019)
+    shift_mean(r, "sparse:0.25", 0.95 * STEP * mean(r, "honest"))
 
 
 def _lag_backwards(r):
-    shift_mean(r, "lagged:4", mean(r, "lagged:3") + 0.0021)
+    shift_mean(r, "lagged:4", mean(r, "lagged:3") + 1.05 * TIE * mean(r, "honest"))
 
 
 def _lag_free(r):
-    shift_mean(r, "stale", mean(r, "lagged:2") - 0.019)
+    shift_mean(r, "stale", mean(r, "lagged:2") - 0.95 * STEP * mean(r, "honest"))
     for spec in ("lagged:3", "lagged:4", "lagged:5"):
-        shift_mean(r, spec, mean(r, "lagged:2") - 0.01)
+        shift_mean(r, spec, mean(r, "lagged:2") - 0.5 * STEP * mean(r, "honest"))
 
 
 def _zero(r):
-    shift_mean(r, "zero", 0.021)
+    shift_mean(r, "zero", 1.05 * STEP * mean(r, "honest"))
 
 
 def _random(r):
-    shift_mean(r, "random", -0.021)
+    shift_mean(r, "random", -1.05 * STEP * mean(r, "honest"))
 
 
 def _flip(r):

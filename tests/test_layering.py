@@ -26,8 +26,9 @@ ALLOWED = {
     "kfca_llm.engine": ("kfca_llm.engine", "kfca_llm.kernels", "kfca_llm.partition", "kfca_llm.errors"),
     "kfca_llm.mechanism": ("kfca_llm.mechanism", "kfca_llm.engine", "kfca_llm.kernels", "kfca_llm.partition",
                            "kfca_llm.errors"),
+    "kfca_llm.text": ("kfca_llm.text",),
     "kfca_llm.report": ("kfca_llm.report", "kfca_llm.mechanism", "kfca_llm.engine", "kfca_llm.kernels",
-                        "kfca_llm.partition", "kfca_llm.errors"),
+                        "kfca_llm.partition", "kfca_llm.errors", "kfca_llm.text"),
 }
 
 

@@ -1,6 +1,9 @@
 """``kfca-llm simulate`` at two clients per round, the analysis client beside an attacker in every round: the run
 finishes (delta.png with no pair of honest updates used to crash ``plots.plot_delta``), the pool is used and the
-first rounds are marked undetermined in report.json and the table."""
+first rounds are marked undetermined in report.json and the table; the analysis client's replays of its own
+earlier updates (``stale``, ``lagged:2``) are pool copies, paid as a real resubmission is (nothing), as at 20 x 0.1
+(issue 27: the attack analysis' hypothetical submissions pass the pool's copy detection; 4 clients x 0.5 is the
+same two-per-round regime at a tenth of the cost)."""
 
 import json
 
@@ -12,7 +15,7 @@ FAST = ["--no-progress", "--set", "train.training-arguments.max-steps=2"]
 def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp_path, capsys):
     out = tmp_path / "run"
     # 4 clients x 0.5: the analysis client 0 and one of clients 1-3, all fixed attackers.
-    assert main(["simulate", "--rounds", "4", "--attacks", "honest,flip,stale", "--set", "num-clients=4",
+    assert main(["simulate", "--rounds", "4", "--attacks", "honest,flip,stale,lagged:2", "--set", "num-clients=4",
                  "--set", "strategy.fraction-train=0.5", "--set", 'kfca.attackers=["1=flip", "2=zero", "3=flip"]',
                  *FAST, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -25,4 +28,13 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
     assert records[3]["undetermined"] == [] and records[3]["pool_peers"]["client-000"]
     # The analysis client's side-by-side strategies borrow the same pool peers as its honest update.
     assert records[3]["pool_peers"]["client-000/flip"] == records[3]["pool_peers"]["client-000"]
+    # Round 1 is a replay of the round itself (no earlier update); from round 2 the replayed update is the analysis
+    # client's own pool entry: a copy, paid at most 0 (the zero policy), never what it would earn as a fresh update.
+    strategies = report["strategies"]
+    for spec in ("stale", "lagged:2"):
+        assert strategies[spec]["copy_rounds"] == [2, 3, 4]
+        assert all(v <= 0.0 for v in strategies[spec]["per_round"][1:])
+    assert strategies["honest"]["copy_rounds"] == strategies["flip"]["copy_rounds"] == []
+    # Hypothetical copies are not listed among the flagged clients (the zero node's repeated zeros are).
+    assert not [c for r in records for g in r["duplicates"] for c in g["clients"] if "/" in c]
     assert "undetermined: 2/4 round(s)" in printed and "kfca.min-peers = 2" in printed

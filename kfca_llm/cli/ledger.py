@@ -27,7 +27,7 @@ def _one_line(reason: str, width: int = 160) -> str:
 def csv_text(value) -> str:
     """A text cell that no spreadsheet reads as a formula (one starting with = + - @, tab or CR gets a ' first)
     nor as two rows (control characters, a carriage return included, are written as Python escapes)."""
-    from ..report import printable
+    from ..text import printable
 
     text = "" if value is None else str(value)
     return printable("'" + text if text.startswith(_FORMULA_START) else text)
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..flower.ledger import read_ledger
     from ..flower.ledger_rows import DISTINGUISHABLE_Z, SCORED, ledger_summary
-    from ..report import printable, text_table
+    from ..text import printable, text_table
 
     contents = read_ledger(args.path)
     summary = ledger_summary(contents)

@@ -21,7 +21,7 @@ from ..engine.layout import FlatUpdate, Layout
 from ..errors import InputError
 from ..recipe import Recipe, examples_per_step, lr_for_round
 from ..tensors import StateDict
-from .seeds import derive_seed
+from .seeds import REFERENCE_TRAIN, derive_seed
 
 
 @dataclass(frozen=True)
@@ -160,6 +160,16 @@ def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequ
     for k in global_state:
         torch.sub(local[k], global_state[k], out=update[k])
     return ClientUpdate(update, len(examples), loss_before, loss_after)
+
+
+def train_reference(model, global_state: Mapping[str, torch.Tensor], examples: Sequence[Mapping[str, Any]],
+                    recipe: Recipe, *, server_round: int, device: torch.device, pad_token_id: int) -> StateDict:
+    """The server's trusted reference update of round ``server_round`` (``kfca.reference-rows``, ``fl.reference``):
+    a client's training (``train_client``) from the round's global adapter on the server's held-out ``examples``,
+    seeded by the recipe's seed and the round alone (``kfca-llm simulate`` and the Flower app train the same one)."""
+    return train_client(model, global_state, examples, recipe, server_round=server_round,
+                        seed=derive_seed(recipe.kfca.seed, REFERENCE_TRAIN, server_round), device=device,
+                        pad_token_id=pad_token_id).update
 
 
 def _first_pair(local: Mapping[str, torch.Tensor], global_state: Mapping[str, torch.Tensor]):

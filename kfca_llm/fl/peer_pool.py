@@ -19,7 +19,7 @@ also against ``pool_peers`` pool entries:
   ``m_k`` is the median payment between pool entries k rounds apart (other participants, this round's
   partition): estimated from the pool alone, no ground truth, robust to a minority of deviators in it. A
   participant's reward is ``(sum of in-round payments + sum_k w_k * payment_k) / (in-round peers + sum |w_k|)``;
-* **copies**: a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
+* **copies** (``fl.pool_copies``): a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
   to any pool entry in the window, or, on a fixed 4,096-bit sketch of its signs, to any earlier submission of
   the run (its own included: ``stale``), is a copy, paid under the round's duplicate policy, and is not added
   to the pool;
@@ -41,11 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine import get_backend
-from ..engine.duplicates import DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy, disagreement_counts, find_duplicates
+from ..engine.duplicates import DuplicateGroup, DuplicateRule
 from ..engine.stats import PairPayment, joint_tables, pair_payments
 from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
+from .pool_copies import apply_pool_policy, pool_copies_of, sketch, sketch_copies_of
 from .reference import REFERENCE, check_reference_weight
 
 POOL_SEPARATOR = "@"
@@ -205,17 +206,6 @@ class PeerPool:
         return pool
 
 
-SKETCH_WORDS = 128
-
-
-def sketch(words: np.ndarray) -> np.ndarray:
-    """A fixed sample of ``SKETCH_WORDS`` words (4,096 sign bits) spread over the update: the long memory of
-    copy detection (512 bytes a submission)."""
-    words = np.asarray(words, dtype=np.int32)
-    stride = max(1, words.size // SKETCH_WORDS)
-    return np.ascontiguousarray(words[::stride][:SKETCH_WORDS])
-
-
 def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, peers: int | None = None,
                     pairs: Sequence[tuple[str, str]] | None = None, seed: int, penalty: str = "expected",
                     bonus_fraction: float = 0.5, duplicates: str = "zero",
@@ -226,10 +216,12 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     """Score a packed round, borrowing pool peers for participants with fewer than ``min_peers`` peers.
 
     ``pairs`` / ``peers``: the in-round pairs, as ``SignPacker.score`` takes them. Scorers are the clients
-    of ``pairs`` (all clients with ``peers``); only ``copy_candidates`` (None: all) are real participants
-    that are checked against the pool for copies. ``owners`` maps a scorer that is not a participant (the
-    attack analysis' side-by-side submissions) to the participant whose pool peers it gets; scorers neither
-    real nor owned are scored on their in-round pairs only. ``reference``: the packed sign words of a trusted
+    of ``pairs`` (all clients with ``peers``); ``copy_candidates`` (None: all) are the real participants.
+    ``owners`` maps a scorer that is not a participant (the attack analysis' side-by-side submissions) to the
+    participant whose pool peers it gets; such a scorer is checked against the pool for copies and paid as a
+    real submission would be (a ``lagged:K`` replay of its owner's pool entry is a copy, as a real lagged node's
+    resubmission is), but never joins the pool nor decides an undetermined round. Scorers neither real nor owned
+    are scored on their in-round pairs only. ``reference``: the packed sign words of a trusted
     reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight`` (0: ignored).
     """
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
@@ -258,13 +250,14 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     if not rows and reference is None:
         undetermined = tuple(c for c in short if c in real)
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined)
-    return _score_pooled(packer, pool, round_, report, rows, chosen, real, seed=seed, penalty=penalty,
+    return _score_pooled(packer, pool, round_, report, rows, chosen, real, set(owner), seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                          reference=reference, reference_weight=reference_weight)
 
 
 def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
-                  rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str], *,
+                  rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str],
+                  checked: set[str], *,
                   seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                   reference: np.ndarray | None, reference_weight: float) -> PooledRound:
     signs, task = packer.words()
@@ -288,8 +281,9 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     pool_copies, lag_weights = (), {}
     if rows:
         pool_names = names[:len(packer.clients) + len(rows)]
-        pool_copies = _pool_copies(counts, pool_names, len(packer.clients), real, duplicate_rule)
-        pool_copies += _sketch_copies(pool, round_, signs, task, names[:len(packer.clients)], real, duplicate_rule)
+        pool_copies = pool_copies_of(counts, pool_names, len(packer.clients), checked, duplicate_rule)
+        pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], checked, lambda words: pool.sketch_copies(
+            words, task, round_, duplicate_rule.max_disagreement))
         lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, pool.settings)
     keys = list(round_report.pairwise)
     weights = [1.0] * len(keys)
@@ -311,7 +305,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                                      duplicates=groups, duplicate_policy=duplicates)
     unadjusted = _weighted_means(keys, payment, weights)
     report = dataclasses.replace(report, unadjusted_rewards=unadjusted,
-                                 rewards=_apply_policy(unadjusted, round_report.duplicates, pool_copies, duplicates))
+                                 rewards=apply_pool_policy(unadjusted, round_report.duplicates, pool_copies, duplicates))
     weighted: dict[str, set[str]] = {}
     for (client, peer), weight in zip(keys, weights):
         if weight != 0.0:
@@ -356,53 +350,3 @@ def _weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weight
         acc[0] += weight * pay
         acc[1] += abs(weight)
     return {c: acc[0] / acc[1] if acc[1] else 0.0 for c, acc in sorted(totals.items())}
-
-
-def _sketch_copies(pool: PeerPool, round_: int, signs: np.ndarray, task: np.ndarray, clients: Sequence[str],
-                   real: set[str], rule: DuplicateRule) -> tuple[DuplicateGroup, ...]:
-    """Groups of a participant and the submissions older than the window its sketch copies."""
-    out = []
-    for k, client in enumerate(clients):
-        if client not in real:
-            continue
-        found = pool.sketch_copies(signs[k], task, round_, rule.max_disagreement)
-        if found:
-            pairs = tuple(DuplicatePair(client, name, agreement, "near") for name, agreement in found)
-            out.append(DuplicateGroup(tuple(sorted({client, *(name for name, _ in found)})), pairs))
-    return tuple(out)
-
-
-def _pool_copies(counts, names: Sequence[str], n_round: int, real: set[str], rule: DuplicateRule
-                 ) -> tuple[DuplicateGroup, ...]:
-    """Groups of one participant and the pool entries it copies (identical or absolute rule only: the
-    one-factor model of in-round detection does not hold across rounds)."""
-    disagreements = disagreement_counts(counts)
-    tasks = int(counts.sizes.sum())
-    absolute = dataclasses.replace(rule, min_clients=max(len(names) + 1, rule.min_clients))
-    out = []
-    pool_rows = list(range(n_round, len(names)))
-    for i, client in enumerate(names[:n_round]):
-        if client not in real:
-            continue
-        chosen = [i, *pool_rows]
-        found = find_duplicates([names[k] for k in chosen], disagreements[np.ix_(chosen, chosen)], tasks, absolute)
-        pairs = tuple(p for g in found if client in g.clients for p in g.pairs if client in (p.client, p.peer))
-        if pairs:
-            members = sorted({client, *(p.peer if p.client == client else p.client for p in pairs)})
-            out.append(DuplicateGroup(tuple(members), pairs))
-    return tuple(out)
-
-
-def _apply_policy(rewards: dict[str, float], in_round: Sequence[DuplicateGroup], pool_copies: Sequence[DuplicateGroup],
-                  policy: str) -> dict[str, float]:
-    """The round's policy on in-round groups; a copy of a pool entry is paid as the policy pays a group whose
-    other members were paid already: zero under ``zero`` and ``split`` (its share went to the entry's round),
-    unchanged under ``flag``."""
-    out = apply_duplicate_policy(rewards, in_round, policy)
-    if policy == "flag":
-        return out
-    for group in pool_copies:
-        for client in group.clients:
-            if client in out:
-                out[client] = min(out[client], 0.0)
-    return out

@@ -68,6 +68,9 @@ class RoundRecord:
     cannot tell who deviated."""
     pool_peers: dict[str, list[str]] = field(default_factory=dict)
     """Submission id -> the earlier rounds' submissions (``client@round``) it was also scored against."""
+    strategy_copies: list[str] = field(default_factory=list)
+    """Attack specs whose submission was paid as a copy of an earlier round's (a replay of the analysis client's
+    own pool entry: ``lagged:K``, ``stale``), under ``kfca.duplicates``."""
 
     def honest_delta(self) -> list[list[float]] | None:
         """Mean empirical delta matrix over the round's pairs of honest updates (None: no such pair, e.g. one
@@ -219,7 +222,8 @@ class FederationResult:
             "recipe": self.recipe.name,
             "seed": self.seed,
             "rounds": len(self.rounds),
-            "strategies": {s: {"mean_reward": m, "per_round": [r.strategy_rewards[s] for r in self.rounds]}
+            "strategies": {s: {"mean_reward": m, "per_round": [r.strategy_rewards[s] for r in self.rounds],
+                               "copy_rounds": [r.round for r in self.rounds if s in r.strategy_copies]}
                            for s, m in self.mean_strategy_rewards().items()},
             "honest_clients": {"mean_reward": self.mean_honest_reward(),
                                "per_round": [r.honest_rewards for r in self.rounds]},

@@ -34,13 +34,13 @@ from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
 from ..tensors import StateDict
 from .aggregate import aggregation_weights, fedavg
-from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client
+from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client, train_reference
 from .distributed import Processes
 from .evaluate import evaluate_global
 from .peer_pool import PeerPool
 from .records import FederationResult, RoundClock, RoundRecord, aggregated_shares
 from .scoring import RoundScores, Submission, pool_settings, score_round
-from .seeds import ATTACK, KFCA, REFERENCE_TRAIN, SAMPLE, TRAIN, client_id, derive_seed
+from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
 from .state import last_complete_round, load_checkpoint, load_pool, save_checkpoint, save_client_updates, save_pool
 
 
@@ -211,9 +211,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories)
         # The server's reference client: the same training from the same global on rows no client has (every
         # process trains it alike: a seeded, deterministic update; its time counts as training time).
-        reference = None if reference_rows is None else train_client(
-            model, global_state, reference_rows, recipe, server_round=t, seed=derive_seed(seed, REFERENCE_TRAIN, t),
-            device=procs.device, pad_token_id=pad_id).update
+        reference = None if reference_rows is None else train_reference(
+            model, global_state, reference_rows, recipe, server_round=t, device=procs.device, pad_token_id=pad_id)
         kfca_seed = derive_seed(seed, KFCA, t)
         train_s += clock.lap()
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
@@ -242,7 +241,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             loss_before={c: r.loss_before for c, r in trained.items()},
             loss_after={c: r.loss_after for c, r in trained.items()},
             num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates,
-            undetermined=scores.undetermined, pool_peers=scores.pool_peers,
+            undetermined=scores.undetermined, pool_peers=scores.pool_peers, strategy_copies=scores.strategy_copies,
             aggregated=aggregated_shares(weights), heldout=heldout_scores))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:

@@ -5,10 +5,13 @@ scored against ``kfca.peers`` peers among the other clients' submissions. The at
 also sends one submission per listed strategy side by side; each is scored against the same honest
 peers and none is ever another client's peer.
 
-Copy detection (``kfca.duplicates``) runs among the real submissions only (every client's one
-submission): the analysis client's side-by-side strategies are hypothetical alternatives of one client
+Copy detection (``kfca.duplicates``) within the round runs among the real submissions only (every client's
+one submission): the analysis client's side-by-side strategies are hypothetical alternatives of one client
 (``stale`` equals its honest update in round 1), so they are never grouped with each other or with their
-own client's update, and their rewards are not adjusted.
+own client's update. Against the peer pool (rounds with too few peers, ``fl.peer_pool``) each side-by-side
+submission is checked as a real one would be: a ``lagged:K`` or ``stale`` replay of the client's own pool
+entry is a copy and paid under ``kfca.duplicates``, as a real lagged node is (its reward in
+``strategy_rewards``; such groups are not listed in ``duplicates``, which holds real submissions only).
 """
 
 from __future__ import annotations
@@ -70,6 +73,8 @@ class RoundScores:
     """Clients paid with fewer than ``kfca.min-peers`` distinct peers (``fl.peer_pool``)."""
     pool_peers: dict[str, list[str]] = field(default_factory=dict)
     """Submission id -> the pool entries (``client@round``) it was scored against (only those that had any)."""
+    strategy_copies: list[str] = field(default_factory=list)
+    """The analysis client's strategies paid as copies of an earlier round's submission (``fl.peer_pool``)."""
 
 
 def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
@@ -144,6 +149,7 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         categorical_world=all(r.categorical_world for r in records if r.honest_pair),
         duplicates=[{**g.to_dict(), "unadjusted_rewards": {c: report.unadjusted_rewards[c] for c in g.clients
                                                            if c in report.unadjusted_rewards}}  # not pool entries
-                    for g in report.duplicates],
+                    for g in report.duplicates if not any(c in by_id and by_id[c].analysis for c in g.clients)],
         pack_s=pack_s, undetermined=list(pooled.undetermined),
+        strategy_copies=[s.strategy for s in analysed if any(s.id in g.clients for g in pooled.pool_copies)],
         pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers})

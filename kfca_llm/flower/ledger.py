@@ -45,7 +45,7 @@ from typing import Any
 
 from ..errors import InputError
 from .ledger_cells import open_for_reading, typed_rows
-from .ledger_rows import (GENESIS, NOT_SCORED, READABLE_VERSIONS, SCHEMA_VERSION, SCORED, FailureRow, LedgerContents,
+from .ledger_rows import (ADDED_ROUND_COLUMNS, GENESIS, NOT_SCORED, READABLE_VERSIONS, SCHEMA_VERSION, SCORED, FailureRow, LedgerContents,
                           Participant, RewardRow, RoundEntry, RoundRow, RunRow, canonical_json, chain_hash)
 
 _SCHEMA = """
@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     categorical_world INTEGER, valid_replies INTEGER NOT NULL, failed_replies INTEGER NOT NULL,
     recorded_at TEXT NOT NULL, package_version TEXT NOT NULL, settings TEXT NOT NULL, layout TEXT,
     task_sha256 TEXT, signs_kept INTEGER NOT NULL, global_sha256 TEXT, prev_hash TEXT NOT NULL,
-    chain_hash TEXT NOT NULL UNIQUE, undetermined TEXT, PRIMARY KEY (run_id, round));
+    chain_hash TEXT NOT NULL UNIQUE, undetermined TEXT, reference_sha256 TEXT, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS rewards (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, participant TEXT NOT NULL, node_id TEXT NOT NULL,
     reward REAL NOT NULL, peers TEXT NOT NULL, num_examples INTEGER, sign_sha256 TEXT NOT NULL,
@@ -145,8 +145,10 @@ class Ledger:
                                      f"(`kfca-llm ledger` still reads the old one)")
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)  # idempotent; executescript commits first, so before BEGIN
-                if not _has_column(conn, "rounds", "undetermined"):  # a version 3 ledger of before the pool
-                    conn.execute("ALTER TABLE rounds ADD COLUMN undetermined TEXT")
+                # Columns added after version 4 was first written (additive: their rows read as None).
+                for column in ADDED_ROUND_COLUMNS:
+                    if not _has_column(conn, "rounds", column):
+                        conn.execute(f"ALTER TABLE rounds ADD COLUMN {column} TEXT")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -228,7 +230,8 @@ class Ledger:
             layout=None if entry.layout is None else tuple((n, tuple(s)) for n, s in entry.layout),
             task_sha256=entry.task_sha256, signs_kept=entry.signs is not None,
             global_sha256=None if entry.global_arrays is None else entry.global_arrays[0],
-            undetermined=None if entry.undetermined is None else tuple(entry.undetermined))
+            undetermined=None if entry.undetermined is None else tuple(entry.undetermined),
+            reference_sha256=entry.reference_sha256)
         conn = _connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -246,12 +249,16 @@ class Ledger:
                 first_seen = _rows(conn, Participant, "participants",
                                    where=("first_run = ? AND first_round = ?", (r.run_id, r.round)))
                 digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures, run, first_seen)
-                conn.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                conn.execute("INSERT INTO rounds (run_id, round, status, seed, categorical_world, valid_replies, "
+                             "failed_replies, recorded_at, package_version, settings, layout, task_sha256, signs_kept, "
+                             "global_sha256, prev_hash, chain_hash, undetermined, reference_sha256) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (r.run_id, r.round, r.status, r.seed, None if r.categorical_world is None
                               else int(r.categorical_world), r.valid_replies, r.failed_replies, r.recorded_at,
                               r.package_version, canonical_json(r.settings), _json_or_null(r.layout),
                               r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest,
-                              _json_or_null(None if r.undetermined is None else list(r.undetermined))))
+                              _json_or_null(None if r.undetermined is None else list(r.undetermined)),
+                              r.reference_sha256))
                 for row in entry.rewards:
                     conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (row.run_id, row.round, row.participant, row.node_id, row.reward,
@@ -293,7 +300,7 @@ def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 
 # Versions 1-2: keyed by node id, settings per run, no chain, no participants; read as version 3 rows.
 _OLD_REWARDS = {"participant": "node_id", "unadjusted_reward": "unadjusted_reward", "duplicate_group": "duplicate_group"}
-_OLD_ROUNDS = {"undetermined": "NULL", "package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
+_OLD_ROUNDS = {"undetermined": "NULL", "reference_sha256": "NULL", "package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
                "global_sha256": "NULL", "prev_hash": "NULL", "chain_hash": "NULL",
                "settings": "(SELECT json_object('peers', peers, 'penalty', penalty, 'seed', runs.seed, 'bonus_fraction', "
                            "bonus_fraction, 'aggregation', aggregation{duplicates}) FROM runs "
@@ -316,9 +323,10 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
                 runs_columns = {} if version >= 4 else {"receipt_key": "NULL"}
                 rewards = _rows(conn, RewardRow, "rewards", bad=bad)
                 failures = _rows(conn, FailureRow, "failures", bad=bad)
-                # A ledger written before the peer pool has no undetermined column: its rounds read as None.
-                rounds = _rows(conn, RoundRow, "rounds",
-                               {} if _has_column(conn, "rounds", "undetermined") else {"undetermined": "NULL"}, bad=bad)
+                # A ledger written before a column was added (the pool's undetermined, the reference's signs) has
+                # none: its rounds read as None there.
+                rounds = _rows(conn, RoundRow, "rounds", {c: "NULL" for c in ADDED_ROUND_COLUMNS
+                                                          if not _has_column(conn, "rounds", c)}, bad=bad)
                 runs = _rows(conn, RunRow, "runs", runs_columns, bad=bad)
                 participants = _rows(conn, Participant, "participants", bad=bad)
             else:

@@ -73,6 +73,9 @@ class RoundRow:
     undetermined: tuple[str, ...] | None = None
     """Participants paid with fewer than ``min_peers`` distinct peers (no majority that could outvote one
     deviator: their reward cannot tell who deviated); None in rounds recorded before the peer pool."""
+    reference_sha256: str | None = None
+    """SHA-256 of the trusted reference's packed sign words the round was scored against (``fl.reference``; kept
+    in the signs store when the run keeps signs, so ``kfca-llm verify`` recomputes the round); None: no reference."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,8 @@ class RoundEntry:
     """(SHA-256, safetensors bytes) of the arrays the round produced; None: the round produced none."""
     new_participants: Sequence[Participant] = ()
     undetermined: Sequence[str] | None = None
+    reference_sha256: str | None = None
+    """SHA-256 of the reference's sign words (its bytes in ``signs`` when kept); None: no reference."""
 
 
 def canonical_json(value: Any) -> str:
@@ -166,7 +171,10 @@ def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow]
     return sha256_hex((prev_hash + canonical_json(body)).encode())
 
 
-_ADDED_ROUND_FIELDS = ("undetermined",)
+_ADDED_ROUND_FIELDS = ("undetermined", "reference_sha256")
+ADDED_ROUND_COLUMNS = _ADDED_ROUND_FIELDS
+"""Columns of ``rounds`` added to schema 4 after it was first written: a ledger may lack them (read as None),
+the chain hashes them only where recorded."""
 
 
 def chain_hasher(contents: LedgerContents):

@@ -88,13 +88,16 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
             raise _Damaged(f"a scored round with {len(rows)} reward row(s); KFCA scores two or more")
         words = {row.participant: _read_words(ledger, row.sign_sha256, n_bytes) for row in rows}
         task = _read_words(ledger, round_row.task_sha256, n_bytes)
+        reference = None
         if round_row.settings.get("reference_weight"):
-            raise _Unverifiable("a round scored against the server's reference: the ledger does not keep its signs")
+            if round_row.reference_sha256 is None:
+                raise _Unverifiable("a round scored against the server's reference, recorded without its signs")
+            reference = _read_words(ledger, round_row.reference_sha256, n_bytes)
         if "pool" in round_row.settings and pools is None:
             raise _Unverifiable("a round scored with a peer pool needs the earlier rounds to rebuild it")
         pool = None if pools is None else pools.before(round_row, lambda sha: _read_words(ledger, sha, n_bytes))
         try:
-            report = _rescore(round_row, words, task, backend, pool)
+            report = _rescore(round_row, words, task, backend, pool, reference)
         except (InputError, ValueError, TypeError, KeyError) as exc:  # hostile settings the chain still covers
             raise _Unverifiable(f"this version cannot score the round with its recorded settings "
                                 f"({printable(str(exc))[:160]})") from None
@@ -214,7 +217,8 @@ class PoolTracker:
         return pool
 
 
-def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None):
+def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None,
+             reference: np.ndarray | None = None):
     from ..fl.peer_pool import score_with_pool
     from ..packer import SignPacker
 
@@ -242,7 +246,9 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
         raise _Unverifiable("the task words do not repack to themselves with this version's packing")
     peers = None if peers is None else min(int(peers), len(words) - 1)
     return score_with_pool(packer, pool, round_row.round, peers=peers, seed=round_row.seed, penalty=penalty,
-                           bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule).report
+                           bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule,
+                           reference=None if reference is None else np.ascontiguousarray(reference, dtype=np.int32),
+                           reference_weight=settings.get("reference_weight") or 0.0).report
 
 
 def _compare(report, rows: Sequence[RewardRow]) -> list[str]:

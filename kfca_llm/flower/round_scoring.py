@@ -38,6 +38,8 @@ class ScoredRound:
     task_sha256: str
     signs: dict[str, bytes]
     """The words to keep beside the ledger, by SHA-256 (empty: not kept)."""
+    reference_sha256: str | None = None
+    """SHA-256 of the reference's sign words the round was scored against (None: none); kept in ``signs``."""
 
     @property
     def report(self) -> RewardReport:
@@ -83,8 +85,15 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
     task_bytes = words_bytes(task)
     task_sha = sha256_hex(task_bytes)
     kept = {**{digests[p]: data for p, data in stored.items()}, task_sha: task_bytes} if keep_signs else {}
+    # The reference's words too (never paid): a verifier scores the round against them again.
+    reference_sha = None
+    if reference is not None and reference_weight > 0:
+        reference_bytes = words_bytes(reference)
+        reference_sha = sha256_hex(reference_bytes)
+        if keep_signs:
+            kept[reference_sha] = reference_bytes
     layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
-    return ScoredRound(pooled, digests, layout, task_sha, kept)
+    return ScoredRound(pooled, digests, layout, task_sha, kept, reference_sha)
 
 
 def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id: str, round_offset: int,

@@ -11,11 +11,14 @@ own strategy that aggregates what KFCA keeps: ``WRAPPED_STRATEGIES``, with ``kfc
 for krum/multikrum/bulyan, ``kfca.wrapped.num-nodes-to-select`` for multikrum, ``kfca.wrapped.beta`` for
 fedtrimmedavg; a parameter the chosen strategy does not take is ignored) and ``strategy.fraction-evaluate``
 (the share of nodes that evaluate the global adapter on the held-out rows after each round: Flower's
-evaluate round, its loss and exact-answer accuracy in the run's ``evaluate_metrics_clientapp``).
+evaluate round, its loss and exact-answer accuracy in the run's ``evaluate_metrics_clientapp``). The recipe key
+``kfca.reference-rows = N`` (with ``kfca.reference-weight``) makes the server train a trusted reference each round
+on N held-out rows, from the round's global adapter, as ``kfca-llm simulate`` does (``task.reference_update``).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from logging import INFO
 from typing import Any
@@ -29,7 +32,7 @@ from ..errors import InputError
 from ..recipe import Recipe
 from .logs import report_input_errors_on_one_line
 from .strategy import KFCAStrategy
-from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config
+from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config, reference_rows, reference_update
 
 
 def _flag(config: Mapping[str, Any], key: str) -> bool:
@@ -75,7 +78,12 @@ def build_wrapped_strategy(recipe: Recipe, config: Mapping[str, Any]):
 
 def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: type = KFCAStrategy
                    ) -> KFCAStrategy:
-    """KFCAStrategy around the wrapped Flower strategy (``build_wrapped_strategy``) with the recipe's KFCA settings."""
+    """KFCAStrategy around the wrapped Flower strategy (``build_wrapped_strategy``) with the recipe's KFCA settings
+    (``kfca.reference-rows``: the server's reference, ``task.reference_update``)."""
+    reference = None
+    if recipe.kfca.reference_rows:
+        reference_rows(recipe)  # rows no node has: a real data set has none set aside (one clear error, now)
+        reference = functools.partial(reference_update, recipe)
     return strategy_class(build_wrapped_strategy(recipe, config), peers=recipe.kfca.peers, seed=recipe.kfca.seed,
                           penalty=recipe.kfca.penalty, bonus_fraction=recipe.kfca.bonus_fraction,
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
@@ -84,7 +92,8 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"),
                           receipt_key=str(config.get("kfca.receipt-key", "")) or None,
                           min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
-                          pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight)
+                          pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight,
+                          reference=reference, reference_weight=recipe.kfca.reference_weight)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,

@@ -16,6 +16,8 @@ message its node is sent (the evaluate round's or the next training round's).
 
 from __future__ import annotations
 
+import inspect
+
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -79,6 +81,14 @@ def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledg
                          f"{type(strategy).__name__} has no `weighted_by_key`")
 
 
+def _takes_keyword(function: Callable, name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a callable without a readable signature takes the arrays only
+        return False
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
 class KFCAStrategy(Strategy):
     """Pays every training reply by KFCA-QP and aggregates through the wrapped strategy.
 
@@ -102,8 +112,9 @@ class KFCAStrategy(Strategy):
     is *undetermined* (ledger ``rounds.undetermined``, metric ``kfca.undetermined``, a warning in the log).
 
     A trusted reference (``kfca_llm.fl.reference``): ``reference`` is called once per scored round with the
-    round's global arrays (a dict name -> numpy array, copies the callable may keep) and returns the server's
-    update (name -> numpy array, local - global, every float tensor of the model). It is a peer of every
+    round's global arrays (a dict name -> numpy array, copies the callable may keep), and with ``server_round=t``
+    when it takes that keyword (the recipes' app seeds its reference training by the round, as simulate does), and
+    returns the server's update (name -> numpy array, local - global, every float tensor of the model). It is a peer of every
     participant with weight ``reference_weight`` (an in-round peer's is 1); it is never paid, aggregated or
     pooled, and a round with it is never undetermined. A misshapen or non-finite update is an ``InputError``.
 
@@ -154,6 +165,7 @@ class KFCAStrategy(Strategy):
         if reference is not None and not callable(reference):
             raise InputError(f"reference must be a callable (global arrays -> update), got {type(reference).__name__}")
         self.reference = reference
+        self._reference_takes_round = reference is not None and _takes_keyword(reference, "server_round")
         self.reference_weight = check_reference_weight(reference_weight)
         self.arrayrecord_key: str = getattr(strategy, "arrayrecord_key", "arrays")
         self.weighted_by_key: str | None = getattr(strategy, "weighted_by_key", None)
@@ -301,7 +313,9 @@ class KFCAStrategy(Strategy):
         reference = None
         if self.reference is not None and self.reference_weight > 0:
             global_arrays = {name: array.copy() for name, array in sent_arrays(self._sent, first, sent_numpy).items()}
-            reference = reference_signs(packer, self.reference(global_arrays))
+            update = (self.reference(global_arrays, server_round=server_round) if self._reference_takes_round
+                      else self.reference(global_arrays))
+            reference = reference_signs(packer, update)
         return score_round(packer, self.pool, server_round, peers=peers, seed=self.round_seed(server_round),
                            penalty=self.penalty, bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
                            duplicate_rule=self.duplicate_rule, reference=reference,
@@ -358,7 +372,8 @@ class KFCAStrategy(Strategy):
                 task_sha256=None if scored is None else scored.task_sha256,
                 signs=scored.signs if scored is not None and self.keep_signs else None,
                 global_arrays=global_arrays, new_participants=new,
-                undetermined=None if scored is None else scored.pooled.undetermined))
+                undetermined=None if scored is None else scored.pooled.undetermined,
+                reference_sha256=None if scored is None else scored.reference_sha256))
             if self._post is not None:
                 self._post.issue(rows, digest)
             if global_arrays is not None and previous not in (None, global_arrays[0]):

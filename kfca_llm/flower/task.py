@@ -113,6 +113,40 @@ def evaluate_global_adapter(recipe: Recipe, global_state: Mapping[str, torch.Ten
     return evaluate_global(model, global_state, examples, pad_id, torch.device("cpu"))
 
 
+def reference_rows(recipe: Recipe) -> list:
+    """The server's ``kfca.reference-rows`` held-out rows (encoded), once per process; InputError where the data
+    set has none set aside."""
+    return _reference_rows(recipe_key(recipe))
+
+
+@lru_cache(maxsize=2)
+def _reference_rows(key: str) -> list:
+    """The server's held-out rows for its reference (``data.load_reference_examples``: rows no node trains on)."""
+    from ..data import load_reference_examples
+    from ..recipe import recipe_from_dict
+
+    recipe = recipe_from_dict(json.loads(key))
+    try:
+        return load_reference_examples(recipe, _model(key)[1], recipe.kfca.reference_rows)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+def reference_update(recipe: Recipe, global_arrays: Mapping[str, Any], server_round: int) -> dict[str, Any]:
+    """The server's trusted reference update of ``server_round`` (``kfca.reference-rows`` held-out rows, trained from
+    the round's global arrays as ``kfca-llm simulate`` trains it: ``fl.client.train_reference``), as numpy arrays
+    (name -> local - global) for ``KFCAStrategy(reference=...)``."""
+    from ..fl.client import train_reference
+
+    key = recipe_key(recipe)
+    model, tokenizer, _ = _model(key)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    global_state = {name: torch.as_tensor(array) for name, array in global_arrays.items()}
+    update = train_reference(model, global_state, reference_rows(recipe), recipe, server_round=server_round,
+                             device=torch.device("cpu"), pad_token_id=pad_id)
+    return {name: update[name].detach().cpu().numpy() for name in global_state}
+
+
 def node_attack(recipe: Recipe, node_config: Mapping[str, Any], partition: int) -> str | None:
     """The node's attack spec: its node config's ``attack``, else ``kfca.attackers`` for its partition."""
     spec = node_config.get("attack") or fixed_attackers(recipe).get(partition)

@@ -284,3 +284,50 @@ def test_a_wrong_setting_fails_the_flower_run_with_one_input_error_line_and_no_t
     assert len(errors) == 2, done.stderr
     assert "ServerApp raised an exception: InputError: no recipe file 'tny'" in errors[0]
     assert "InputError: cannot resume: scoring setting 'identity'" in errors[1]
+
+
+def test_kfca_reference_rows_makes_the_server_app_train_simulates_reference_each_round(tmp_path):
+    """``kfca.reference-rows = N``: the ServerApp's strategy trains the reference on the recipe's N held-out rows
+    from the round's global arrays, seeded by the round (``fl.client.train_reference``, what simulate calls), and
+    scores it as a peer of every participant: two nodes, no pool yet, and round 1 is not undetermined."""
+    from flower_local import LocalGrid
+
+    from kfca_llm.data import load_reference_examples
+    from kfca_llm.fl.client import train_reference
+    from kfca_llm.fl.reference import REFERENCE
+    from kfca_llm.flower.server_app import build_strategy
+    from kfca_llm.flower.task import _model, recipe_key
+
+    config = {**CONFIG, "kfca.ledger": str(tmp_path / "rewards.sqlite"), "kfca.reference-rows": 8,
+              "kfca.reference-weight": 2.0}
+    recipe = recipe_from_config(config, num_partitions=2)
+    strategy = build_strategy(recipe, config)
+    assert strategy.reference is not None and strategy.reference_weight == 2.0
+
+    global1 = initial_adapter(recipe)
+    model, tokenizer, _ = _model(recipe_key(recipe))
+    rows = load_reference_examples(recipe, tokenizer, 8)
+    expected = train_reference(model, global1, rows, recipe, server_round=2, device=torch.device("cpu"),
+                               pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    numpy_global = {k: v.numpy().copy() for k, v in global1.items()}
+    second = strategy.reference(numpy_global, server_round=2)
+    assert all(np.array_equal(second[k], expected[k].numpy()) for k in global1)  # simulate's reference of round 2
+    assert not all(np.array_equal(second[k], v) for k, v in strategy.reference(numpy_global, server_round=1).items())
+
+    def node(partition):
+        return lambda msg: train_reply(msg, _context({"partition-id": partition, "num-partitions": 2}), config)
+
+    strategy.start(grid=LocalGrid({11: node(0), 12: node(1)}), initial_arrays=ArrayRecord(global1), num_rounds=2)
+    assert sorted(strategy.reports) == [1, 2]
+    for report in strategy.reports.values():
+        assert all(REFERENCE in peers for peers in report.peers.values()) and REFERENCE not in report.rewards
+    assert strategy.undetermined == {1: (), 2: ()}
+    # Without it the same two nodes leave round 1 undetermined (no pool yet).
+    plain_config = {**CONFIG, "kfca.ledger": str(tmp_path / "p.sqlite")}
+    plain = build_strategy(recipe_from_config(plain_config, num_partitions=2), plain_config)
+    assert plain.reference is None
+    plain.start(grid=LocalGrid({11: node(0), 12: node(1)}), initial_arrays=ArrayRecord(global1), num_rounds=1)
+    assert len(plain.undetermined[1]) == 2
+    # A data set with no rows set aside fails the app before round 1, naming the key.
+    with pytest.raises(InputError, match="kfca.reference-rows needs rows no client has"):
+        build_strategy(recipe_from_config({**config, "dataset.name": "someone/real-data"}), config)

@@ -82,11 +82,13 @@ def _script_parser(path: str):
 
 def test_every_command_of_the_page_parses():
     commands = [line for block in fenced_blocks(page(PAGE), "bash") for line in block.splitlines() if line.strip()]
-    assert len(commands) == 5
+    assert len(commands) == 6
     for line in commands:
         words = shlex.split(line.split("  #")[0])
         if words[0] == "kfca-llm":
             build_parser(words[1]).parse_args(words[1:])
+        elif words[0] == "flwr":  # its --run-config keys: test_app checks them against the app's declared keys
+            assert words[1:3] == ["run", "."] and "kfca.reference-rows=32" in line
         else:
             assert words[0] == ".venv/bin/python" and words[1].startswith("benchmarks/")
             _script_parser(words[1]).parse_args(words[2:])

@@ -125,6 +125,21 @@ def test_resume_refuses_a_changed_scoring_setting_naming_it(tmp_path, setting, v
     assert [r.round for r in read_ledger(ledger).rounds] == [1, 2]
 
 
+def test_the_ledger_command_starts_without_torch_numba_or_flower(tmp_path):
+    """Reading and printing balances needs neither the scoring engine nor Flower: a cold `kfca-llm ledger` is a
+    tenth of a second, not the two or more that importing torch and numba takes."""
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=1, report=lambda line: None)
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "kfca_llm.cli", "ledger", str(ledger)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "1 run(s), 1 round(s) recorded" in done.stdout, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "kfca_llm" in imported and "rich" in imported  # what it does import is listed
+    heavy = imported & {"torch", "numba", "scipy", "triton", "flwr"}
+    assert not heavy, sorted(heavy)
+
+
 def test_ledger_command_prints_balances_as_table_and_csv(tmp_path, capsys):
     ledger = tmp_path / "rewards.sqlite"
     strategy = serve(ledger, rounds=2, report=lambda line: None)

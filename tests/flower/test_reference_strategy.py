@@ -5,6 +5,7 @@ flips). The reference is an honest update no node sent (the server's training on
 """
 
 import random
+import sqlite3
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from test_peer_pool_strategy import FLIPPER, NODES, node, update  # noqa: E402
 from kfca_llm import InputError  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
+from kfca_llm.flower.ledger import signs_path  # noqa: E402
+from kfca_llm.flower.ledger_rows import sha256_hex  # noqa: E402
 from kfca_llm.fl.reference import REFERENCE  # noqa: E402
 
 ROUNDS, SERVER = 20, 99
@@ -60,9 +63,50 @@ def test_with_a_reference_and_no_pool_every_round_pays_the_flippers_partner_and_
     assert strategy.undetermined == {t: () for t in strategy.rewards}
     assert all(result.train_metrics_clientapp[t]["kfca.undetermined"] == 0 for t in range(1, ROUNDS + 1))
     assert all(r.undetermined == () for r in read_ledger(tmp_path / "rewards.sqlite").rounds)
-    # The ledger keeps no reference signs: its rounds are unverifiable, never a false mismatch.
-    main(["verify", str(tmp_path / "rewards.sqlite")])
-    assert f"0 match, 0 mismatch, {ROUNDS} unverifiable" in capsys.readouterr().out
+    # The run keeps signs: the reference's too (never paid), named in each round's row and hashed into the chain, so
+    # verify scores every round against it again.
+    ledger = tmp_path / "rewards.sqlite"
+    rounds = read_ledger(ledger).rounds
+    assert all(r.reference_sha256 is not None and signs_path(ledger, r.reference_sha256).is_file() for r in rounds)
+    assert main(["verify", str(ledger)]) == 0
+    assert f"{ROUNDS} match, 0 mismatch, 0 unverifiable" in capsys.readouterr().out
+
+
+def test_a_tampered_or_missing_reference_sign_file_is_damaged_and_its_round_cell_breaks_the_chain(tmp_path, capsys):
+    ledger = tmp_path / "rewards.sqlite"
+    run(ServerUpdate(), ledger, rounds=4, keep_signs=True)
+    rounds = read_ledger(ledger).rounds
+    third = signs_path(ledger, rounds[2].reference_sha256)
+    words = bytearray(third.read_bytes())
+    words[0] ^= 1  # one sign of the reference flipped
+    third.write_bytes(bytes(words))
+    signs_path(ledger, rounds[3].reference_sha256).unlink()
+    assert main(["verify", str(ledger)]) == 1
+    out = capsys.readouterr().out
+    assert "round 3: damaged (stored signs" in out and "do not hash to their name (file altered)" in out
+    assert "round 4: damaged" in out and "missing" in out
+    assert "2 match, 0 mismatch, 0 unverifiable, 2 damaged" in out
+    # A reference scored with other signs than the ledger names: the flipped words under their own name fail the
+    # rescoring (a mismatch), and renaming the round's reference in its row breaks the chain.
+    third.write_bytes(bytes(words))
+    altered = sha256_hex(bytes(words))
+    signs_path(ledger, altered).write_bytes(bytes(words))
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("UPDATE rounds SET reference_sha256 = ? WHERE round = 3", (altered,))
+    main(["verify", str(ledger)])
+    out = capsys.readouterr().out
+    assert "round 3: mismatch" in out and "round 3: its rows do not hash to its chain hash (edited)" in out
+
+
+def test_a_reference_round_recorded_without_its_signs_is_unverifiable_never_a_false_mismatch(tmp_path, capsys):
+    """A ledger recorded before the reference's signs were kept (no reference_sha256): unverifiable."""
+    ledger = tmp_path / "rewards.sqlite"
+    run(ServerUpdate(), ledger, rounds=2, keep_signs=True)
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("UPDATE rounds SET reference_sha256 = NULL")
+    main(["verify", str(ledger)])
+    out = capsys.readouterr().out
+    assert "recorded without its signs" in out and "0 match, 0 mismatch, 2 unverifiable" in out
 
 
 def test_reference_weight_zero_pays_as_without_a_reference_bit_for_bit():

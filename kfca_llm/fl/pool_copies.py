@@ -1,0 +1,75 @@
+"""Copy detection across rounds for the peer pool (``fl.peer_pool``): a submission identical or near-identical to a
+pool entry of the window (the absolute rule on every bit), or, on a fixed 4,096-bit sketch, to any earlier
+submission of the run (its own included: ``stale``), is a copy; the round's duplicate policy pays it as a group whose
+other members were paid already.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ..engine.duplicates import DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy, disagreement_counts, find_duplicates
+
+SKETCH_WORDS = 128
+
+
+def sketch(words: np.ndarray) -> np.ndarray:
+    """A fixed sample of ``SKETCH_WORDS`` words (4,096 sign bits) spread over the update: the long memory of
+    copy detection (512 bytes a submission)."""
+    words = np.asarray(words, dtype=np.int32)
+    stride = max(1, words.size // SKETCH_WORDS)
+    return np.ascontiguousarray(words[::stride][:SKETCH_WORDS])
+
+
+def sketch_copies_of(signs: np.ndarray, clients: Sequence[str], checked: set[str],
+                     matches: Callable[[np.ndarray], list[tuple[str, float]]]) -> tuple[DuplicateGroup, ...]:
+    """Groups of a submission and the submissions older than the window its sketch copies (``matches``: the pool's
+    ``sketch_copies`` for this round: (entry, agreement) of each earlier submission the words match)."""
+    out = []
+    for k, client in enumerate(clients):
+        if client not in checked:
+            continue
+        found = matches(signs[k])
+        if found:
+            pairs = tuple(DuplicatePair(client, name, agreement, "near") for name, agreement in found)
+            out.append(DuplicateGroup(tuple(sorted({client, *(name for name, _ in found)})), pairs))
+    return tuple(out)
+
+
+def pool_copies_of(counts, names: Sequence[str], n_round: int, checked: set[str], rule: DuplicateRule
+                   ) -> tuple[DuplicateGroup, ...]:
+    """Groups of one participant and the pool entries it copies (identical or absolute rule only: the
+    one-factor model of in-round detection does not hold across rounds)."""
+    disagreements = disagreement_counts(counts)
+    tasks = int(counts.sizes.sum())
+    absolute = dataclasses.replace(rule, min_clients=max(len(names) + 1, rule.min_clients))
+    out = []
+    pool_rows = list(range(n_round, len(names)))
+    for i, client in enumerate(names[:n_round]):
+        if client not in checked:
+            continue
+        chosen = [i, *pool_rows]
+        found = find_duplicates([names[k] for k in chosen], disagreements[np.ix_(chosen, chosen)], tasks, absolute)
+        pairs = tuple(p for g in found if client in g.clients for p in g.pairs if client in (p.client, p.peer))
+        if pairs:
+            members = sorted({client, *(p.peer if p.client == client else p.client for p in pairs)})
+            out.append(DuplicateGroup(tuple(members), pairs))
+    return tuple(out)
+
+
+def apply_pool_policy(rewards: dict[str, float], in_round: Sequence[DuplicateGroup],
+                      pool_copies: Sequence[DuplicateGroup], policy: str) -> dict[str, float]:
+    """The round's policy on in-round groups; a copy of a pool entry is paid as the policy pays a group whose
+    other members were paid already: zero under ``zero`` and ``split`` (its share went to the entry's round),
+    unchanged under ``flag``."""
+    out = apply_duplicate_policy(rewards, in_round, policy)
+    if policy == "flag":
+        return out
+    for group in pool_copies:
+        for client in group.clients:
+            if client in out:
+                out[client] = min(out[client], 0.0)
+    return out
