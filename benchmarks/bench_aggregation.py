@@ -288,16 +288,17 @@ def plot(cells: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 7), sharey=True)
+    colours = dict(zip(FIGURE_METHODS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, (fraction, attack) in zip(axes.flat, FIGURE_PANELS):
         for method in FIGURE_METHODS:
             curves = [c["loss_per_round"] for c in cells
                       if (c["fraction"], c["attack"], c["method"]) == (fraction, attack, method)]
-            if len({len(curve) for curve in curves}) > 1:  # a longer run of the column: its own curve
+            if len({len(curve) for curve in curves}) > 1:  # a longer run of the column: its curve (the label says)
                 curves = [curve for curve in curves if len(curve) == max(len(c) for c in curves)]
             if curves:
                 mean = np.mean(curves, axis=0)
-                ax.plot(range(1, len(mean) + 1), mean, marker="o", markersize=3,
-                        label=f"{method} ({len(curves)} seed{'s' * (len(curves) > 1)})")
+                ax.plot(range(1, len(mean) + 1), mean, marker="o", markersize=3, color=colours[method],
+                        label=f"{method} ({len(curves)} seed{'s' * (len(curves) > 1)}, {len(mean)} rounds)")
         ax.set_title(f"{attack} @ {fraction}")
         ax.set_xlabel("round")
         ax.legend(fontsize=6)
