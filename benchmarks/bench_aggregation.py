@@ -233,7 +233,7 @@ def table(cells: list[dict]) -> str:
             if "attackers_excluded" in e:
                 text += f"; out {100 * e['attackers_excluded']:.0f}%/{100 * e.get('honest_excluded', 0):.0f}%"
             if e["rounds_kept_global"]:
-                text += f"; {e['rounds_kept_global']:.0f} rounds skipped"
+                text += f"; {e['rounds_kept_global']:.1f} rounds skipped"
             row.append(text)
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines)
