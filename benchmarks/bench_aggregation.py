@@ -2,7 +2,7 @@
 
 Every cell is one federation through the real pipeline (``kfca_llm.fl.rounds.run_federation`` on
 ``recipes/tiny.toml`` with overrides): ``--clients`` clients, a fraction of them per round (FlowerTune's
-``max(int(n * f), 2)``), 20% of them fixed attackers of one kind (``kfca.attackers``; clients 3, 7, 11, 15
+``max(int(n * f), 2)``), 20% of them fixed attackers of one kind (``kfca.attackers``; clients 3, 8, 13, 18
 of 20), the scoring the recipe defaults to (whatever ``kfca.peers`` & co. default to in this checkout). The
 global adapter is evaluated on the held-out rows after every round; the table gives the last round's loss
 and exact-answer accuracy.
@@ -53,14 +53,14 @@ ATTACKER_SHARE = 0.2
 
 
 def attackers(num_clients: int, spec: str) -> list[str]:
-    """20% of the clients, spread over the ids (3, 7, 11, 15 of 20)."""
+    """20% of the clients, spread over the ids (3, 8, 13, 18 of 20)."""
     count = max(1, round(ATTACKER_SHARE * num_clients))
     step = num_clients // count
     return [f"{step * i + step - 2}={spec}" for i in range(count)]
 
 
 def cell_recipe(args, fraction: float, attack: str, seed: int, aggregate: str):
-    return load_recipe("tiny", values={
+    return load_recipe("tiny", getattr(args, "set", None) or (), values={
         "num-clients": args.clients, "dataset.num-rows": args.clients * args.rows_per_client,
         "strategy.fraction-train": fraction, "num-server-rounds": args.rounds,
         "train.training-arguments.max-steps": args.steps, "kfca.attacks": [],
@@ -148,6 +148,15 @@ def exclusion_shares(report: dict) -> dict[str, float | None]:
             "honest_excluded": honest_out / honest if honest else None}
 
 
+def labelled(method: str, label: str | None) -> str:
+    """The method's name in the table: ``exclude-negative [round peers]`` for a run under ``--set``/``--label``."""
+    return f"{method} [{label}]" if label else method
+
+
+def base_method(name: str) -> str:
+    return name.split(" [", 1)[0]
+
+
 def run_cell(args, fraction: float, attack: str, seed: int, method: str) -> dict:
     started = time.perf_counter()
     replies = max(int(args.clients * fraction), 2)
@@ -162,25 +171,34 @@ def run_cell(args, fraction: float, attack: str, seed: int, method: str) -> dict
     result = run_federation(recipe, FederationOptions(progress=False, cpu=True, aggregator=aggregator))
     report = result.to_report()
     heldout = report["heldout"]
-    cell = {"fraction": fraction, "attack": attack, "seed": seed, "method": method, "rounds": args.rounds,
-            "steps": args.steps,
+    cell = {"fraction": fraction, "attack": attack, "seed": seed, "method": labelled(method, args.label),
+            "overrides": list(args.set or ()), "rounds": args.rounds, "steps": args.steps,
             "loss": heldout["loss"][-1], "accuracy": heldout["accuracy"][-1], "loss_per_round": heldout["loss"],
             "rounds_kept_global": sum(not r["aggregated"] for r in report["round_records"]),
             "wall_s": time.perf_counter() - started}
-    if method in KFCA_MODES[2:]:
+    if method in KFCA_MODES[2:] or method.startswith("kfca+"):
         cell.update(exclusion_shares(report))
     return cell
 
 
+def column(cell: dict) -> tuple[float, str, int]:
+    """A table column: (fraction, attack, rounds); a longer run of the same attack is a column of its own."""
+    return cell["fraction"], cell["attack"], cell["rounds"]
+
+
+def column_order(col: tuple[float, str, int]) -> tuple:
+    return col[0], ATTACKS.index(col[1]) if col[1] in ATTACKS else 99, col[2]
+
+
 def summarise(cells: list[dict]) -> dict:
-    """(fraction, attack, method) -> mean, min, max of the final loss and accuracy over seeds, and exclusions."""
+    """(column, method) -> mean, min, max of the final loss and accuracy over seeds, and exclusions."""
     groups: dict[tuple, list[dict]] = {}
     for c in cells:
-        groups.setdefault((c["fraction"], c["attack"], c["method"]), []).append(c)
+        groups.setdefault((column(c), c["method"]), []).append(c)
     out = {}
     for key, group in groups.items():
-        if len({(c["rounds"], c["steps"]) for c in group}) > 1:
-            raise ValueError(f"cells {key} ran with different rounds or steps: not one figure")
+        if len({c["steps"] for c in group}) > 1:
+            raise ValueError(f"cells {key} ran with different local steps: not one figure")
         losses, accuracies = [c["loss"] for c in group], [c["accuracy"] for c in group]
         entry = {"seeds": [c["seed"] for c in group], "loss": float(np.mean(losses)), "loss_min": min(losses),
                  "loss_max": max(losses), "accuracy": float(np.mean(accuracies)),
@@ -194,19 +212,18 @@ def summarise(cells: list[dict]) -> dict:
 
 
 def table(cells: list[dict]) -> str:
-    """Markdown: one row per method, one column per (fraction, attack): final held-out loss (mean, min-max over
-    seeds), exact answers; KFCA modes add the shares of attacker / honest updates left out; rounds whose
+    """Markdown: one row per method, one column per (fraction, attack, rounds): final held-out loss (mean, min-max
+    over seeds), exact answers; KFCA modes add the shares of attacker / honest updates left out; rounds whose
     aggregation kept nothing (the global adapter stayed) are counted."""
     summary = summarise(cells)
-    columns = sorted({(f, a) for f, a, _ in summary}, key=lambda c: (c[0], ATTACKS.index(c[1]) if c[1] in ATTACKS else 99))
-    methods = [m for m in METHODS if any((f, a, m) in summary for f, a in columns)]
-    rounds = {(c["fraction"], c["attack"]): c["rounds"] for c in cells}
-    lines = ["| method | " + " | ".join(f"{a} @ {f}, {rounds[f, a]} rounds" for f, a in columns) + " |",
+    columns = sorted({col for col, _ in summary}, key=column_order)
+    methods = sorted({m for _, m in summary}, key=lambda m: (METHODS.index(base_method(m)), m))
+    lines = ["| method | " + " | ".join(f"{a} @ {f}, {r} rounds" for f, a, r in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for method in methods:
         row = []
-        for f, a in columns:
-            e = summary.get((f, a, method))
+        for col in columns:
+            e = summary.get((col, method))
             if e is None:
                 row.append("not run")
                 continue
@@ -216,30 +233,81 @@ def table(cells: list[dict]) -> str:
             if "attackers_excluded" in e:
                 text += f"; out {100 * e['attackers_excluded']:.0f}%/{100 * e.get('honest_excluded', 0):.0f}%"
             if e["rounds_kept_global"]:
-                text += f"; {e['rounds_kept_global']:.0f} rounds skipped"
+                text += f"; {e['rounds_kept_global']:.1f} rounds skipped"
             row.append(text)
         lines.append(f"| {method} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def verdict(cells: list[dict]) -> list[str]:
-    """The issue's goal per column: exclude-negative within 5% of the oracle's final loss; at fraction 0.1 below
-    every Flower robust strategy alone."""
-    summary = summarise(cells)
+    """The issue's goal per column: exclude-negative (and each scoring variant of it) within 5% of the oracle's
+    final loss; below the best Flower robust strategy alone. Each comparison averages over the seeds both sides
+    ran (the oracle's, or the strategy's, may have fewer)."""
+    losses: dict[tuple, dict[int, float]] = {}
+    for c in cells:
+        losses.setdefault((column(c), c["method"]), {})[c["seed"]] = c["loss"]
+
+    def paired(ours: dict[int, float], theirs: dict[int, float]) -> tuple[float, float, int]:
+        seeds = sorted(set(ours) & set(theirs))
+        return (float(np.mean([ours[s] for s in seeds])) if seeds else math.nan,
+                float(np.mean([theirs[s] for s in seeds])) if seeds else math.nan, len(seeds))
+
     lines = []
-    for f, a in sorted({(f, a) for f, a, _ in summary}):
-        oracle, ours = summary.get((f, a, "honest")), summary.get((f, a, "exclude-negative"))
-        if oracle is None or ours is None:
-            continue
-        gap = ours["loss"] / oracle["loss"] - 1
-        text = f"{a} @ {f}: exclude-negative {100 * gap:+.1f}% of the oracle's loss ({'within' if gap <= 0.05 else 'OUTSIDE'} 5%)"
-        robust = {m: summary[(f, a, m)]["loss"] for m in FLOWER if (f, a, m) in summary}
-        if robust:
-            best = min(robust, key=robust.get)
-            text += (f"; best Flower robust strategy {best} {robust[best]:.3f}: exclude-negative "
-                     f"{'better' if ours['loss'] < robust[best] else 'NOT better'}")
-        lines.append(text)
+    for col in sorted({col for col, _ in losses}, key=column_order):
+        f, a, r = col
+        oracle = losses.get((col, "honest"))
+        variants = sorted(m for cc, m in losses if cc == col and base_method(m) == "exclude-negative")
+        for name in variants if oracle is not None else ():
+            ours_loss, oracle_loss, n = paired(losses[(col, name)], oracle)
+            if not n:
+                continue
+            gap = ours_loss / oracle_loss - 1
+            text = (f"{a} @ {f}, {r} rounds: {name} {100 * gap:+.1f}% of the oracle's loss "
+                    f"({'within' if gap <= 0.05 else 'OUTSIDE'} 5%; {n} seed{'s' * (n > 1)})")
+            robust = {m: paired(losses[(col, name)], losses[(col, m)]) for m in FLOWER if (col, m) in losses}
+            robust = {m: got for m, got in robust.items() if got[2]}
+            if robust:
+                best = min(robust, key=lambda m: robust[m][1] - robust[m][0])  # the lowest loss among them
+                mine, theirs, n = robust[best]
+                text += (f"; best Flower robust strategy {best} {theirs:.3f} against {mine:.3f} ({n} seed"
+                         f"{'s' * (n > 1)}): {name} {'better' if mine < theirs else 'NOT better'}")
+            lines.append(text)
     return lines
+
+
+FIGURE_PANELS = ((0.1, "flip"), (0.1, "scaled:-10"), (0.1, "zero"), (0.5, "flip"), (0.5, "scaled:-10"), (0.5, "zero"))
+FIGURE_METHODS = ("honest", "all", "exclude-negative", "exclude-negative [round-peers-only]", "reward-weighted", "krum",
+                  "fedmedian")
+
+
+def plot(cells: list[dict], path: Path) -> None:
+    """Held-out loss after each round, mean over seeds, of the main methods in six columns of the grid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7), sharey=True)
+    colours = dict(zip(FIGURE_METHODS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for ax, (fraction, attack) in zip(axes.flat, FIGURE_PANELS):
+        for method in FIGURE_METHODS:
+            curves = [c["loss_per_round"] for c in cells
+                      if (c["fraction"], c["attack"], c["method"]) == (fraction, attack, method)]
+            if len({len(curve) for curve in curves}) > 1:  # a longer run of the column: its curve (the label says)
+                curves = [curve for curve in curves if len(curve) == max(len(c) for c in curves)]
+            if curves:
+                mean = np.mean(curves, axis=0)
+                ax.plot(range(1, len(mean) + 1), mean, marker="o", markersize=3, color=colours[method],
+                        label=f"{method} ({len(curves)} seed{'s' * (len(curves) > 1)}, {len(mean)} rounds)")
+        ax.set_title(f"{attack} @ {fraction}")
+        ax.set_xlabel("round")
+        ax.legend(fontsize=6)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out loss (mean over seeds)")
+    fig.suptitle("Global adapter's held-out loss under 20% fixed attackers (tiny LLM, 20 clients)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,10 +320,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="local steps per round (train max-steps)")
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="recipe override for every cell (e.g. kfca.min-peers=0); needs --label")
+    parser.add_argument("--label", help="the cells' methods are named 'METHOD [LABEL]' (a scoring variant)")
     parser.add_argument("--out", type=Path, help="JSON of every cell (written after each cell: a long run resumes)")
     parser.add_argument("--markdown", type=Path, help="write the table here too")
+    parser.add_argument("--figure", type=Path, help="plot the held-out loss per round here (PNG)")
     parser.add_argument("--smoke", action="store_true", help="seconds: 6 clients, 2 rounds, 1 step, flip, 3 methods")
     args = parser.parse_args(argv)
+    if bool(args.set) != bool(args.label):
+        parser.error("--set and --label go together: a variant's cells need their own name")
     if args.smoke:
         args.clients, args.rows_per_client, args.fractions, args.attacks = 6, 8, [0.5], ["flip"]
         args.methods, args.seeds, args.rounds, args.steps = ["honest", "exclude-negative", "kfca+fedmedian"], [0], 2, 1
@@ -269,11 +343,11 @@ def main(argv: list[str] | None = None) -> int:
         for attack in args.attacks:
             for seed in args.seeds:
                 for method in args.methods:
-                    if (fraction, attack, seed, method) in done:
+                    if (fraction, attack, seed, labelled(method, args.label)) in done:
                         continue
                     cell = run_cell(args, fraction, attack, seed, method)
                     cells.append(cell)
-                    print(f"{attack} @ {fraction} seed {seed} {method}: loss {cell['loss']:.4f} "
+                    print(f"{attack} @ {fraction} seed {seed} {cell['method']}: loss {cell['loss']:.4f} "
                           f"accuracy {cell['accuracy']:.3f} ({cell['wall_s']:.1f} s)", file=sys.stderr, flush=True)
                     if args.out:
                         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -287,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.markdown:
         args.markdown.write_text(text + "\n")
+    if args.figure:
+        plot(cells, args.figure)
     return 0
 
 

@@ -18,6 +18,10 @@ what the saved output gives (and that today's code reproduces a cheap piece of i
         # saves them without their per-round records as benchmarks/noniid.json and benchmarks/noniid_llm.json,
         # rewrites the noniid-* tables
 
+    python benchmarks/bench_aggregation.py --steps 2 --out runs/agg.json ...   # ROBUSTNESS.md gives the invocations
+    python benchmarks/doc_tables.py aggregation runs/agg.json
+        # saves it as benchmarks/aggregation.json, rewrites the aggregation-* tables and benchmarks/aggregation.png
+
     python benchmarks/doc_tables.py fidelity benchmarks/fidelity.json   # only re-renders a saved run
 """
 
@@ -32,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED_FIDELITY = ROOT / "benchmarks" / "fidelity.json"
+SAVED_AGGREGATION = ROOT / "benchmarks" / "aggregation.json"
+AGGREGATION_FIGURE = ROOT / "benchmarks" / "aggregation.png"
 SAVED_NONIID = {"digits": ROOT / "benchmarks" / "noniid.json", "llm": ROOT / "benchmarks" / "noniid_llm.json"}
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 # The per-case tables' columns, in the order of the paper's comparison.
@@ -136,6 +142,25 @@ def noniid_tables(digits: dict, llm: dict) -> dict[str, str]:
     return {"noniid-digits": noniid_levels(digits), "noniid-llm": noniid_levels(llm), "noniid-comparison": comparison}
 
 
+def aggregation_bench():
+    """benchmarks/bench_aggregation.py as a module (the benchmarks folder is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_aggregation", ROOT / "benchmarks" / "bench_aggregation.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def aggregation_tables(grid: dict) -> dict[str, str]:
+    """The aggregation benchmark's table per fraction (``aggregation-fraction-10``: 0.1) and its goal lines."""
+    bench = aggregation_bench()
+    cells = grid["cells"]
+    tables = {f"aggregation-fraction-{round(100 * f)}": bench.table([c for c in cells if c["fraction"] == f]) + "\n"
+              for f in sorted({c["fraction"] for c in cells})}
+    return {**tables, "aggregation-goal": "".join(f"- {line}\n" for line in bench.verdict(cells))}
+
+
 def check_table(reports: list[str]) -> dict[str, str]:
     """docs/ci-check.md's table of the default expectations: each one's smallest gap on each run."""
     from kfca_llm.check import check_runs
@@ -183,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("fidelity", help="tables of a kfca-llm fidelity run").add_argument("json")
     sub.add_parser("check", help="the paper-llm table from runs").add_argument("reports", nargs="+")
+    sub.add_parser("aggregation", help="tables and figure of a bench_aggregation run").add_argument("json")
     sweeps = sub.add_parser("noniid", help="tables of the two non-IID sweeps")
     sweeps.add_argument("digits")
     sweeps.add_argument("llm")
@@ -200,6 +226,13 @@ def main(argv: list[str] | None = None) -> int:
             if source.resolve() != SAVED_NONIID[kind]:
                 SAVED_NONIID[kind].write_text(json.dumps(results[kind], indent=1) + "\n")
         tables = noniid_tables(results["digits"], results["llm"])
+    elif args.what == "aggregation":
+        source = Path(args.json)
+        grid = json.loads(source.read_text())
+        if source.resolve() != SAVED_AGGREGATION:
+            SAVED_AGGREGATION.write_text(json.dumps(grid, indent=1) + "\n")
+        tables = aggregation_tables(grid)
+        aggregation_bench().plot(grid["cells"], AGGREGATION_FIGURE)
     else:
         tables = check_table(args.reports)
     print("rewrote:", ", ".join(rewrite(tables)) or "nothing (already up to date)")

@@ -112,13 +112,21 @@ def test_evaluation_loss_is_the_models_token_loss_and_accuracy_counts_exact_answ
     assert evaluate_adapter(model, relabelled, pad_id, torch.device("cpu"))["accuracy"] == 1.0 - 1 / EVAL_BATCH
 
 
-def test_a_federation_reports_its_global_adapters_held_out_quality_each_round(tmp_path):
-    """Under a scaled flip the unguarded model's held-out loss rises above the oracle's; exclude-negative keeps
-    the attacker out (recorded per round) and stays with the oracle; simulate writes heldout.png."""
+def test_a_federation_reports_its_global_adapters_held_out_quality_each_round(tmp_path, tiny_model):
+    """Each round's figures are the held-out loss and accuracy of that round's global adapter (the one saved
+    after the round, evaluated again here on another model instance): not the base model's, nor the adapter
+    the round started from, nor the last trained client's, nor other rows'. Under a scaled flip the unguarded
+    model's held-out loss rises above the oracle's; exclude-negative keeps the attacker out (recorded per
+    round) and stays with the oracle; simulate writes heldout.png."""
+    from safetensors.torch import load_file
+
+    from kfca_llm.fl.client import load_adapter_state
+    from kfca_llm.fl.evaluate import evaluate_adapter
     from kfca_llm.simulate import run_one
 
     base = ["num-server-rounds=2", "train.training-arguments.max-steps=2", "strategy.fraction-train=1.0",
-            "kfca.attacks=[]", 'kfca.attackers=["3=scaled:-10"]', "train.save-client-updates=false"]
+            "kfca.attacks=[]", 'kfca.attackers=["3=scaled:-10"]', "train.save-client-updates=false",
+            "train.save-every-round=1"]
     reports = {mode: run_one(load_recipe(TINY, [*base, f"kfca.aggregate={mode}"]), tmp_path / mode, progress=False)
                for mode in ("honest", "all", "exclude-negative")}
     for mode, report in reports.items():
@@ -126,6 +134,17 @@ def test_a_federation_reports_its_global_adapters_held_out_quality_each_round(tm
         assert heldout["rows"] == 64 and len(heldout["loss"]) == len(heldout["accuracy"]) == 2
         assert [r["heldout"]["loss"] for r in report["round_records"]] == heldout["loss"]
         assert (tmp_path / mode / "heldout.png").stat().st_size > 0
+    model, pad_id, examples = tiny_model
+    with torch.no_grad(), model.disable_adapter():
+        base_loss = evaluate_adapter(model, examples, pad_id, torch.device("cpu"))["loss"]
+    for mode, report in reports.items():
+        for t, (loss, accuracy) in enumerate(zip(report["heldout"]["loss"], report["heldout"]["accuracy"]), start=1):
+            load_adapter_state(model, load_file(str(tmp_path / mode / "adapters" / f"round-{t:03d}" / "adapter_model.safetensors")))
+            expected = evaluate_adapter(model, examples, pad_id, torch.device("cpu"))
+            assert loss == pytest.approx(expected["loss"], rel=1e-5) and accuracy == expected["accuracy"]
+            assert abs(loss - base_loss) > 1e-3  # the global adapter moved: the base model would not pass
+    honest = reports["honest"]["heldout"]["loss"]
+    assert abs(honest[1] - honest[0]) > 1e-3  # nor would the adapter a round started from
     oracle, unguarded, guarded = (reports[m]["heldout"]["loss"][-1] for m in ("honest", "all", "exclude-negative"))
     assert unguarded > oracle + 0.1 and abs(guarded - oracle) < 0.05
     assert all("client-003" not in r["aggregated"] and len(r["aggregated"]) == 5

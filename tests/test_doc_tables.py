@@ -111,10 +111,27 @@ def test_every_noniid_table_is_what_the_saved_sweeps_give():
         assert body == expected[name], f"{path.name}: table {name} is not the saved sweep's; regenerate it"
 
 
+SAVED_AGGREGATION = json.loads(doc_tables.SAVED_AGGREGATION.read_text())
+
+
+def test_every_aggregation_table_is_what_the_saved_grid_gives():
+    """benchmarks/ROBUSTNESS.md and docs/robust-aggregation.md show the saved aggregation grid's tables (one per
+    fraction) and goal lines, as benchmarks/bench_aggregation.py prints them, and its figure."""
+    expected = doc_tables.aggregation_tables(SAVED_AGGREGATION)
+    assert set(expected) == {"aggregation-fraction-10", "aggregation-fraction-50", "aggregation-goal"}
+    blocks = [(p, name, body) for p, name, body in doc_tables.generated_blocks() if name.startswith("aggregation-")]
+    assert {(p.name, name) for p, name, _ in blocks} == {(page, name) for page in ("ROBUSTNESS.md", "robust-aggregation.md")
+                                                         for name in expected}
+    for path, name, body in blocks:
+        assert body == expected[name], f"{path.name}: table {name} is not the saved grid's; regenerate it"
+    assert doc_tables.AGGREGATION_FIGURE.stat().st_size > 0
+
+
 def test_every_generated_block_has_a_generator():
     names = {name for _, name, _ in doc_tables.generated_blocks()}
     generated = {*doc_tables.fidelity_tables(SAVED), *doc_tables.noniid_tables(SAVED_SWEEPS["digits"],
-                                                                               SAVED_SWEEPS["llm"])}
+                                                                               SAVED_SWEEPS["llm"]),
+                 *doc_tables.aggregation_tables(SAVED_AGGREGATION)}
     assert names == generated | {"check-paper-llm"}
 
 

@@ -102,6 +102,38 @@ def test_client_app_replies_global_plus_update_and_attacks_on_its_own_history():
     assert all(torch.equal(v, global2[k] + honest1[k]) for k, v in _returned(lagged).items())
 
 
+def test_client_app_evaluates_the_global_adapter_it_is_sent_on_the_held_out_rows():
+    """Flower's evaluate round: the reply's loss and accuracy are those of the adapter in the message, measured
+    again here on another model instance, whichever adapter the node's cached model last held (the trained
+    one, then the initial one, then the trained one again)."""
+    from kfca_llm.data import load_heldout_examples
+    from kfca_llm.fl.client import load_adapter_state
+    from kfca_llm.fl.evaluate import evaluate_adapter
+    from kfca_llm.flower.client_app import evaluate_reply
+    from kfca_llm.modeling import load_model_and_tokenizer
+
+    recipe = recipe_from_config(CONFIG, num_partitions=4)
+    initial = initial_adapter(recipe)
+    trained = {k: initial[k] + v for k, v in train_partition(recipe, 2, initial, 1).update.items()}
+    model, tokenizer = load_model_and_tokenizer(recipe, device="cpu")
+    examples = load_heldout_examples(recipe, tokenizer)
+
+    def expected(state):
+        load_adapter_state(model, state)
+        return evaluate_adapter(model, examples, tokenizer.pad_token_id, torch.device("cpu"))
+
+    assert abs(expected(trained)["loss"] - expected(initial)["loss"]) > 1e-3  # the two adapters tell apart
+    set_task_identity()
+    for state in (trained, initial, trained):
+        message = Message(RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord({"server-round": 1})}),
+                          dst_node_id=11, message_type="evaluate")
+        metrics = evaluate_reply(message, _context({"partition-id": 2}), CONFIG).content["metrics"]
+        want = expected(state)
+        assert metrics["num-examples"] == want["rows"] == len(examples) > 0
+        assert metrics["eval-loss"] == pytest.approx(want["loss"], rel=1e-5)
+        assert metrics["eval-accuracy"] == want["accuracy"]
+
+
 def test_every_app_key_and_every_run_config_key_the_pages_use_is_declared_for_flwr_run():
     """``flwr run`` refuses a --run-config key the app's pyproject does not declare (Flower's own check, run
     here: ``fuse_dicts(..., check_keys=True)``); the declared app keys keep the code's defaults."""
