@@ -5,23 +5,43 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(args, tmp_path):
-    env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, check=True, capture_output=True,
-                          text=True, timeout=600).stdout
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """Runs a benchmark script as `python SCRIPT ARGS` would, in this process (a fresh interpreter would import
+    torch, numba and triton again for each script), and returns what it printed. The worker's torch thread count
+    is restored: a benchmark may set its own."""
+    def run(args):
+        script = ROOT / args[0]
+        monkeypatch.chdir(ROOT)
+        monkeypatch.syspath_prepend(str(script.parent))
+        monkeypatch.setattr(sys, "argv", [str(script), *args[1:]])
+        threads = torch.get_num_threads()
+        capsys.readouterr()
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as exit:
+            assert exit.code in (None, 0), capsys.readouterr()
+        finally:
+            torch.set_num_threads(threads)
+        return capsys.readouterr().out
+    return run
 
 
-def test_cpu_engine_benchmark_small(tmp_path):
+def test_cpu_engine_benchmark_small(tmp_path, run_script):
     out = tmp_path / "bench.json"
-    printed = _run(["benchmarks/bench_cpu_engine.py", "--clients", "3", "--coords", "200000",
-                    "--tensor-size", "30000", "--repeat", "1", "--json", str(out)], tmp_path)
+    printed = run_script(["benchmarks/bench_cpu_engine.py", "--clients", "3", "--coords", "200000",
+                    "--tensor-size", "30000", "--repeat", "1", "--json", str(out)])
     figures = json.loads(out.read_text())
     assert "engine_over_floor" in printed and "sampled_over_expected" in printed and figures["clients"] == 3
     assert figures["bytes"] == 3 * 200_000 * 4
@@ -34,18 +54,18 @@ def test_cpu_engine_benchmark_small(tmp_path):
     assert figures["packed_bits_MiB"] == (3 + 1) * (6 * 938 + 625) * 4 / 2**20
 
 
-def test_triton_benchmark_smoke(tmp_path):
+def test_triton_benchmark_smoke(run_script):
     """Under TRITON_INTERPRET=1 (also where CUDA is present: the benchmark then stays on CPU tensors) it runs a
     resident and a streamed round of both formats and checks their words against the CPU backend."""
-    printed = _run(["benchmarks/bench_triton.py", "--smoke"], tmp_path)
+    printed = run_script(["benchmarks/bench_triton.py", "--smoke"])
     rows = [line.split("|")[1:4] for line in printed.splitlines() if line.startswith("| bf16") or line.startswith("| fp32")]
     assert [[c.strip() for c in row] for row in rows] == [["bf16", "2", "resident"], ["bf16", "3", "resident"],
                                                           ["fp32", "2", "resident"], ["fp32", "3", "streamed"]]
     assert printed.count("words equal the CPU backend's") == 4 and "cpu (TRITON_INTERPRET=1)" in printed
 
 
-def test_host_benchmark_smoke(tmp_path):
-    printed = _run(["benchmarks/bench_host.py", "--smoke"], tmp_path)
+def test_host_benchmark_smoke(run_script):
+    printed = run_script(["benchmarks/bench_host.py", "--smoke"])
     launches = {line.split("|")[2].strip(): int(line.split("|")[5]) for line in printed.splitlines()
                 if line.startswith("|    5 |")}
     # 5 clients, no partial words in this layout: one launch per round, or one per client when called per client
@@ -79,9 +99,9 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     assert len(tails) == 4 and all(scalar > 0 for _, scalar in tails.values())
 
 
-def test_scaling_benchmark_smoke(tmp_path):
+def test_scaling_benchmark_smoke(tmp_path, run_script):
     figure = tmp_path / "scaling.png"
-    printed = _run(["benchmarks/bench_scaling.py", "--smoke", "--figure", str(figure)], tmp_path)
+    printed = run_script(["benchmarks/bench_scaling.py", "--smoke", "--figure", str(figure)])
     rows = {line.split("|")[1].strip() + " p=" + line.split("|")[2].strip() for line in printed.splitlines()
             if line.startswith("| ") and not line.startswith("| method")}
     expected = {f"{m} p={p}" for m in ("KFCA-QP", "KFCA-QP counts", "KFCA-D") for p in ("1", "2", "5", "all")}
@@ -89,14 +109,14 @@ def test_scaling_benchmark_smoke(tmp_path):
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_overhead_benchmark_small(tmp_path):
-    printed = _run(["benchmarks/bench_overhead.py", "--calls", "2"], tmp_path)
+def test_overhead_benchmark_small(run_script):
+    printed = run_script(["benchmarks/bench_overhead.py", "--calls", "2"])
     cases = re.findall(r"^(2 clients x 5,280 \(flat\)|tiny recipe: .*?)\s+(expected|sampled)\s+\d+us", printed, re.M)
     assert len(cases) == 4 and {c[1] for c in cases} == {"expected", "sampled"}
 
 
-def test_robustness_benchmark_synthetic_part(tmp_path):
-    printed = _run(["benchmarks/bench_robustness.py", "--seeds", "2", "--rounds", "0"], tmp_path)
+def test_robustness_benchmark_synthetic_part(run_script):
+    printed = run_script(["benchmarks/bench_robustness.py", "--seeds", "2", "--rounds", "0"])
     # no false positive; with 6 to 20 honest clients copies with 1%, 5%, 20% of signs flipped, the copy of the
     # strongest client and the colluding pair caught, 10% flipped from 10 clients on (a weak client's copy can
     # be missed in smaller rounds; the 20%-noise copy is caught in some rounds only)
@@ -110,11 +130,11 @@ def test_robustness_benchmark_synthetic_part(tmp_path):
     assert "Honest rounds with any pair flagged: 0 of 12." in printed
 
 
-def test_aggregation_benchmark_smoke(tmp_path):
+def test_aggregation_benchmark_smoke(tmp_path, run_script):
     """bench_aggregation --smoke: 6 clients, 2 rounds, flip: the oracle, exclude-negative and FedMedian behind
     KFCA, each one table row with the held-out loss; exclude-negative reports the flipper left out."""
     out = tmp_path / "agg.json"
-    printed = _run(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)], tmp_path)
+    printed = run_script(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)])
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in printed.splitlines()
             if line.startswith("| ") and not line.startswith("| method")}
     assert set(rows) == {"honest", "exclude-negative", "kfca+fedmedian"}, printed
@@ -124,12 +144,12 @@ def test_aggregation_benchmark_smoke(tmp_path):
     assert len(cells) == 3 and all(len(c["loss_per_round"]) == 2 for c in cells)
 
 
-def test_few_peers_benchmark_smoke(tmp_path):
+def test_few_peers_benchmark_smoke(tmp_path, run_script):
     """Synthetic updates at two per round (no training): the pool fines the flipper's honest partners far less
     than round peers alone, which fine them as the flipper (ratio 1.00), and the figure is drawn."""
     figure = tmp_path / "few_peers.png"
-    printed = _run(["benchmarks/bench_few_peers.py", "--synthetic", "--rounds", "30", "--deviations", "flip,copy-pool",
-                    "--figure", str(figure)], tmp_path)
+    printed = run_script(["benchmarks/bench_few_peers.py", "--synthetic", "--rounds", "30", "--deviations", "flip,copy-pool",
+                    "--figure", str(figure)])
     rows = {tuple(cells[:2]): cells for cells in (
         [c.strip() for c in line.strip("|").split("|")] for line in printed.splitlines() if line.startswith("| f")
         or line.startswith("| c"))}
