@@ -159,7 +159,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 SLOW_SCOPES = {
     "tests/flower/test_superlink.py": 53,
-    "tests/test_benchmarks_smoke.py": 20,
+    "tests/test_benchmarks_smoke.py": 32,
     "tests/kernels/test_sampled_penalty.py": 36,
     "tests/flower/test_wrapped_simulation.py": 27,
     "tests/flower/test_ledger.py": 26,

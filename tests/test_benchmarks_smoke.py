@@ -16,11 +16,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _run(args):
+    """For the scripts that replace module attributes for their run (bench_host stubs the pack kernels,
+    bench_triton shrinks the staging buffer, bench_aggregation memoises training): a fresh interpreter, so the
+    worker's later tests see the real ones."""
+    env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, check=True, capture_output=True,
+                          text=True, timeout=600).stdout
+
+
 @pytest.fixture
 def run_script(monkeypatch, capsys):
     """Runs a benchmark script as `python SCRIPT ARGS` would, in this process (a fresh interpreter would import
-    torch, numba and triton again for each script), and returns what it printed. The worker's torch thread count
-    is restored: a benchmark may set its own."""
+    torch, numba and triton again for each script), and returns what it printed. Only for scripts that leave
+    module attributes alone (see `_run`); the worker's torch thread count is restored all the same."""
     def run(args):
         script = ROOT / args[0]
         monkeypatch.chdir(ROOT)
@@ -54,18 +63,18 @@ def test_cpu_engine_benchmark_small(tmp_path, run_script):
     assert figures["packed_bits_MiB"] == (3 + 1) * (6 * 938 + 625) * 4 / 2**20
 
 
-def test_triton_benchmark_smoke(run_script):
+def test_triton_benchmark_smoke():
     """Under TRITON_INTERPRET=1 (also where CUDA is present: the benchmark then stays on CPU tensors) it runs a
     resident and a streamed round of both formats and checks their words against the CPU backend."""
-    printed = run_script(["benchmarks/bench_triton.py", "--smoke"])
+    printed = _run(["benchmarks/bench_triton.py", "--smoke"])
     rows = [line.split("|")[1:4] for line in printed.splitlines() if line.startswith("| bf16") or line.startswith("| fp32")]
     assert [[c.strip() for c in row] for row in rows] == [["bf16", "2", "resident"], ["bf16", "3", "resident"],
                                                           ["fp32", "2", "resident"], ["fp32", "3", "streamed"]]
     assert printed.count("words equal the CPU backend's") == 4 and "cpu (TRITON_INTERPRET=1)" in printed
 
 
-def test_host_benchmark_smoke(run_script):
-    printed = run_script(["benchmarks/bench_host.py", "--smoke"])
+def test_host_benchmark_smoke():
+    printed = _run(["benchmarks/bench_host.py", "--smoke"])
     launches = {line.split("|")[2].strip(): int(line.split("|")[5]) for line in printed.splitlines()
                 if line.startswith("|    5 |")}
     # 5 clients, no partial words in this layout: one launch per round, or one per client when called per client
@@ -130,11 +139,11 @@ def test_robustness_benchmark_synthetic_part(run_script):
     assert "Honest rounds with any pair flagged: 0 of 12." in printed
 
 
-def test_aggregation_benchmark_smoke(tmp_path, run_script):
+def test_aggregation_benchmark_smoke(tmp_path):
     """bench_aggregation --smoke: 6 clients, 2 rounds, flip: the oracle, exclude-negative and FedMedian behind
     KFCA, each one table row with the held-out loss; exclude-negative reports the flipper left out."""
     out = tmp_path / "agg.json"
-    printed = run_script(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)])
+    printed = _run(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)])
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in printed.splitlines()
             if line.startswith("| ") and not line.startswith("| method")}
     assert set(rows) == {"honest", "exclude-negative", "kfca+fedmedian"}, printed
