@@ -34,10 +34,10 @@ import difflib
 import math
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
-from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError,
@@ -257,17 +257,12 @@ class Expectation(BaseModel):
                 value += sign * term.constant
         return value
 
-    @property
-    def required_gap(self) -> float:
-        """What every link's gap must exceed where the margin and tolerance are numbers (``gap_needed``)."""
-        return self.gap_needed()
-
     def margin_text(self) -> str:
         """The margin as the table shows it: ``+0.03``, ``-0.002`` (a tolerance), ``0.15 x honest``, ``-0.01 x honest``."""
         for amount, sign in ((self.margin, ""), (self.tolerance, "-")):
             if isinstance(amount, str):
                 return sign + amount
-        return f"{self.required_gap:+g}"
+        return f"{self.gap_needed():+g}"
 
     def describe(self) -> str:
         """The check with its scope, e.g. ``honest > * (mean over rounds)``."""

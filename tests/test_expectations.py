@@ -78,7 +78,7 @@ def test_bad_keys_are_refused_naming_entry_and_key(keys, message):
 def test_integers_are_numbers_and_quantiles_are_accepted():
     e = entry(margin=1, seeds=0.5, **{"from-round": 3})
     assert e.margin == 1.0 and e.seeds == 0.5 and e.from_round == 3
-    assert entry(tolerance=0.002).required_gap == -0.002
+    assert entry(tolerance=0.002).gap_needed() == -0.002
     relative = entry(margin="0.15x honest")  # written back as the table shows it
     assert (relative.margin, relative.scale_strategy, relative.margin_text()) == ("0.15 x honest", "honest", "0.15 x honest")
     assert relative.gap_needed(lambda strategy: -0.2) == pytest.approx(0.03)  # the magnitude of the mean
