@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
 TINY = RECIPES / "tiny.toml"
 # A short tiny federation: 3 rounds of 2 local steps, every round saved.
 SHORT = ["num-server-rounds=3", "train.training-arguments.max-steps=2", "train.save-every-round=1"]
@@ -51,3 +56,42 @@ def counter_words(n_clients: int, n_words: int, sparse_task: bool = False):
         task[mix32(index ^ np.uint32(0x2222)) > np.uint32(2**32 // 300)] = 0
     signs = mix32(np.arange(n_clients * n_words, dtype=np.uint32) ^ np.uint32(0x1234)).reshape(n_clients, n_words)
     return (signs & task).view(np.int32), task.view(np.int32)
+
+
+# Hostile inputs: every case ends in a verdict or one error line, never a hang or a traceback.
+KFCA = [sys.executable, "-m", "kfca_llm.cli"]
+LIMIT_S = 60
+
+
+@contextmanager
+def limited(seconds: int = LIMIT_S):
+    """Fail (TimeoutError) instead of hanging: a FIFO opened for reading, a quadratic regular expression."""
+    def expire(signum, frame):
+        raise TimeoutError(f"no answer within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def cli(*args: str, cwd: Path = ROOT) -> tuple[int, str, str]:
+    """``kfca-llm ARGS`` in a subprocess under ``LIMIT_S``: (exit status, stdout, stderr); never a traceback."""
+    done = subprocess.run([*KFCA, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=LIMIT_S)
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    return done.returncode, done.stdout, done.stderr
+
+
+def run_main(capsys, *args) -> tuple[int, str, str]:
+    """``kfca-llm ARGS`` in this process under ``limited``; an error exit (2) prints exactly one line."""
+    from kfca_llm.cli import main
+
+    with limited():
+        code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    if code == 2:
+        assert err.count("\n") == 1 and err.startswith("kfca-llm: error: "), err
+    return code, out, err

@@ -1,4 +1,4 @@
-"""An auditor runs `verify` on any ledger and `check` on any report: hostile files, forged histories, damaged state.
+"""An auditor runs `verify` and `ledger` on any ledger: hostile sign files, forged histories, type-confused cells.
 
 Every case ends in a clear verdict or one clear error line, never a hang or a traceback. Each runs under a time
 limit: ``limited`` (SIGALRM, in-process, for the library and ``main``) or ``cli`` (a subprocess with a timeout).
@@ -10,56 +10,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sqlite3
-import struct
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from kfca_llm import InputError
-from kfca_llm.cli import main
+from helpers import run_main
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-KFCA = [sys.executable, "-m", "kfca_llm.cli"]
-LIMIT_S = 60
 NODES = {1: "honest", 2: "honest", 3: "honest", 4: "flip", 5: "zero"}
-
-
-@contextmanager
-def limited(seconds: int = LIMIT_S):
-    """Fail (TimeoutError) instead of hanging: a FIFO opened for reading, a quadratic regular expression."""
-    def expire(signum, frame):
-        raise TimeoutError(f"no answer within {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-def cli(*args: str, cwd: Path = ROOT) -> tuple[int, str, str]:
-    """``kfca-llm ARGS`` in a subprocess under ``LIMIT_S``: (exit status, stdout, stderr); never a traceback."""
-    done = subprocess.run([*KFCA, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=LIMIT_S)
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    return done.returncode, done.stdout, done.stderr
-
-
-def run_main(capsys, *args) -> tuple[int, str, str]:
-    """``kfca-llm ARGS`` in this process under ``limited``; an error exit (2) prints exactly one line."""
-    with limited():
-        code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    if code == 2:
-        assert err.count("\n") == 1 and err.startswith("kfca-llm: error: "), err
-    return code, out, err
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -438,191 +398,3 @@ def test_a_ledger_path_that_is_not_a_ledger_is_one_error_line(tmp_path, capsys, 
         path.write_bytes(b"SQLite format 2\x00" + b"\x00" * 200)
     code, _, err = run_main(capsys, "verify", path)
     assert code == 2 and ("not a regular file" in err or "cannot read the reward ledger" in err)
-
-
-# ---- kfca-llm check on hostile reports --------------------------------------------------------------------
-
-
-def write_report(folder: Path, strategies: dict, **extra) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    report = {"seed": 0, "rounds": len(next(iter(strategies.values()))),
-              "strategies": {k: {"per_round": v} for k, v in strategies.items()}, **extra}
-    (folder / "report.json").write_text(json.dumps(report))
-    return folder / "report.json"
-
-
-def expect_file(tmp_path: Path, check: str) -> Path:
-    path = tmp_path / "e.toml"
-    path.write_text(f"[[expect]]\ncheck = {json.dumps(check)}\n")
-    return path
-
-
-@pytest.mark.parametrize("text", ["honest" + " " * 65536 + "x", "1" * 65536 + " x honest > 0",
-                                  "honest > " + "1" * 65536 + "x", "|" + " " * 65536])
-def test_a_64_kb_check_text_is_refused_at_once(tmp_path, capsys, text):
-    report = write_report(tmp_path / "r", {"honest": [0.1]})
-    code, _, err = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, text))
-    assert code == 2 and "more than 4096" in err
-
-
-@pytest.mark.parametrize("text, message", [("honest" + " " * 4000 + "x > 0", "is not a strategy"),
-                                           ("1" * 4000 + " x honest > 0", "the factor is not a finite number"),
-                                           ("1" * 4000 + "y > honest", "is not a strategy")])
-def test_a_long_check_text_under_the_cap_gets_the_error_of_its_term(tmp_path, capsys, text, message):
-    report = write_report(tmp_path / "r", {"honest": [0.1]})
-    code, _, err = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, text))
-    assert code == 2 and message in err
-
-
-@pytest.mark.parametrize("term", ["1" * 65536 + "y", "1" * 65536 + " x", "| " + " " * 65536, "a" + "." * 65536 + "!"])
-def test_each_terms_regular_expressions_stay_linear_past_the_cap(term):
-    from kfca_llm.expectations import _term
-
-    with limited(10), pytest.raises(ValueError, match="is not a strategy"):
-        _term(term)
-
-
-def test_a_newline_in_a_check_text_is_refused(tmp_path, capsys):
-    report = write_report(tmp_path / "r", {"honest": [0.1]})
-    code, _, err = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, "honest\n> 0"))
-    assert code == 2 and "control characters" in err
-
-
-def test_a_fifo_named_in_summary_json_is_refused_without_waiting(tmp_path, capsys):
-    os.mkfifo(tmp_path / "report.fifo")
-    (tmp_path / "summary.json").write_text(json.dumps({"runs": {"0": "report.fifo"}}))
-    code, _, err = run_main(capsys, "check", tmp_path, "--expect", expect_file(tmp_path, "honest > 0"))
-    assert code == 2 and "is not a regular file; not read" in err
-
-
-def test_a_link_in_summary_json_that_leaves_the_folder_is_refused(tmp_path, capsys):
-    outside = write_report(tmp_path / "outside", {"honest": [0.1]})
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "r.json").symlink_to(outside)
-    (run / "summary.json").write_text(json.dumps({"runs": {"0": "r.json"}}))
-    code, _, err = run_main(capsys, "check", run, "--expect", expect_file(tmp_path, "honest > 0"))
-    assert code == 2 and "must list report paths inside" in err
-
-
-@pytest.mark.parametrize("body, message", [
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"seed": 0, "rounds": 1, "strategies": {"honest": {"per_round": [' + "7" * 5000 + "]}}}",
-     "cannot be read as JSON"),
-    ('{"seed": 0, "rounds": 1, "strategies": {"honest": {"per_round": [' + "7" * 400 + "]}}}",
-     "a number too large for a float"),
-    ('{"seed": 0, "rounds": 1, "strategies": {"honest": {"per_round": [Infinity]}}}', "an infinite value"),
-    ('{"seed": 0, "rounds": 1, "strategies": {"honest": {"per_round": [0.1]}}, "round_records": [{"pairs": ['
-     '{"client": "a", "peer": "b", "honest_pair": true, "delta": [[1, 2], [3]]}]}]}', "is not a square matrix"),
-    ('{"seed": 0, "rounds": 1, "strategies": {"honest": {"per_round": [0.1]}}, "round_records": [{"pairs": ['
-     '{"client": "a", "peer": "b", "honest_pair": true, "delta": [[1, 2], [3, -Infinity]]}]}]}', "an infinite value"),
-    ('{"seed": ' + "9" * 30 + ', "rounds": 1, "strategies": {"honest": {"per_round": [0.1]}}}', "not a 64-bit"),
-    (b"\xff\xfe{}", "not UTF-8 text"),
-])
-def test_a_hostile_report_is_one_error_line(tmp_path, capsys, body, message):
-    path = tmp_path / "report.json"
-    path.write_bytes(body if isinstance(body, bytes) else body.encode())
-    code, _, err = run_main(capsys, "check", path, "--expect", expect_file(tmp_path, "honest > 0"))
-    assert code == 2 and message in err
-
-
-def test_a_newline_in_a_strategy_name_cannot_forge_a_ci_log_line(tmp_path):
-    forged = "x\n::error::all checks passed\nFAILED"
-    report = write_report(tmp_path / "r", {"honest": [0.1], forged: [0.4]})
-    code, out, _ = cli("check", report, "--expect", expect_file(tmp_path, "honest > *"))
-    assert code == 1
-    assert not any(line.startswith("::error::") for line in out.splitlines())
-    assert "x\\n::error::all checks passed\\nFAILED" in out
-
-
-# ---- output paths below a regular file: refused before the work ----------------------------------------------
-
-
-def test_junit_below_a_file_is_refused_before_the_check(tmp_path, capsys):
-    (tmp_path / "afile").write_text("")
-    report = write_report(tmp_path / "r", {"honest": [0.1]})
-    code, out, err = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, "honest > 0"),
-                              "--junit", tmp_path / "afile" / "sub" / "x.xml")
-    assert code == 2 and "afile is not a directory" in err and out == ""
-
-
-def test_score_json_below_a_file_is_refused_before_scoring(tmp_path, capsys):
-    (tmp_path / "afile").write_text("")
-    code, out, err = run_main(capsys, "score", tmp_path / "a.safetensors", tmp_path / "b.safetensors",
-                              "--json", tmp_path / "afile" / "sub" / "r.json")
-    assert code == 2 and "afile is not a directory" in err and out == ""
-
-
-def test_simulate_out_below_a_file_is_refused_before_the_run(tmp_path):
-    (tmp_path / "afile").write_text("")
-    code, out, err = cli("simulate", "--out", tmp_path / "afile" / "sub", "--no-progress")
-    assert code == 2 and "afile is not a directory" in err and "round" not in out
-
-
-# ---- simulate --resume on damaged state ---------------------------------------------------------------------
-
-
-@pytest.fixture
-def saved_state(tmp_path):
-    """The files a checkpoint of round 1 leaves (records, histories, the adapter), written as save_checkpoint does."""
-    import torch
-    from safetensors.torch import save_file
-
-    from kfca_llm.fl.state import round_dir, scoring_settings
-    from kfca_llm.recipe import load_recipe
-
-    recipe = load_recipe("tiny")
-    state = tmp_path / "state" / "round-001"
-    state.mkdir(parents=True)
-    (state / "records.json").write_text(json.dumps({"seed": 0, "strategies": ["honest"],
-                                                    "scoring": scoring_settings(recipe), "rounds": []}))
-    save_file({"client-001/001/w": torch.zeros(4, 2)}, str(state / "history.safetensors"))
-    round_dir(tmp_path, 1).mkdir(parents=True)
-    save_file({"w": torch.zeros(4, 2)}, str(round_dir(tmp_path, 1) / "adapter_model.safetensors"))
-    (state / "COMPLETE").write_text("1")
-    return tmp_path, recipe
-
-
-@pytest.mark.parametrize("damage, file", [
-    ("truncate", "state/round-001/records.json"), ("truncate", "state/round-001/history.safetensors"),
-    ("truncate", "adapters/round-001/adapter_model.safetensors"), ("shape", "adapters/round-001/adapter_model.safetensors"),
-])
-def test_resume_names_the_damaged_file_and_how_to_go_on(saved_state, damage, file):
-    import torch
-    from safetensors.torch import save_file
-
-    from kfca_llm.fl.state import load_checkpoint
-
-    out, recipe = saved_state
-    path = out / file
-    if damage == "truncate":
-        path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
-    else:
-        save_file({"w": torch.zeros(3, 2)}, str(path))
-    with limited(), pytest.raises(InputError) as caught:
-        load_checkpoint(out, 1, 0, ["honest"], recipe, {"w": (4, 2)})
-    message = str(caught.value)
-    assert f"{path} is damaged" in message and "delete" in message and "round-001 to resume from the round before" in message
-    assert "\n" not in message
-
-
-def test_the_undamaged_state_of_those_cases_loads(saved_state):
-    from kfca_llm.fl.state import load_checkpoint
-
-    out, recipe = saved_state
-    adapter, histories, rounds = load_checkpoint(out, 1, 0, ["honest"], recipe, {"w": (4, 2)})
-    assert tuple(adapter["w"].shape) == (4, 2) and list(histories) == ["client-001"] and rounds == []
-
-
-# ---- IDX files whose dimensions overflow ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dims, data", [((65536, 65536, 65536, 65536), b""), ((2 ** 32 - 1,) * 4, b"\x00" * 12),
-                                        ((0, 28, 28), b"")])
-def test_idx_dimensions_that_overflow_are_one_error(tmp_path, dims, data):
-    from kfca_llm.valuation.cases import read_idx
-
-    path = tmp_path / "train-images-idx3-ubyte"
-    path.write_bytes(b"\x00\x00\x08" + bytes([len(dims)]) + struct.pack(f">{len(dims)}I", *dims) + data)
-    with limited(), pytest.raises(InputError, match="header says"):
-        read_idx(path)
