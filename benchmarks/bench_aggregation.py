@@ -107,16 +107,18 @@ def flower_strategy(name: str, replies_expected: int, attackers_expected: float)
     return Bulyan(num_malicious_nodes=f)
 
 
-def flower_aggregator(strategy, kfca_mode: str):
-    """``FederationOptions.aggregator``: KFCA's rule ``kfca_mode`` picks the replies (``"all"``: every one), the
-    Flower strategy's ``aggregate_train`` aggregates them as it would a ServerApp's replies."""
+def flower_aggregator(strategy, kfca_mode: str, weak_verdict: str):
+    """``FederationOptions.aggregator``: KFCA's rule ``kfca_mode`` picks the replies (``"all"``: every one; under
+    the recipe's ``kfca.weak-verdict``), the Flower strategy's ``aggregate_train`` aggregates them as it would a
+    ServerApp's replies."""
     from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1  # messages read their run from it
 
     def aggregate(round_: RoundAggregation):
-        weights = aggregation_weights(kfca_mode, round_.rewards, {s.id: s.num_examples for s in round_.submissions})
+        weights = aggregation_weights(kfca_mode, round_.rewards, {s.id: s.num_examples for s in round_.submissions},
+                                      verdicts=round_.verdicts, weak_verdict=weak_verdict)
         by_id = {s.id: s for s in round_.submissions}
         replies = []
         for node, who in enumerate(weights, start=1):
@@ -167,7 +169,8 @@ def run_cell(args, fraction: float, attack: str, seed: int, method: str) -> dict
         recipe = cell_recipe(args, fraction, attack, seed, "all")
         name = method.removeprefix("kfca+")
         aggregator = flower_aggregator(flower_strategy(name, replies, ATTACKER_SHARE * replies),
-                                       "exclude-negative" if method.startswith("kfca+") else "all")
+                                       "exclude-negative" if method.startswith("kfca+") else "all",
+                                       recipe.kfca.weak_verdict)
     result = run_federation(recipe, FederationOptions(progress=False, cpu=True, aggregator=aggregator))
     report = result.to_report()
     heldout = report["heldout"]

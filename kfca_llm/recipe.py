@@ -46,6 +46,7 @@ AGGREGATES: tuple[str, ...] = Aggregate.__args__
 # Payment of copies found among a round's submissions (kfca_llm.engine.duplicates): "zero" (paid nothing;
 # the detector cannot tell the original from the copy), "split" (a group paid as one client), "flag".
 Duplicates = Literal["zero", "split", "flag"]
+WeakVerdict = Literal["trust-pool", "exclude-undetermined", "confirm-warm-up", "confirm-always", "round-peers-warm-up"]
 # Hugging Face names (TrainingArguments.lr_scheduler_type / optim) that the local training loop implements.
 LrScheduler = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 Optimizer = Literal["adamw_torch", "sgd", "adamw_bnb_8bit", "paged_adamw_8bit", "paged_adamw_32bit"]
@@ -141,6 +142,9 @@ class KfcaConfig(_Section):
     # trajectory (the paper's setting); "all": over every submitted update (an unguarded server);
     # "exclude-negative" / "reward-weighted": KFCAStrategy's rules (kfca_llm.fl.aggregate).
     aggregate: Aggregate = "honest"
+    # What exclude-negative / reward-weighted do with a reply paid against the peer pool while the pool's verdict
+    # is weak (kfca_llm.fl.aggregate.WEAK_VERDICT_RULES; KFCAStrategy(weak_verdict=...) reads the same key).
+    weak_verdict: WeakVerdict = "trust-pool"
     # Copies among the round's real submissions (never the attack analysis' side-by-side ones).
     duplicates: Duplicates = "zero"
     # Peers beyond the round (kfca_llm.fl.peer_pool): a client with fewer than min-peers in-round peers is also

@@ -5,7 +5,8 @@ import torch
 from helpers import TINY
 
 from kfca_llm import InputError
-from kfca_llm.fl.aggregate import REPLY_AGGREGATIONS, aggregation_weights
+from kfca_llm.fl.aggregate import (DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, WEAK_VERDICT_RULES, WeakVerdicts,
+                                 aggregation_weights)
 from kfca_llm.fl.client import ClientUpdate
 from kfca_llm.fl.rounds import RoundAggregation, aggregate_round
 from kfca_llm.fl.scoring import Submission
@@ -150,3 +151,67 @@ def test_a_federation_reports_its_global_adapters_held_out_quality_each_round(tm
     assert all("client-003" not in r["aggregated"] and len(r["aggregated"]) == 5
                for r in reports["exclude-negative"]["round_records"])
     assert all(r["aggregated"]["client-003"] == pytest.approx(1 / 6) for r in reports["all"]["round_records"])
+
+
+def _verdicts(in_round, *, short=None, warming=(), undetermined=()):
+    return WeakVerdicts(dict(in_round), frozenset(in_round if short is None else short), frozenset(warming),
+                        frozenset(undetermined))
+
+
+def test_a_reply_paid_by_the_pool_alone_is_held_to_its_in_round_reward_while_the_pool_warms_up():
+    """A pair of two: 'h' is paid > 0 by the pool but < 0 in its round (its partner 'f' flipped, and one peer
+    pays both alike). While the pool warms up for 'h' confirm-warm-up leaves it out; once warm, it is kept."""
+    pooled, weights = {"h": 0.05, "f": -0.1}, {"h": 10, "f": 10}
+    warming = _verdicts({"h": -0.2, "f": -0.2}, warming={"h", "f"})
+    warm = _verdicts({"h": -0.2, "f": -0.2})
+    for mode in ("exclude-negative", "reward-weighted"):
+        assert aggregation_weights(mode, pooled, weights, verdicts=warming, weak_verdict="confirm-warm-up") == {}
+        assert set(aggregation_weights(mode, pooled, weights, verdicts=warm, weak_verdict="confirm-warm-up")) == {"h"}
+        assert set(aggregation_weights(mode, pooled, weights, verdicts=warming, weak_verdict="trust-pool")) == {"h"}
+        assert aggregation_weights(mode, pooled, weights, verdicts=warm, weak_verdict="confirm-always") == {}
+        # round-peers-warm-up: the in-round reward instead of the pooled one while warming (both out here) ...
+        assert aggregation_weights(mode, pooled, weights, verdicts=warming, weak_verdict="round-peers-warm-up") == {}
+        # ... and it keeps a reply the pool fined whose round paid it > 0
+        agree = _verdicts({"h": 0.3, "f": 0.3}, warming={"h", "f"})
+        assert set(aggregation_weights(mode, pooled, weights, verdicts=agree, weak_verdict="round-peers-warm-up")) == {"h", "f"}
+        assert set(aggregation_weights(mode, pooled, weights, verdicts=agree, weak_verdict="confirm-warm-up")) == {"h"}
+    # reward-weighted keeps its pooled weight when confirmed (confirm-*), and takes the in-round one when it decides
+    assert aggregation_weights("reward-weighted", pooled, weights, verdicts=warm,
+                               weak_verdict="confirm-warm-up") == pytest.approx({"h": 0.5})
+    assert aggregation_weights("reward-weighted", pooled, weights, verdicts=agree,
+                               weak_verdict="round-peers-warm-up") == pytest.approx({"h": 3.0, "f": 3.0})
+    # exclude-undetermined: an undetermined reply is out whatever it was paid
+    assert set(aggregation_weights("exclude-negative", {"h": 0.3, "g": 0.3}, {"h": 1, "g": 1},
+                                   verdicts=_verdicts({"h": 0.3, "g": 0.3}, undetermined={"g"}),
+                                   weak_verdict="exclude-undetermined")) == {"h"}
+    # "all" takes every reply whatever the rule; an unknown rule is refused
+    assert set(aggregation_weights("all", pooled, weights, verdicts=warming, weak_verdict="confirm-always")) == {"h", "f"}
+    with pytest.raises(InputError, match="weak verdict rule must be one of .*got 'maybe'"):
+        aggregation_weights("exclude-negative", pooled, weights, weak_verdict="maybe")
+
+
+def test_replies_with_enough_in_round_peers_are_never_touched_by_a_weak_verdict_rule():
+    """Only replies the scoring lists as short (paid with the pool) are judged again: a round in which every reply
+    had min_peers in-round peers (no reply short) aggregates exactly as under trust-pool, whatever the rule."""
+    in_round = {"a": -0.5, "b": -0.5, "c": -0.5, "d": -0.5}  # would fail every in-round test
+    none_short = _verdicts(in_round, short=(), warming=(), undetermined=())
+    for mode in ("exclude-negative", "reward-weighted"):
+        today = aggregation_weights(mode, REWARDS, WEIGHTS)
+        for rule in WEAK_VERDICT_RULES:
+            assert aggregation_weights(mode, REWARDS, WEIGHTS, verdicts=none_short, weak_verdict=rule) == today
+            assert aggregation_weights(mode, REWARDS, WEIGHTS, verdicts=None, weak_verdict=rule) == today
+
+
+def test_the_recipe_knows_the_weak_verdict_rules_and_both_front_ends_default_alike():
+    from kfca_llm.recipe import KfcaConfig, WeakVerdict
+
+    assert WeakVerdict.__args__ == WEAK_VERDICT_RULES
+    assert KfcaConfig().weak_verdict == DEFAULT_WEAK_VERDICT
+    pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+    import inspect
+
+    from kfca_llm.flower import KFCAStrategy
+
+    assert inspect.signature(KFCAStrategy).parameters["weak_verdict"].default == DEFAULT_WEAK_VERDICT
+    with pytest.raises(InputError, match="weak verdict rule must be one of"):
+        KFCAStrategy(ledger=None, weak_verdict="maybe")

@@ -172,3 +172,39 @@ def test_a_stale_resubmission_older_than_the_window_is_caught_on_the_sketch():
     assert [g.clients for g in r5.pool_copies] == [("c03", "c03@1")]  # round 1 is outside the window of 2
     assert r5.pool_copies[0].pairs[0].agreement == 1.0 and r5.report.rewards["c03"] == 0.0
     assert r5.report.rewards["c07"] == r5.report.unadjusted_rewards["c07"]
+
+
+def test_a_pooled_round_reports_its_in_round_rewards_and_whether_the_pool_is_still_warming_up():
+    """``in_round_rewards`` is the round scored without the pool (bit for bit); a short participant is warming
+    up while undetermined or backed by fewer than ``pool_peers`` distinct pool participants of non-zero weight.
+    Round 8 of SCHEDULE (c01 beside the flipper c03): the pool has all 8 other clients, so at the default
+    ``pool_peers`` (8) c01's verdict is warm and the aggregation keeps c01 on its pooled reward; at 9 the pool
+    is still warming up for it, and confirm-warm-up holds it to its in-round reward (< 0: left out)."""
+    from kfca_llm.fl.aggregate import aggregation_weights
+
+    for pool_peers, warming_at_8 in ((8, ()), (9, ("c01", "c03"))):
+        scored = run_rounds(SCHEDULE, PoolSettings(pool_peers=pool_peers), deviations={3: "flip"})
+        for t, s in scored.items():
+            alone = score_updates(round_updates(t, SCHEDULE[t], {3: "flip"}), seed=t).rewards
+            assert s.in_round_rewards == alone and s.short == tuple(sorted(alone))
+            assert set(s.undetermined) <= set(s.warming) <= set(s.short)
+        assert all(scored[t].warming == scored[t].short for t in (1, 2))  # undetermined rounds warm up
+        assert scored[8].warming == warming_at_8
+        verdicts = scored[8].verdicts
+        assert verdicts.in_round_rewards["c01"] < 0 < scored[8].report.rewards["c01"]
+        weights = {"c01": 1, "c03": 1}
+        kept = aggregation_weights("exclude-negative", scored[8].report.rewards, weights, verdicts=verdicts,
+                                   weak_verdict="confirm-warm-up")
+        assert set(kept) == ({"c01"} if not warming_at_8 else set())
+        assert set(aggregation_weights("exclude-negative", scored[8].report.rewards, weights, verdicts=verdicts,
+                                       weak_verdict="trust-pool")) == {"c01"}
+
+
+def test_a_round_with_enough_in_round_peers_has_no_short_participant_for_the_aggregation_to_judge():
+    pool = PeerPool(PoolSettings(min_peers=2))
+    for t in range(1, 4):
+        pool.add_round(t, {f"c{c:02d}": w for c, w in zip((t, t + 10), pack_updates(round_updates(t, (t, t + 10))).words()[0])})
+    updates = round_updates(4, (0, 1, 2), {2: "flip"})
+    pooled = score_with_pool(pack_updates(updates), pool, 4, seed=123)
+    assert pooled.short == pooled.warming == () and pooled.in_round_rewards == pooled.report.rewards
+    assert pooled.verdicts.short == frozenset()

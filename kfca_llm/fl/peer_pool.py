@@ -28,6 +28,12 @@ also against ``pool_peers`` pool entries:
 
 A round in which every participant has ``min_peers`` in-round peers is scored exactly as without a pool
 (``SignPacker.score``): same rewards, bit for bit.
+
+What the aggregation may ask of a short participant's verdict (``PooledRound.verdicts``, ``fl.aggregate``'s
+weak-verdict rules): its in-round reward (the round scored without the pool, which ``score_with_pool`` computes
+first), and whether the pool is still *warming up* for it: undetermined, or fewer than ``pool_peers`` distinct
+pool participants of non-zero lag weight behind its reward (the first rounds of a run, when the window holds few
+participants and the lag weights rest on few pairs).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from ..engine.stats import PairPayment, joint_tables, pair_payments
 from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
+from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch, sketch_copies_of
 from .reference import REFERENCE, check_reference_weight
 
@@ -118,10 +125,22 @@ class PooledRound:
     """Groups of a participant and the pool entries it copies (also in ``report.duplicates``)."""
     lag_weights: dict[int, float] = dataclasses.field(default_factory=dict)
     """Lag (rounds back) -> the signed weight of a pool peer that old (see the module docstring)."""
+    in_round_rewards: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Scorer -> its reward from its round's peers only (``SignPacker.score``'s report, before the pool)."""
+    short: tuple[str, ...] = ()
+    """Scorers with fewer than ``min_peers`` in-round peers (their reward was computed with the pool)."""
+    warming: tuple[str, ...] = ()
+    """Of ``short``, those the pool is still warming up for (see the module docstring)."""
 
     @property
     def used_pool(self) -> bool:
         return any(self.pool_peers.values())
+
+    @property
+    def verdicts(self) -> WeakVerdicts:
+        """What ``fl.aggregate.aggregation_weights`` needs to apply a weak-verdict rule."""
+        return WeakVerdicts({c: self.in_round_rewards[c] for c in self.short}, frozenset(self.short),
+                            frozenset(self.warming), frozenset(self.undetermined))
 
 
 class PeerPool:
@@ -234,22 +253,24 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
                              f"round's are ({packer.words()[0].shape[1]},) int32", client=REFERENCE)
     else:
         reference = None
+    in_round_rewards = dict(report.rewards)
     pool_on = pool is not None and pool.settings.enabled
     if not pool_on and reference is None:
-        return PooledRound(report, {c: [] for c in report.rewards}, ())
+        return PooledRound(report, {c: [] for c in report.rewards}, (), in_round_rewards=in_round_rewards)
     real = set(packer.clients if copy_candidates is None else map(str, copy_candidates))
     in_round = report.peers
     owner = {c: c for c in real} | dict(owners or {})
     short = [c for c in sorted(report.rewards)
              if pool_on and c in owner and len(set(in_round[c])) < pool.settings.min_peers]
     if not short and reference is None:
-        return PooledRound(report, {c: [] for c in report.rewards}, ())
+        return PooledRound(report, {c: [] for c in report.rewards}, (), in_round_rewards=in_round_rewards)
     chosen = {c: pool.candidates(round_, owner[c], exclude=sorted(real)) for c in short}
     # Every entry of the window and the round before it: copy detection covers them all, lag weights need them.
     rows = {e.name: e for e in pool.entries(round_, extra=1)} if short else {}
     if not rows and reference is None:
         undetermined = tuple(c for c in short if c in real)
-        return PooledRound(report, {c: [] for c in report.rewards}, undetermined)
+        return PooledRound(report, {c: [] for c in report.rewards}, undetermined, in_round_rewards=in_round_rewards,
+                           short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings))
     return _score_pooled(packer, pool, round_, report, rows, chosen, real, set(owner), seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                          reference=reference, reference_weight=reference_weight)
@@ -314,8 +335,20 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # A trusted reference tells an honest participant from a deviator at any round size.
     undetermined = () if reference is not None or pool is None else tuple(
         c for c in sorted(report.rewards) if c in real and len(weighted.get(c, ())) < pool.settings.min_peers)
+    support = {c: len({e.participant for e in entries if lag_weights.get(round_ - e.round, 0.0) != 0.0})
+               for c, entries in chosen.items()}
+    # A trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
+    warming = () if reference is not None else _warming(list(chosen), support, undetermined, pool.settings)
     return PooledRound(report, {c: [e.name for e in chosen.get(c, [])] for c in report.rewards}, undetermined,
-                       pool_copies, lag_weights)
+                       pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards), short=tuple(chosen),
+                       warming=warming)
+
+
+def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],
+             settings: PoolSettings) -> tuple[str, ...]:
+    """The short scorers the pool is still warming up for: undetermined, or fewer than ``pool_peers`` distinct
+    pool participants of non-zero weight (``support``) behind the reward."""
+    return tuple(c for c in short if c in undetermined or support.get(c, 0) < settings.pool_peers)
 
 
 def _lag_weights(counts, entries: Sequence[PoolEntry], first: int, round_: int, settings: PoolSettings

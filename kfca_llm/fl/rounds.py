@@ -33,7 +33,7 @@ from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
 from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
 from ..tensors import StateDict
-from .aggregate import aggregation_weights, fedavg
+from .aggregate import WeakVerdicts, aggregation_weights, fedavg
 from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client, train_reference
 from .distributed import Processes
 from .evaluate import evaluate_global
@@ -87,6 +87,8 @@ class RoundAggregation:
     trained: dict[str, ClientUpdate]
     submissions: list[Submission]
     rewards: dict[str, float]
+    verdicts: WeakVerdicts | None = None
+    """The submissions paid with the peer pool (``RoundScores.verdicts``), for ``kfca.weak-verdict``."""
 
 
 def submission_rewards(submissions: list[Submission], scores: RoundScores) -> dict[str, float]:
@@ -146,7 +148,8 @@ def aggregate_round(recipe: Recipe, round_: RoundAggregation) -> tuple[StateDict
         updates = {cid: r.update for cid, r in round_.trained.items()}
     else:
         weights = aggregation_weights(recipe.kfca.aggregate, round_.rewards,
-                                      {s.id: s.num_examples for s in round_.submissions})
+                                      {s.id: s.num_examples for s in round_.submissions},
+                                      verdicts=round_.verdicts, weak_verdict=recipe.kfca.weak_verdict)
         updates = {s.id: s.update for s in round_.submissions}
     if not weights:  # no submission kept: the global adapter stays
         return round_.global_state, weights
@@ -222,7 +225,8 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         if options.on_round is not None and procs.is_main:
             options.on_round(RoundContext(t, model, tokenizer, pad_id, procs.device, start_state, submissions))
         clock.lap()
-        aggregation = RoundAggregation(t, start_state, trained, submissions, submission_rewards(submissions, scores))
+        aggregation = RoundAggregation(t, start_state, trained, submissions, submission_rewards(submissions, scores),
+                                       scores.verdicts)
         aggregate = options.aggregator or (lambda round_: aggregate_round(recipe, round_))
         global_state, weights = aggregate(aggregation)
         aggregate_s = clock.lap()

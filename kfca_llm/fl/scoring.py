@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..api import pack_updates
+from .aggregate import WeakVerdicts
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
 from .reference import reference_signs
 from ..errors import InputError
@@ -75,6 +76,8 @@ class RoundScores:
     """Submission id -> the pool entries (``client@round``) it was scored against (only those that had any)."""
     strategy_copies: list[str] = field(default_factory=list)
     """The analysis client's strategies paid as copies of an earlier round's submission (``fl.peer_pool``)."""
+    verdicts: WeakVerdicts | None = None
+    """The submissions (by id) paid with the peer pool, for the aggregation's weak-verdict rule (``fl.aggregate``)."""
 
 
 def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
@@ -152,4 +155,4 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
                     for g in report.duplicates if not any(c in by_id and by_id[c].analysis for c in g.clients)],
         pack_s=pack_s, undetermined=list(pooled.undetermined),
         strategy_copies=[s.strategy for s in analysed if any(s.id in g.clients for g in pooled.pool_copies)],
-        pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers})
+        pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers}, verdicts=pooled.verdicts)

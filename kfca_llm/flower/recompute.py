@@ -37,10 +37,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, duplicates: str,
                      duplicate_rule: DuplicateRule, aggregation: str, seed: int, identity: str,
-                     pool: Mapping[str, Any] | None = None, reference_weight: float | None = None) -> dict[str, Any]:
+                     pool: Mapping[str, Any] | None = None, reference_weight: float | None = None,
+                     weak_verdict: str | None = None) -> dict[str, Any]:
     """What decides a round's payments, as the ledger records it per run and per round (JSON); ``pool``: the
     peer pool's settings (``PoolSettings.to_dict``), left out where there is none; ``reference_weight``: the
-    trusted reference's weight (``fl.reference``), left out where there is no reference."""
+    trusted reference's weight (``fl.reference``), left out where there is no reference; ``weak_verdict``: the
+    aggregation's weak-verdict rule (``fl.aggregate``), left out where the aggregation takes every reply."""
     out = {"peers": peers, "penalty": penalty, "bonus_fraction": float(bonus_fraction), "duplicates": duplicates,
            "duplicate_rule": dataclasses.asdict(duplicate_rule), "aggregation": aggregation, "seed": int(seed),
            "identity": identity}
@@ -48,6 +50,8 @@ def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, 
         out["pool"] = dict(pool)
     if reference_weight is not None:
         out["reference_weight"] = float(reference_weight)
+    if weak_verdict is not None:
+        out["weak_verdict"] = weak_verdict
     return out
 
 

@@ -93,7 +93,8 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           receipt_key=str(config.get("kfca.receipt-key", "")) or None,
                           min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
                           pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight,
-                          reference=reference, reference_weight=recipe.kfca.reference_weight)
+                          reference=reference, reference_weight=recipe.kfca.reference_weight,
+                          weak_verdict=recipe.kfca.weak_verdict)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,

@@ -34,7 +34,7 @@ from .. import __version__
 from ..engine import get_backend
 from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError
-from ..fl.aggregate import REPLY_AGGREGATIONS, aggregation_weights
+from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation_weights, check_weak_verdict
 from ..fl.peer_pool import PeerPool, PoolSettings
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
@@ -100,7 +100,9 @@ class KFCAStrategy(Strategy):
     ``aggregation``: ``"all"`` (the wrapped strategy sees every valid reply), ``"exclude-negative"``
     (replies paid < 0 are dropped first), ``"reward-weighted"`` (the wrapped strategy's weight key is
     scaled by max(reward, 0)). A round with fewer than two valid replies is not scored (recorded as such)
-    and every valid reply is aggregated.
+    and every valid reply is aggregated. ``weak_verdict``: what those two modes do with a reply paid against the
+    peer pool while the pool's verdict is weak (``kfca_llm.fl.aggregate.WEAK_VERDICT_RULES``, the rule of
+    ``kfca-llm simulate``'s ``kfca.weak-verdict`` too).
 
     ``duplicates``: payment of copies found among a round's valid replies (``kfca_llm.engine.duplicates``):
     ``"zero"`` (default), ``"split"``, ``"flag"``; the ledger also keeps each unadjusted reward and group.
@@ -138,10 +140,11 @@ class KFCAStrategy(Strategy):
                  pool_window: int = PoolSettings.window, pool_peers: int = PoolSettings.pool_peers,
                  pool_weight: float = PoolSettings.weight,
                  reference: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None,
-                 reference_weight: float = DEFAULT_REFERENCE_WEIGHT):
+                 reference_weight: float = DEFAULT_REFERENCE_WEIGHT, weak_verdict: str = DEFAULT_WEAK_VERDICT):
         strategy = FedAvg() if strategy is None else strategy
         _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
                        identity)
+        self.weak_verdict = check_weak_verdict(weak_verdict)
         if resume and ledger is None:
             raise InputError("resume needs a ledger (it continues the ledger's last run)")
         if receipt_key is not None and ledger is None:
@@ -172,6 +175,7 @@ class KFCAStrategy(Strategy):
         self.settings = scoring_settings(peers=self.peers, penalty=penalty, bonus_fraction=self.bonus_fraction,
                                          duplicates=duplicates, duplicate_rule=self.duplicate_rule,
                                          aggregation=aggregation, seed=self.seed, identity=identity,
+                                         weak_verdict=None if aggregation == "all" else self.weak_verdict,
                                          pool=self.pool.settings.to_dict(),
                                          reference_weight=None if reference is None else self.reference_weight)
         self.rewards: dict[int, dict[str, float]] = {}
@@ -268,8 +272,7 @@ class KFCAStrategy(Strategy):
         else:
             failures.append((None, f"round not scored: {len(paid)} valid repl{'y' if len(paid) == 1 else 'ies'}, "
                                    "KFCA needs at least two"))
-        report = None if scored is None else scored.report
-        chosen, why_none = self._select(paid, report)
+        chosen, why_none = self._select(paid, scored)
         arrays, metrics = None, None
         if why_none is not None:
             failures.append((None, why_none))
@@ -321,7 +324,7 @@ class KFCAStrategy(Strategy):
                            duplicate_rule=self.duplicate_rule, reference=reference,
                            reference_weight=self.reference_weight, keep_signs=self.keep_signs)
 
-    def _select(self, paid: Mapping[str, Message], report: RewardReport | None
+    def _select(self, paid: Mapping[str, Message], scored: ScoredRound | None
                 ) -> tuple[list[Message], str | None]:
         """The replies the wrapped strategy aggregates (in node-id order), or why it aggregates none.
 
@@ -330,10 +333,12 @@ class KFCAStrategy(Strategy):
         wrapped strategy's weight key."""
         order = sorted(paid, key=lambda who: str(paid[who].metadata.src_node_id))
         weights = {who: reply_weight(paid[who], self.weighted_by_key) for who in order}
-        kept = aggregation_weights(self.aggregation, None if report is None else report.rewards, weights)
+        kept = aggregation_weights(self.aggregation, None if scored is None else scored.report.rewards, weights,
+                                   verdicts=None if scored is None else scored.pooled.verdicts,
+                                   weak_verdict=self.weak_verdict)
         if not kept:
-            return [], (f"no reply was paid {'>=' if self.aggregation == 'exclude-negative' else '>'} 0; "
-                        "the global arrays are kept")
+            return [], (f"no reply was paid {'>=' if self.aggregation == 'exclude-negative' else '>'} 0 (weak "
+                        f"verdicts: {self.weak_verdict}); the global arrays are kept")
         return [paid[who] if kept[who] == weights[who] else reweighted(paid[who], self.weighted_by_key, kept[who])
                 for who in order if who in kept], None
 

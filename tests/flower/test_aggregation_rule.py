@@ -58,3 +58,44 @@ def test_both_front_ends_take_their_replies_from_the_one_rule(monkeypatch):
     rewards = strategy.rewards[1]
     assert kept == [4] and min(rewards, key=rewards.get).startswith("key:")
     assert set(aggregate_round(_recipe("exclude-negative"), _round(REWARDS))[1]) == {"c"}
+
+
+def test_both_front_ends_hand_the_pools_verdicts_and_the_weak_verdict_rule_to_the_one_rule(monkeypatch, tmp_path):
+    """Two replies a round (each short of min_peers in-round peers): simulate's ``kfca.weak-verdict`` and
+    ``KFCAStrategy(weak_verdict=...)`` both reach ``fl.aggregate``'s weak-verdict step with the scoring's
+    verdicts. Swapped for a rule that leaves out every short reply, both aggregate nothing; as shipped both
+    keep the honest pair of round 1 (paid > 0 in its round and by the empty pool alike)."""
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+
+    seen = []
+
+    def every_short_reply_out(rule, verdicts):
+        seen.append((rule, sorted(verdicts.short)))
+        return verdicts.short, frozenset(), frozenset()
+
+    nodes = {1: numpy_node("honest"), 2: numpy_node("honest")}
+
+    def flower_kept():
+        inner = RecordingFedAvg()
+        strategy = KFCAStrategy(inner, ledger=None, aggregation="exclude-negative", weak_verdict="confirm-always")
+        strategy.start(grid=LocalGrid(nodes), initial_arrays=initial_arrays(), num_rounds=1)
+        return strategy, [m.metadata.src_node_id for m in inner.received.get(1, [])]
+
+    recipe = load_recipe(TINY, ["num-clients=4", "strategy.fraction-train=0.5", "num-server-rounds=1",
+                                "train.training-arguments.max-steps=1", "kfca.attacks=[]",
+                                "kfca.aggregate=exclude-negative", "kfca.weak-verdict=confirm-always",
+                                "train.save-client-updates=false"])
+
+    def simulate_kept():
+        report = run_federation(recipe, FederationOptions(progress=False, cpu=True, evaluate=False)).to_report()
+        return report["round_records"][0]["aggregated"], report["round_records"][0]["clients"]
+
+    assert flower_kept()[1] == [1, 2]
+    kept, clients = simulate_kept()
+    assert set(kept) == set(clients) and len(clients) == 2
+
+    monkeypatch.setattr(aggregate, "_weak", every_short_reply_out)
+    strategy, kept = flower_kept()
+    assert kept == [] and seen == [("confirm-always", sorted(strategy.rewards[1]))]
+    kept, clients = simulate_kept()
+    assert kept == {} and seen[1] == ("confirm-always", sorted(clients))
