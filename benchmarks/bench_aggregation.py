@@ -15,8 +15,9 @@ Methods:
   attackers expected in a round, at least 1): Flower's own classes (``flwr.serverapp.strategy``), their
   ``aggregate_train`` called on the round's replies (global + submission, weighted by examples) through
   ``FederationOptions.aggregator``: the same replies a ServerApp would receive, without a simulation engine;
-- ``kfca+<strategy>``: KFCA's ``exclude-negative`` first (``aggregation_weights``), the Flower strategy on the
-  replies it keeps: ``KFCAStrategy(<strategy>, aggregation="exclude-negative")``.
+- ``kfca+<strategy>``: KFCA's ``exclude-negative`` first (``aggregation_weights``, under the recipe's
+  ``kfca.weak-verdict``), the Flower strategy on the replies it keeps: ``KFCAStrategy(<strategy>,
+  aggregation="exclude-negative")``.
 A round whose aggregation returns nothing (Bulyan below 4f + 3 replies) keeps the global adapter.
 
 Clients' local training is memoised on (global adapter bytes, client, round): cells that reach the same
@@ -279,8 +280,8 @@ def verdict(cells: list[dict]) -> list[str]:
 
 
 FIGURE_PANELS = ((0.1, "flip"), (0.1, "scaled:-10"), (0.1, "zero"), (0.5, "flip"), (0.5, "scaled:-10"), (0.5, "zero"))
-FIGURE_METHODS = ("honest", "all", "exclude-negative", "exclude-negative [round-peers-only]", "reward-weighted", "krum",
-                  "fedmedian")
+FIGURE_METHODS = ("honest", "all", "exclude-negative", "exclude-negative [trust-pool]",
+                  "exclude-negative [round-peers-only]", "reward-weighted", "krum", "fedmedian")
 
 
 def plot(cells: list[dict], path: Path) -> None:
@@ -329,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="JSON of every cell (written after each cell: a long run resumes)")
     parser.add_argument("--markdown", type=Path, help="write the table here too")
     parser.add_argument("--figure", type=Path, help="plot the held-out loss per round here (PNG)")
+    parser.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)),
+                        help="torch threads (1 on a busy machine: two threads sharing a loaded core wait on each other)")
     parser.add_argument("--smoke", action="store_true", help="seconds: 6 clients, 2 rounds, 1 step, flip, 3 methods")
     args = parser.parse_args(argv)
     if bool(args.set) != bool(args.label):
@@ -336,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.clients, args.rows_per_client, args.fractions, args.attacks = 6, 8, [0.5], ["flip"]
         args.methods, args.seeds, args.rounds, args.steps = ["honest", "exclude-negative", "kfca+fedmedian"], [0], 2, 1
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(args.threads)
     stats = memoised_training()
     cells: list[dict] = json.loads(args.out.read_text())["cells"] if args.out and args.out.exists() else []
     done = {(c["fraction"], c["attack"], c["seed"], c["method"]) for c in cells

@@ -101,9 +101,11 @@ class Plan:
                      f"{_size(T * (self.upload_bytes_per_round('bf16') + self.download_bytes_per_round('bf16')))}")
         lines.append(f"memory (estimate): base weights {_size(self.base_weight_bytes)}, adapter training state "
                      f"{_size(self.adapter_train_bytes)}, plus activations (batch x seq-length)")
+        guarded = (f" (weak verdicts {r.kfca.weak_verdict})"
+                   if r.kfca.aggregate in ("exclude-negative", "reward-weighted") else "")
         lines.append(f"kfca: peers {r.kfca.peers if r.kfca.peers is not None else 'all'}, penalty {r.kfca.penalty}, "
-                     f"bonus-fraction {r.kfca.bonus_fraction}, seed {r.kfca.seed}, aggregate {r.kfca.aggregate}, "
-                     f"attacks {', '.join(r.kfca.attacks)}")
+                     f"bonus-fraction {r.kfca.bonus_fraction}, seed {r.kfca.seed}, aggregate {r.kfca.aggregate}"
+                     f"{guarded}, attacks {', '.join(r.kfca.attacks)}")
         lines.append(f"prompt format {r.train.prompt_format}; rows: {self.rows_source}")
         for i, s in enumerate(self.samples):
             counts = (f" ({s.prompt_tokens} prompt tokens masked, {s.response_tokens} response tokens trained)"

@@ -144,7 +144,7 @@ class KfcaConfig(_Section):
     aggregate: Aggregate = "honest"
     # What exclude-negative / reward-weighted do with a reply paid against the peer pool while the pool's verdict
     # is weak (kfca_llm.fl.aggregate.WEAK_VERDICT_RULES; KFCAStrategy(weak_verdict=...) reads the same key).
-    weak_verdict: WeakVerdict = "trust-pool"
+    weak_verdict: WeakVerdict = "confirm-warm-up"
     # Copies among the round's real submissions (never the attack analysis' side-by-side ones).
     duplicates: Duplicates = "zero"
     # Peers beyond the round (kfca_llm.fl.peer_pool): a client with fewer than min-peers in-round peers is also

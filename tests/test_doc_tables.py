@@ -118,7 +118,8 @@ def test_every_aggregation_table_is_what_the_saved_grid_gives():
     """benchmarks/ROBUSTNESS.md and docs/robust-aggregation.md show the saved aggregation grid's tables (one per
     fraction) and goal lines, as benchmarks/bench_aggregation.py prints them, and its figure."""
     expected = doc_tables.aggregation_tables(SAVED_AGGREGATION)
-    assert set(expected) == {"aggregation-fraction-10", "aggregation-fraction-50", "aggregation-goal"}
+    assert set(expected) == {"aggregation-fraction-10", "aggregation-fraction-50", "aggregation-weak-verdicts",
+                             "aggregation-goal"}
     blocks = [(p, name, body) for p, name, body in doc_tables.generated_blocks() if name.startswith("aggregation-")]
     assert {(p.name, name) for p, name, _ in blocks} == {(page, name) for page in ("ROBUSTNESS.md", "robust-aggregation.md")
                                                          for name in expected}

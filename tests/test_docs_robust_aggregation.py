@@ -25,12 +25,14 @@ def test_the_pages_flwr_run_commands_pass_flowers_key_check():
         fuse_dicts(declared, parse_config_args([overrides]), check_keys=True)
 
 
-def test_the_pages_simulate_command_is_a_valid_run(capsys):
-    """The page's simulate command, planned (``--dry-run`` loads the recipe with its overrides and checks them)."""
+def test_the_pages_simulate_commands_are_valid_runs(capsys):
+    """The page's simulate commands (the guarded run, the pool alone), planned (``--dry-run`` loads the recipe with its overrides and checks them)."""
     import shlex
 
     from kfca_llm.cli import main
 
-    (command,) = re.findall(r"^kfca-llm simulate .*$", DOC.read_text(), flags=re.M)
-    assert main([*shlex.split(command)[1:], "--dry-run"]) in (0, None)
-    assert "aggregate exclude-negative" in capsys.readouterr().out
+    guarded, pool_alone = re.findall(r"^kfca-llm simulate .*$", DOC.read_text(), flags=re.M)
+    assert main([*shlex.split(guarded)[1:], "--dry-run"]) in (0, None)
+    assert "aggregate exclude-negative (weak verdicts confirm-warm-up)" in capsys.readouterr().out
+    assert main([*shlex.split(pool_alone)[1:], "--dry-run"]) in (0, None)
+    assert "aggregate exclude-negative (weak verdicts trust-pool)" in capsys.readouterr().out

@@ -198,6 +198,11 @@ def test_a_pooled_round_reports_its_in_round_rewards_and_whether_the_pool_is_sti
         assert set(kept) == ({"c01"} if not warming_at_8 else set())
         assert set(aggregation_weights("exclude-negative", scored[8].report.rewards, weights, verdicts=verdicts,
                                        weak_verdict="trust-pool")) == {"c01"}
+    # One pool peer can never give min_peers=3 distinct peers: undetermined in every round, so warming too, though
+    # its one pool peer is all pool_peers asks for.
+    narrow = run_rounds(SCHEDULE, PoolSettings(min_peers=3, pool_peers=1), deviations={3: "flip"})
+    assert all(s.undetermined == s.warming == s.short for s in narrow.values())
+    assert any(s.used_pool for s in narrow.values())
 
 
 def test_a_round_with_enough_in_round_peers_has_no_short_participant_for_the_aggregation_to_judge():

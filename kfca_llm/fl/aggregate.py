@@ -63,7 +63,7 @@ REPLY_AGGREGATIONS: tuple[str, ...] = tuple(SELECTION_RULES)
 WEAK_VERDICT_RULES: tuple[str, ...] = ("trust-pool", "exclude-undetermined", "confirm-warm-up", "confirm-always",
                                        "round-peers-warm-up")
 """What the rule does with a reply whose reward leans on the peer pool (see the module docstring)."""
-DEFAULT_WEAK_VERDICT = "trust-pool"
+DEFAULT_WEAK_VERDICT = "confirm-warm-up"
 
 
 @dataclass(frozen=True)
