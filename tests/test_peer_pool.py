@@ -135,6 +135,21 @@ def test_an_own_resubmission_is_a_copy_scored_without_the_pool_exactly_as_its_ro
     assert r3.undetermined == ("c03",)
 
 
+def test_an_own_resubmission_with_many_in_round_peers_is_paid_its_rounds_reward_to_the_last_bit():
+    # 16 in-round peers, fewer than min_peers=20: short, so the pool is consulted. The round alone averages the 16
+    # payments with numpy's mean, which differs from a running sum in the last bit here.
+    first = honest(3, 1)
+    pool = PeerPool(PoolSettings(min_peers=20))
+    for t, clients in {1: (3, 20), 2: (21, 22), 3: (23, 24), 4: (25, 26)}.items():
+        updates = round_updates(t, clients, {3: lambda t: first})
+        pool.add_round(t, dict(zip(sorted(updates), pack_updates(updates).words()[0])))
+    updates = round_updates(5, (3, *range(30, 46)), {3: lambda t: first})
+    pooled, alone = score_with_pool(pack_updates(updates), pool, 5, seed=5), score_updates(updates, seed=5)
+    assert pooled.own_resubmissions == ("c03",) and pooled.pool_peers["c30"]
+    assert pooled.report.rewards["c03"] == alone.rewards["c03"]
+    assert pooled.report.unadjusted_rewards["c03"] == alone.unadjusted_rewards["c03"]
+
+
 def test_with_a_reference_an_own_resubmission_gets_what_the_round_without_a_pool_and_with_the_reference_pays():
     first = honest(3, 1)
     updates = {t: round_updates(t, c, {3: lambda t: first}) for t, c in {1: (3, 4), 2: (5, 6), 3: (3, 7)}.items()}
@@ -161,14 +176,25 @@ def test_a_copy_of_another_participants_pool_entry_is_paid_nothing():
 
 def test_a_copy_of_its_own_entry_and_another_participants_is_paid_nothing():
     first = honest(3, 1)
-    words = {t: dict(zip(sorted(u), pack_updates(u).words()[0])) for t, u in
-             {1: round_updates(1, (3, 4), {3: lambda t: first}), 2: round_updates(2, (5, 6), {5: lambda t: first})}.items()}
-    pool = PeerPool()
-    for t in (1, 2):
-        pool.add_round(t, words[t])  # c05@2 holds c03@1's words (two colluders' entries)
-    pooled = score_with_pool(pack_updates(round_updates(3, (3, 7), {3: lambda t: first})), pool, 3, seed=3)
-    assert [g.clients for g in pooled.pool_copies] == [("c03", "c03@1", "c05@2")] and pooled.own_resubmissions == ()
-    assert pooled.report.rewards["c03"] == 0.0 < pooled.report.unadjusted_rewards["c03"]
+    stale = {3: lambda t: first}
+
+    def pooled_round(settings, schedule, source_round):
+        # c05's entry holds c03's round-1 words (two colluders' entries, put in the pool by hand).
+        pool = PeerPool(settings)
+        for t, clients in schedule.items():
+            updates = round_updates(t, clients, stale | ({5: lambda t: first} if t == source_round else {}))
+            pool.add_round(t, dict(zip(sorted(updates), pack_updates(updates).words()[0])))
+        t = max(schedule) + 1
+        return score_with_pool(pack_updates(round_updates(t, (3, 7), stale)), pool, t, seed=t)
+
+    one_group = pooled_round(PoolSettings(), {1: (3, 4), 2: (5, 6)}, 2)
+    assert [g.clients for g in one_group.pool_copies] == [("c03", "c03@1", "c05@2")]
+    # Its own round-1 entry found on the sketch (outside the window of 2), c05's in the window: two groups.
+    two_groups = pooled_round(PoolSettings(window=2), {1: (3, 4), 2: (1, 2), 3: (5, 6), 4: (8, 9)}, 3)
+    assert sorted(g.clients for g in two_groups.pool_copies) == [("c03", "c03@1"), ("c03", "c05@3")]
+    for pooled in (one_group, two_groups):
+        assert pooled.own_resubmissions == () and all(g.note is None for g in pooled.pool_copies)
+        assert pooled.report.rewards["c03"] == 0.0 < pooled.report.unadjusted_rewards["c03"]
 
 
 def test_an_earlier_peer_is_weighted_by_its_lags_signed_weight_the_strongest_lag_by_the_pool_weight():
