@@ -7,6 +7,7 @@ per-round one and each node's noise. The strategy's defaults borrow pool peers; 
 
 import logging
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +17,9 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 from flwr.app import Array, ArrayRecord  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from doc_pages import one_block  # noqa: E402
 
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
@@ -162,4 +166,7 @@ def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_lo
         assert f"round {t}: {pid(stale)} resubmitted an earlier update of their own" in caplog.text
     assert all(result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 0 for t in strategy.rewards
                if t not in resubmitted)
+    # docs/few-peers.md shows the line of the first resubmission (round 5)
+    shown = one_block("docs/few-peers.md", "text", "resubmitted an earlier update").strip()
+    assert resubmitted[0] == 5 and shown.replace(" A", " " + pid(stale)) in caplog.text
     assert main(["verify", str(ledger)]) == 0
