@@ -71,6 +71,10 @@ def test_triton_benchmark_smoke():
     assert [[c.strip() for c in row] for row in rows] == [["bf16", "2", "resident"], ["bf16", "3", "resident"],
                                                           ["fp32", "2", "resident"], ["fp32", "3", "streamed"]]
     assert printed.count("words equal the CPU backend's") == 4 and "cpu (TRITON_INTERPRET=1)" in printed
+    # Both draw ways of the sampled penalty were timed (and their matches compared) in every round
+    ways = [line.split("|")[12:15] for line in printed.splitlines() if line.startswith(("| bf16", "| fp32"))]
+    assert all(float(shared) > 0 and float(per_pair) > 0 and chosen.strip() in ("shared", "per pair")
+               for shared, per_pair, chosen in ways), ways
 
 
 def test_host_benchmark_smoke():
@@ -173,3 +177,15 @@ def test_few_peers_benchmark_smoke(tmp_path, run_script):
         good, met = row[3].split("/")
         assert good == met and int(met) > 0
     assert figure.stat().st_size > 10_000
+
+
+def test_recipe_benchmark_smoke(run_script):
+    """bench_recipe.py --smoke: the finance recipe's architecture built, saved, loaded by the recipe's loader and
+    run by `kfca-llm simulate` for a round; its table reads the run's own report (phases and rewards)."""
+    printed = run_script(["benchmarks/bench_recipe.py", "--smoke"])
+    row = next(line for line in printed.splitlines() if line.startswith("| 1 |"))
+    train_s, pack_s, score_s, aggregate_s, save_s, wall_s = (float(cell) for cell in row.split("|")[2:8])
+    assert 0 < train_s and 0 < pack_s and 0 < score_s and train_s + pack_s + score_s + aggregate_s + save_s <= wall_s
+    assert "device: cpu" in printed and "--model-dir" in printed and "--recipe finance" in printed
+    rewards = dict(item.split() for item in printed.split("mean rewards: ")[1].splitlines()[0].split(", "))
+    assert float(rewards["honest"]) > 0 > float(rewards["flip"])

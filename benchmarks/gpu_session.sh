@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (the workplace's device tool): the test suite with CUDA present, the finance
+# recipe at its real dimensions, and bench_triton.py, with every log under $OUT. The machine's image has
+# torch, triton, numba, transformers, peft and pytest; what it lacks (Flower and its dependencies,
+# bitsandbytes, datasets, pydantic, cryptography) travels as wheels in .whl/ (not tracked). Ray does not
+# (its wheel is larger than a call may carry), so the two Ray simulation modules are left out.
+#
+#   bash benchmarks/gpu_session.sh [SECONDS]     # SECONDS: the call's budget (default 560)
+set -u
+budget=${1:-560}
+start=$(date +%s)
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+left() { echo $((budget - ($(date +%s) - start))); }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+{
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl &&
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . ||
+  { echo "editable install failed: kfca_llm.kernels by a link"; ln -sfn ../kernels kfca_llm/kernels; }
+  python3 - <<'EOF'
+import importlib
+for name in ("torch", "triton", "numba", "transformers", "peft", "bitsandbytes", "flwr", "kfca_llm"):
+    module = importlib.import_module(name)
+    print(name, getattr(module, "__version__", "?"))
+EOF
+} > "$OUT/setup.log" 2>&1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+tail -n 9 "$OUT/setup.log"
+echo "setup done, $(left) s left"
+
+# The suite (CUDA tensors and compiled kernels through the device fixture) beside the recipe run: the suite
+# keeps the CPU cores busy, the recipe the GPU; the recipe's phases are timed with the suite running beside it.
+timeout $(( $(left) - 200 )) python3 -m pytest -q -n 12 --timeout 240 -p no:cacheprovider \
+  --ignore tests/flower/test_simulation.py --ignore tests/flower/test_wrapped_simulation.py \
+  --junitxml "$OUT/tests.xml" > "$OUT/tests.log" 2>&1 &
+suite=$!
+timeout $(( $(left) - 200 )) python3 benchmarks/bench_recipe.py --recipe finance --rounds 1 > "$OUT/recipe.log" 2>&1
+echo "recipe exit $?, $(left) s left"
+wait $suite
+echo "suite exit $?, $(left) s left"
+
+timeout $(( $(left) - 10 )) python3 benchmarks/bench_triton.py --repeats 3 --naive-max-clients 20 > "$OUT/triton.log" 2>&1
+echo "bench_triton exit $?, $(left) s left"
+
+echo "== suite"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | cut -c1-160 | head -40; tail -n 3 "$OUT/tests.log"
+echo "== recipe"; grep -E "^(finance|command|\||mean)|Error|error" "$OUT/recipe.log" | cut -c1-400 | tail -n 12
+echo "== bench_triton"; grep -vE "^\s*$" "$OUT/triton.log" | tail -n 20
