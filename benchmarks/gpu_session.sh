@@ -5,7 +5,8 @@
 # bitsandbytes, datasets, pydantic, cryptography) travels as wheels in .whl/ (not tracked). Ray does not
 # (its wheel is larger than a call may carry), so the two Ray simulation modules are left out.
 #
-#   bash benchmarks/gpu_session.sh [SECONDS]     # SECONDS: the call's budget (default 560)
+#   bash benchmarks/gpu_session.sh [SECONDS]                # SECONDS: the call's budget (default 560)
+#   bash benchmarks/gpu_session.sh SECONDS TEST [TEST ...]  # those tests again, and inspect_kernels.py's JSON
 set -u
 budget=${1:-560}
 start=$(date +%s)
@@ -18,7 +19,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl &&
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . ||
-  { echo "editable install failed: kfca_llm.kernels by a link"; ln -sfn ../kernels kfca_llm/kernels; }
+  { echo "editable install failed: kfca_llm.kernels by a link"; ln -sfn ../kernels kfca_llm/kernels;
+    echo "$PWD" > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/kfca-llm-source.pth"; }
   python3 - <<'EOF'
 import importlib
 for name in ("torch", "triton", "numba", "transformers", "peft", "bitsandbytes", "flwr", "kfca_llm"):
@@ -26,9 +28,18 @@ for name in ("torch", "triton", "numba", "transformers", "peft", "bitsandbytes",
     print(name, getattr(module, "__version__", "?"))
 EOF
 } > "$OUT/setup.log" 2>&1
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 tail -n 9 "$OUT/setup.log"
 echo "setup done, $(left) s left"
+
+if [ "$#" -gt 1 ]; then  # a rerun of named tests (after fixing what the full call found) and the compiled kernels
+  shift
+  timeout $(( $(left) - 40 )) python3 -m pytest -q -n 6 --timeout 240 -p no:cacheprovider "$@" > "$OUT/tests.log" 2>&1
+  echo "tests exit $?, $(left) s left"
+  python3 benchmarks/inspect_kernels.py --json > "$OUT/inspect.json" 2> "$OUT/inspect.log"
+  python3 -c "import json,sys; [print(r) for r in json.load(open(sys.argv[1])) if r['spills'] or r['vector_loads'] == 0]" "$OUT/inspect.json"
+  grep -E "^(FAILED|ERROR|E  )" "$OUT/tests.log" | cut -c1-300 | head -40; tail -n 3 "$OUT/tests.log"
+  exit 0
+fi
 
 # The suite (CUDA tensors and compiled kernels through the device fixture) beside the recipe run: the suite
 # keeps the CPU cores busy, the recipe the GPU; the recipe's phases are timed with the suite running beside it.
