@@ -31,7 +31,7 @@ def _run(command, cwd):
 
 def test_two_processes_match_one_process(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    _run([sys.executable, "-m", "kfca_llm.cli", *ARGS, "--cpu", "--out", str(one)], tmp_path)  # as launch --cpu
+    _run([sys.executable, "-m", "kfca_llm.cli", *ARGS, "--out", str(one)], tmp_path)
     _run([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
           "-m", "kfca_llm.cli", *ARGS, "--out", str(two)], tmp_path)
