@@ -3,7 +3,13 @@
 # recipe at its real dimensions, and bench_triton.py, with every log under $OUT. The machine's image has
 # torch, triton, numba, transformers, peft and pytest; what it lacks (Flower and its dependencies,
 # bitsandbytes, datasets, pydantic, cryptography) travels as wheels in .whl/ (not tracked). Ray does not
-# (its wheel is larger than a call may carry), so the two Ray simulation modules are left out.
+# (its wheel is larger than a call may carry), so the two Ray simulation modules are left out. .whl/ held, for
+# Python 3.12 (pip download --no-deps --only-binary=:all: --python-version 3.12 ...): flwr 1.42.0, tomli, tomli_w,
+# cryptography, cffi, pycparser, pycryptodome, grpcio, grpcio-health-checking, protobuf, pydantic, pydantic_core,
+# annotated-types, typing-inspection, datasets, dill, multiprocess, SQLAlchemy, greenlet, alembic, Mako, fastapi,
+# starlette, uvicorn, httptools, watchfiles, websockets, python-dotenv, jsonschema (+ specifications, referencing,
+# rpds-py), iterators, prompt_toolkit, wcwidth, truststore, tzdata, httpx2, httpcore2 (the versions of the suite's
+# venv), and bitsandbytes 0.50.2 with its CUDA 13.0 and CPU libraries only (43 MB -> 3.6 MB).
 #
 #   bash benchmarks/gpu_session.sh [SECONDS]                # SECONDS: the call's budget (default 560)
 #   bash benchmarks/gpu_session.sh SECONDS TEST [TEST ...]  # those tests again, and inspect_kernels.py's JSON
