@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from . import synthetic
+from .errors import InputError
 from .recipe import DOMAINS, SYNTHETIC_DATASET, Recipe
 
 IGNORE_INDEX = -100
@@ -85,13 +86,13 @@ def _load_real(recipe: Recipe, data_dir: str | Path | None):
         loaded = datasets.load_from_disk(str(data_dir))
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
-                raise ValueError(f"{data_dir} holds splits {list(loaded)}, none named 'train'")
+                raise InputError(f"{data_dir} holds splits {list(loaded)}, none named 'train'")
             loaded = loaded["train"]
     else:
         loaded = datasets.load_dataset(ds.name, split="train")
     missing = [c for c in COLUMNS if c not in loaded.column_names]
     if missing:
-        raise ValueError(f"data set {data_dir or ds.name} lacks column(s) {missing}; "
+        raise InputError(f"data set {data_dir or ds.name} lacks column(s) {missing}; "
                          f"the {recipe.domain} schema is {COLUMNS}")
     return loaded
 
@@ -104,7 +105,7 @@ def real_split(n_rows: int, recipe: Recipe) -> tuple[np.ndarray, np.ndarray, np.
     ``dataset.num-rows`` subsample. With nothing set aside the training rows are those of a plain subsample."""
     held, reference = recipe.dataset.heldout_rows, recipe.kfca.reference_rows
     if held + reference >= n_rows:
-        raise ValueError(f"the data set has {n_rows} rows: setting aside dataset.heldout-rows = {held} and "
+        raise InputError(f"the data set has {n_rows} rows: setting aside dataset.heldout-rows = {held} and "
                          f"kfca.reference-rows = {reference} leaves none to train on")
     aside = (np.random.default_rng([recipe.kfca.seed, _SET_ASIDE]).permutation(n_rows)[:held + reference]
              if held + reference else np.zeros(0, dtype=np.int64))
@@ -213,7 +214,7 @@ def load_reference_examples(recipe: Recipe, tokenizer: Any, n_rows: int, *, data
         start = (ds.num_rows or 0) + ds.heldout_rows
         return _encode_rows(recipe, tokenizer, synthetic.make_rows(recipe.domain, start + n_rows, recipe.kfca.seed)[start:])
     if n_rows != recipe.kfca.reference_rows:
-        raise ValueError(f"a real data set sets aside kfca.reference-rows = {recipe.kfca.reference_rows} rows for the "
+        raise InputError(f"a real data set sets aside kfca.reference-rows = {recipe.kfca.reference_rows} rows for the "
                          f"reference, not {n_rows}")
     loaded = _load_real(recipe, data_dir)
     return _encode_rows(recipe, tokenizer, _rows(loaded, real_split(len(loaded), recipe)[1]))

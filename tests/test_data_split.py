@@ -73,3 +73,14 @@ def test_held_out_and_reference_rows_of_a_saved_data_set_are_never_a_clients(tmp
 def test_no_held_out_rows_means_no_evaluation(tmp_path):
     recipe = load_recipe(TINY, ["dataset.heldout-rows=0"])
     assert load_heldout_examples(recipe, build_byte_tokenizer()) == []
+
+
+def test_simulate_on_a_data_set_too_small_for_its_held_out_rows_prints_one_error_line(tmp_path, capsys):
+    from kfca_llm.cli import main
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(make_rows("general-nlp", 30, seed=0))}).save_to_disk(
+        str(tmp_path / "data"))
+    assert main(["simulate", "--data-dir", str(tmp_path / "data"), "--rounds", "1", "--out", str(tmp_path / "run"),
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kfca-llm: error: the data set has 30 rows" in err and "heldout-rows = 64" in err
