@@ -80,6 +80,7 @@ def test_simulate_on_a_data_set_too_small_for_its_held_out_rows_prints_one_error
 
     datasets.DatasetDict({"train": datasets.Dataset.from_list(make_rows("general-nlp", 30, seed=0))}).save_to_disk(
         str(tmp_path / "data"))
+    capsys.readouterr()  # the data set's own saving progress
     assert main(["simulate", "--data-dir", str(tmp_path / "data"), "--rounds", "1", "--out", str(tmp_path / "run"),
                  "--no-progress"]) == 2
     err = capsys.readouterr().err
