@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 if not torch.cuda.is_available():
@@ -39,6 +40,8 @@ from layouts import QWEN25_7B, lora_shapes  # noqa: E402
 from kfca_llm.engine import Layout, get_backend  # noqa: E402
 from kfca_llm.engine import triton_backend  # noqa: E402
 from kfca_llm.kernels.intrinsics.triton import kernels_interpreted  # noqa: E402
+from kfca_llm.kernels.sampled_penalty import triton as sampled_penalty  # noqa: E402
+from kfca_llm.partition import DRAW2_SALT, pair_keys, partition_params  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -131,10 +134,13 @@ def round_case(layout: Layout, n: int, dtype: torch.dtype, device: torch.device,
         figures["pack_over_copy"] = figures["pack_s"] / figures["copy_s"]
     figures["counts_s"] = timed(lambda: backend.round_counts(buffers, args.seed, 0.5), device, args.repeats)
     if n <= args.sampled_max_clients:
-        pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+        pairs = np.array([(i, j) for i in range(n) for j in range(n) if i != j], dtype=np.int64)
         figures["sampled_s"] = timed(lambda: backend.sampled_matches(buffers, args.seed, 0.5, pairs), device,
                                      max(1, args.repeats // 2))
         figures["sampled_over_expected"] = figures["sampled_s"] / figures["counts_s"]
+        figures.update(draw_ways(buffers, pairs, device, args))
+        figures["shared_over_expected"] = figures.get("shared_s", float("nan")) / figures["counts_s"]
+        figures["per_pair_over_expected"] = figures["per_pair_s"] / figures["counts_s"]
     if not streamed and n <= args.naive_max_clients:
         def naive():
             negative = data < 0
@@ -150,6 +156,28 @@ def round_case(layout: Layout, n: int, dtype: torch.dtype, device: torch.device,
         for mine, theirs in zip(backend.host_words(buffers), cpu.host_words(cpu_buffers)):
             assert (mine == theirs).all(), "Triton and CPU words differ"
         figures["checked"] = True
+    return figures
+
+
+def draw_ways(buffers, pairs: np.ndarray, device: torch.device, args) -> dict:
+    """The sampled penalty's two draw ways timed apart (values shared between pairs, or drawn per pair), their
+    matches compared, and the way ``shared_draws_pay_off`` picks for this round: the crossover to check."""
+    def draws(shared: bool):
+        return sampled_penalty.sampled_matches(buffers.signs, buffers.task, *partition_params(args.seed, 0.5), pairs,
+                                               pair_keys(args.seed, pairs), DRAW2_SALT, shared=shared)
+
+    figures = {"per_pair_s": timed(lambda: draws(False), device, max(1, args.repeats // 2))}
+    if buffers.signs.shape[0] <= sampled_penalty.MAX_SHARED_CLIENTS:
+        figures["shared_s"] = timed(lambda: draws(True), device, max(1, args.repeats // 2))
+        if not torch.equal(draws(True), draws(False)):
+            raise AssertionError("the two draw ways count different matches")
+    sizes = sampled_penalty._set_offsets(buffers.signs, buffers.task,
+                                         sampled_penalty.round_params(*partition_params(args.seed, 0.5), device),
+                                         sampled_penalty._plane_tile(buffers.signs)[0])
+    figures["auto_way"] = "shared" if (buffers.signs.shape[0] <= sampled_penalty.MAX_SHARED_CLIENTS and
+                                       sampled_penalty.shared_draws_pay_off(len(pairs), sizes[1],
+                                                                            pair_keys(args.seed, pairs),
+                                                                            buffers.signs.shape[1])) else "per pair"
     return figures
 
 
@@ -191,14 +219,16 @@ def main(argv=None) -> None:
           f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
     print(f"layout: {len(layout.slots)} tensors, {layout.n_coords:,} coordinates per client")
     print("\n| dtype | n | mode | copy ms | h2d ms | pack ms | pack / copy | pack / h2d | host ms/client | counts ms "
-          "| sampled / expected | naive ms | pack + counts vs naive | peak GB |")
-    print("|" + "---|" * 14)
+          "| sampled / expected | shared draws / expected | per-pair draws / expected | chosen way | naive ms "
+          "| pack + counts vs naive | peak GB |")
+    print("|" + "---|" * 17)
     for name in args.dtypes.split(","):
         for n in (int(v) for v in args.clients.split(",")):
             f = round_case(layout, n, DTYPES[name], device, args)
             print(f"| {name} | {n} | {f['mode']} | {_ms(f, 'copy_s')} | {_ms(f, 'h2d_s')} | {_ms(f, 'pack_s')} | "
                   f"{_ratio(f, 'pack_over_copy')} | {_ratio(f, 'pack_over_h2d')} | {f['host_ms_per_client']:.3f} | "
-                  f"{_ms(f, 'counts_s')} | {_ratio(f, 'sampled_over_expected')} | {_ms(f, 'naive_s')} | "
+                  f"{_ms(f, 'counts_s')} | {_ratio(f, 'sampled_over_expected')} | {_ratio(f, 'shared_over_expected')} | "
+                  f"{_ratio(f, 'per_pair_over_expected')} | {f.get('auto_way', '-')} | {_ms(f, 'naive_s')} | "
                   f"{_ratio(f, 'speedup_over_naive')} | {_ratio(f, 'peak_GB')} |", flush=True)
             if f.get("checked"):
                 print(f"  checked: {name} n={n} words equal the CPU backend's")

@@ -8,11 +8,12 @@ same update in every round read (``lagged:2`` and ``stale`` replay round 1's unt
 that run unless a tolerance lets them tie: the check names the rounds a run needs instead of reporting a failure.
 
 A margin or tolerance ``K x STRATEGY`` is K times the magnitude of the run's mean reward of that strategy over the
-rounds read (``Expectation.gap_needed``). Rounds in which both strategies of a link were paid as copies of earlier
-submissions (``copy_rounds`` in report.json: the peer pool pays a replay of the analysis client's own update as a
-copy, at two clients per round) are left out of that link: the duplicate policy paid both nothing, and what is left
-of each reward is a fine read with lag weights that take the replay for a fresh update, not the scoring rule's
-order of lags. A link with no round left is a tie under a tolerance and not measurable under a margin.
+rounds read (``Expectation.gap_needed``). Rounds in which both strategies of a link were paid as copies of
+another participant's earlier submissions under the duplicate policy (``copy_rounds`` less
+``own_resubmission_rounds`` in report.json; the peer pool scores a replay of the analysis client's own update
+without the pool, on the round's peers, so those rounds keep the scoring rule's order of lags and are read) are
+left out of that link: the policy paid both nothing. A link with no round left is a tie under a tolerance and not
+measurable under a margin.
 """
 
 from __future__ import annotations

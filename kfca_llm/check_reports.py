@@ -24,6 +24,7 @@ class _Strategy(BaseModel):
     model_config = ConfigDict(extra="ignore")
     per_round: list[Number]
     copy_rounds: list[StrictInt] = []
+    own_resubmission_rounds: list[StrictInt] = []
 
 
 class _Pair(BaseModel):
@@ -65,8 +66,10 @@ class Run:
     honest_pairs: list[list[HonestPair]] | None
     """Per round (None when the report has no ``round_records``)."""
     copies: dict[str, frozenset[int]] = field(default_factory=dict)
-    """Strategy -> the rounds its submission was paid as a copy of an earlier round's (the peer pool's copy
-    detection: a replay of the analysis client's own earlier update), under the run's duplicate policy."""
+    """Strategy -> the rounds its submission was paid as a copy of an earlier round's under the run's duplicate
+    policy (report.json's ``copy_rounds`` less its ``own_resubmission_rounds``: a replay of the analysis client's
+    own earlier update is scored without the pool, on the round's peers, and keeps its order; reports written
+    before own resubmissions were told apart list them as paid copies, which they then were)."""
 
     @property
     def rounds(self) -> int:
@@ -157,7 +160,9 @@ def load_report(path: Path) -> Run:
             pairs.append(honest)
     rewards = {spec: _finite(entry.per_round, f"report {path}: strategy {spec!r}")
                for spec, entry in report.strategies.items()}
-    copies = {spec: frozenset(entry.copy_rounds) for spec, entry in report.strategies.items() if entry.copy_rounds}
+    copies = {spec: frozenset(entry.copy_rounds) - frozenset(entry.own_resubmission_rounds)
+              for spec, entry in report.strategies.items()}
+    copies = {spec: rounds for spec, rounds in copies.items() if rounds}
     return Run(path=path, seed=report.seed, rewards=rewards, honest_pairs=pairs, copies=copies)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from . import synthetic
+from .errors import InputError
 from .recipe import DOMAINS, SYNTHETIC_DATASET, Recipe
 
 IGNORE_INDEX = -100
@@ -76,28 +77,60 @@ def encode_example(tokenizer: Any, prompt: str, response: str, seq_length: int) 
     return {"input_ids": input_ids, "labels": labels}
 
 
-def _load_rows(recipe: Recipe, data_dir: str | Path | None) -> list[dict[str, Any]]:
-    ds = recipe.dataset
-    if data_dir is None and ds.name == SYNTHETIC_DATASET:
-        return synthetic.make_rows(recipe.domain, ds.num_rows or 0, recipe.kfca.seed)
+def _load_real(recipe: Recipe, data_dir: str | Path | None):
+    """The real data set's train split (``datasets.Dataset``), its schema checked."""
     import datasets  # heavy import, only on the real path
 
+    ds = recipe.dataset
     if data_dir is not None:
         loaded = datasets.load_from_disk(str(data_dir))
         if isinstance(loaded, datasets.DatasetDict):
             if "train" not in loaded:
-                raise ValueError(f"{data_dir} holds splits {list(loaded)}, none named 'train'")
+                raise InputError(f"{data_dir} holds splits {list(loaded)}, none named 'train'")
             loaded = loaded["train"]
     else:
         loaded = datasets.load_dataset(ds.name, split="train")
     missing = [c for c in COLUMNS if c not in loaded.column_names]
     if missing:
-        raise ValueError(f"data set {data_dir or ds.name} lacks column(s) {missing}; "
+        raise InputError(f"data set {data_dir or ds.name} lacks column(s) {missing}; "
                          f"the {recipe.domain} schema is {COLUMNS}")
-    if ds.num_rows is not None and ds.num_rows < len(loaded):
-        keep = np.random.default_rng(recipe.kfca.seed).choice(len(loaded), ds.num_rows, replace=False)
-        loaded = loaded.select(sorted(keep.tolist()))
-    return [dict(r) for r in loaded.select_columns(list(COLUMNS))]
+    return loaded
+
+
+def real_split(n_rows: int, recipe: Recipe) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(held-out, reference, training) row indices of a real data set of ``n_rows`` rows.
+
+    One seeded permutation sets aside ``dataset.heldout-rows`` rows and then ``kfca.reference-rows`` rows (so the
+    held-out rows do not move when the reference's count does); the clients' rows are the rest, or their seeded
+    ``dataset.num-rows`` subsample. With nothing set aside the training rows are those of a plain subsample."""
+    held, reference = recipe.dataset.heldout_rows, recipe.kfca.reference_rows
+    if held + reference >= n_rows:
+        raise InputError(f"the data set has {n_rows} rows: setting aside dataset.heldout-rows = {held} and "
+                         f"kfca.reference-rows = {reference} leaves none to train on")
+    aside = (np.random.default_rng([recipe.kfca.seed, _SET_ASIDE]).permutation(n_rows)[:held + reference]
+             if held + reference else np.zeros(0, dtype=np.int64))
+    rest = np.setdiff1d(np.arange(n_rows), aside)
+    num_rows = recipe.dataset.num_rows
+    if num_rows is not None and num_rows < len(rest):
+        rest = rest[np.sort(np.random.default_rng(recipe.kfca.seed).choice(len(rest), num_rows, replace=False))]
+    return np.sort(aside[:held]), np.sort(aside[held:]), rest
+
+
+_SET_ASIDE = 6
+"""The seed stream of the rows a real data set sets aside (apart from the subsample's)."""
+
+
+def _rows(loaded, indices: np.ndarray) -> list[dict[str, Any]]:
+    return [dict(r) for r in loaded.select(indices.tolist()).select_columns(list(COLUMNS))]
+
+
+def _load_rows(recipe: Recipe, data_dir: str | Path | None) -> list[dict[str, Any]]:
+    """The clients' rows: synthetic, the generator's first ``num-rows``; real, ``real_split``'s training rows."""
+    ds = recipe.dataset
+    if data_dir is None and ds.name == SYNTHETIC_DATASET:
+        return synthetic.make_rows(recipe.domain, ds.num_rows or 0, recipe.kfca.seed)
+    loaded = _load_real(recipe, data_dir)
+    return _rows(loaded, real_split(len(loaded), recipe)[2])
 
 
 def partition_iid(n_rows: int, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -131,25 +164,28 @@ def load_client_datasets(recipe: Recipe, tokenizer: Any, *, data_dir: str | Path
     return clients
 
 
-HELDOUT_ROWS = 64
-"""Rows of the synthetic generator past the training rows that evaluate the global adapter each round."""
-
-
-def load_heldout_examples(recipe: Recipe, tokenizer: Any, *, data_dir: str | Path | None = None
-                          ) -> list[dict[str, list[int]]]:
-    """Encoded held-out rows: the next ``HELDOUT_ROWS`` rows of the synthetic generator after the training
-    rows (same distribution, never trained on as rows; the synthetic tasks have few distinct questions, so
-    their content does recur). Every synthetic row has one exact answer. Empty for real data sets (no
-    held-out split is chosen for them yet)."""
-    ds = recipe.dataset
-    if data_dir is not None or ds.name != SYNTHETIC_DATASET:
-        return []
-    train_rows = ds.num_rows or 0
-    rows = synthetic.make_rows(recipe.domain, train_rows + HELDOUT_ROWS, recipe.kfca.seed)[train_rows:]
+def _encode_rows(recipe: Recipe, tokenizer: Any, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, list[int]]]:
+    """Rows encoded as the clients' are, less those whose response the sequence length cuts away entirely."""
     fmt, seq = recipe.train.prompt_format, recipe.train.seq_length
     encoded = [encode_example(tokenizer, *format_example(row, recipe.domain, prompt_format=fmt, tokenizer=tokenizer),
                               seq) for row in rows]
     return [item for item in encoded if any(label != IGNORE_INDEX for label in item["labels"])]
+
+
+def load_heldout_examples(recipe: Recipe, tokenizer: Any, *, data_dir: str | Path | None = None
+                          ) -> list[dict[str, list[int]]]:
+    """Encoded held-out rows (``dataset.heldout-rows``), never trained on as rows. Synthetic: the generator's
+    rows after the training rows (same distribution; the synthetic tasks have few distinct questions, so their
+    content does recur; every row has one exact answer). Real: the rows ``real_split`` sets aside."""
+    ds = recipe.dataset
+    if not ds.heldout_rows:
+        return []
+    if data_dir is None and ds.name == SYNTHETIC_DATASET:
+        train_rows = ds.num_rows or 0
+        return _encode_rows(recipe, tokenizer,
+                            synthetic.make_rows(recipe.domain, train_rows + ds.heldout_rows, recipe.kfca.seed)[train_rows:])
+    loaded = _load_real(recipe, data_dir)
+    return _encode_rows(recipe, tokenizer, _rows(loaded, real_split(len(loaded), recipe)[0]))
 
 
 def collate(batch: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -168,22 +204,17 @@ def collate(batch: Sequence[Mapping[str, Sequence[int]]], pad_token_id: int) -> 
     return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
 
 
-REFERENCE_OFFSET = 64
-"""Synthetic rows after the training rows left to the held-out evaluation; the reference's rows follow them."""
-
-
 def load_reference_examples(recipe: Recipe, tokenizer: Any, n_rows: int, *, data_dir: str | Path | None = None
                             ) -> list[dict[str, list[int]]]:
     """Encoded rows no client has, for the server's trusted reference (``kfca.reference-rows``, FLTrust's root
-    set): the synthetic generator's ``n_rows`` rows after the training rows and the ``REFERENCE_OFFSET``
-    evaluation rows. A real data set has no rows set aside yet: ``ValueError``."""
+    set). Synthetic: the generator's ``n_rows`` rows after the training and the held-out rows. Real: the rows
+    ``real_split`` sets aside for it (``n_rows`` must be the recipe's ``kfca.reference-rows``)."""
     ds = recipe.dataset
-    if data_dir is not None or ds.name != SYNTHETIC_DATASET:
-        raise ValueError("kfca.reference-rows needs rows no client has; only the synthetic data set sets them "
-                         "aside so far (set kfca.reference-rows = 0 for a real data set)")
-    start = (ds.num_rows or 0) + REFERENCE_OFFSET
-    rows = synthetic.make_rows(recipe.domain, start + n_rows, recipe.kfca.seed)[start:]
-    fmt, seq = recipe.train.prompt_format, recipe.train.seq_length
-    encoded = [encode_example(tokenizer, *format_example(row, recipe.domain, prompt_format=fmt, tokenizer=tokenizer),
-                              seq) for row in rows]
-    return [item for item in encoded if any(label != IGNORE_INDEX for label in item["labels"])]
+    if data_dir is None and ds.name == SYNTHETIC_DATASET:
+        start = (ds.num_rows or 0) + ds.heldout_rows
+        return _encode_rows(recipe, tokenizer, synthetic.make_rows(recipe.domain, start + n_rows, recipe.kfca.seed)[start:])
+    if n_rows != recipe.kfca.reference_rows:
+        raise InputError(f"a real data set sets aside kfca.reference-rows = {recipe.kfca.reference_rows} rows for the "
+                         f"reference, not {n_rows}")
+    loaded = _load_real(recipe, data_dir)
+    return _encode_rows(recipe, tokenizer, _rows(loaded, real_split(len(loaded), recipe)[1]))

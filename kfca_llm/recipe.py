@@ -127,6 +127,9 @@ class StrategyConfig(_Section):
 class DatasetConfig(_Section):
     name: StrictStr  # a Hugging Face id, or "synthetic"
     num_rows: PositiveOrNone = None  # synthetic: rows to generate; real: None = all rows, else a seeded subsample
+    # Rows no client trains on that evaluate the global adapter each round (kfca_llm.data): synthetic, the
+    # generator's next rows; real, a seeded choice set aside before the clients' rows are drawn. 0: no evaluation.
+    heldout_rows: StrictInt = Field(64, ge=0)
 
 
 class KfcaConfig(_Section):

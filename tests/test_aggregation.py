@@ -76,14 +76,14 @@ def tiny_model():
 
 def test_held_out_rows_follow_the_training_rows_of_the_same_generator():
     from kfca_llm import synthetic
-    from kfca_llm.data import HELDOUT_ROWS, load_heldout_examples
+    from kfca_llm.data import load_heldout_examples
     from kfca_llm.modeling import load_model_and_tokenizer
 
     recipe = load_recipe(TINY)
     tokenizer = load_model_and_tokenizer(recipe, device="cpu")[1]
     examples = load_heldout_examples(recipe, tokenizer)
-    assert len(examples) == HELDOUT_ROWS
-    rows = synthetic.make_rows(recipe.domain, recipe.dataset.num_rows + HELDOUT_ROWS, recipe.kfca.seed)
+    assert len(examples) == recipe.dataset.heldout_rows == 64
+    rows = synthetic.make_rows(recipe.domain, recipe.dataset.num_rows + 64, recipe.kfca.seed)
     first = tokenizer.decode([t for t, label in zip(examples[0]["input_ids"], examples[0]["labels"]) if label != -100])
     assert rows[recipe.dataset.num_rows]["output"] in first and rows[0]["output"] not in first
 

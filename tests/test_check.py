@@ -14,9 +14,10 @@ from kfca_llm.expectations import expectations_from_dict
 HOLDS = [[0.1, -0.1], [-0.1, 0.1]]
 
 
-def write_report(folder, seed, rewards, deltas=None, copies=None):
+def write_report(folder, seed, rewards, deltas=None, copies=None, own=None):
     """A report.json with these per-round strategy rewards; ``deltas[t]``: the honest pairs' deltas of round t;
-    ``copies``: strategy -> the rounds it was paid as a copy of an earlier submission."""
+    ``copies``: strategy -> the rounds it was found to copy an earlier submission; ``own``: strategy -> those of
+    them it copied only its own client's earlier submissions (scored without the pool)."""
     rounds = len(next(iter(rewards.values())))
     deltas = deltas or [[HOLDS, HOLDS]] * rounds
     records = [{"round": t + 1, "pairs": [
@@ -26,7 +27,8 @@ def write_report(folder, seed, rewards, deltas=None, copies=None):
         for t, round_deltas in enumerate(deltas)]
     report = {"domain": "general-nlp", "recipe": "hand", "seed": seed, "rounds": rounds,
               "strategies": {s: {"mean_reward": sum(v) / len(v), "per_round": v,
-                                 **({"copy_rounds": copies[s]} if s in (copies or {}) else {})}
+                                 **({"copy_rounds": copies[s]} if s in (copies or {}) else {}),
+                                 **({"own_resubmission_rounds": own[s]} if s in (own or {}) else {})}
                              for s, v in rewards.items()},
               "round_records": records}
     folder.mkdir(parents=True, exist_ok=True)
@@ -299,10 +301,11 @@ def test_a_relative_margin_is_a_share_of_the_runs_own_mean_reward(tmp_path):
 
 
 def test_rounds_in_which_both_strategies_were_paid_as_copies_are_left_out_of_the_link(tmp_path, capsys):
-    """At two clients per round the pool pays every replay of the analysis client's own update as a copy (round 2
-    on): lagged:2 and stale were both paid nothing but their fines, which is no order of lags. Those rounds are
-    left out of the link: a margin has nothing left to measure (not measurable, exit 2, whatever the run's length),
-    a tolerance a tie; a link with one side not a copy is measured in every round."""
+    """Copies paid under the duplicate policy (a report written before own resubmissions were scored without the
+    pool listed the analysis client's replays so, round 2 on): lagged:2 and stale were both paid nothing but their
+    fines, which is no order of lags. Those rounds are left out of the link: a margin has nothing left to measure
+    (not measurable, exit 2, whatever the run's length), a tolerance a tie; a link with one side not a copy is
+    measured in every round."""
     rewards = {"honest": [0.3, 0.05, 0.05, 0.05, 0.05], "lagged:2": [0.3, 0.0, 0.0, -0.01, 0.0],
                "lagged:3": [0.3, 0.0, 0.0, -0.03, -0.02], "stale": [0.3, 0.0, 0.0, 0.0, 0.0]}
     replays = {"lagged:2": [2, 3, 4, 5], "lagged:3": [2, 3, 4, 5], "stale": [2, 3, 4, 5]}
@@ -327,3 +330,22 @@ def test_rounds_in_which_both_strategies_were_paid_as_copies_are_left_out_of_the
     assert "is not measurable on this run; no run length changes that" in out and "FAIL" not in out
     assert ("lagged:2 > stale: in every round 1-5 both submit the same update or both are paid as copies of earlier "
             "submissions") in out
+
+
+def test_own_resubmissions_are_copies_scored_on_the_rounds_peers_and_keep_their_order(tmp_path):
+    """Today's reports: the analysis client's replays are copies (``copy_rounds``) of its own earlier updates
+    (``own_resubmission_rounds``), scored without the pool on the round's peers: every round is read, and the
+    lag ordering is measured (it holds here, and breaks where the replays' rewards break it)."""
+    replays = {"lagged:2": [2, 3, 4, 5], "stale": [2, 3, 4, 5]}
+    rewards = {"honest": [0.3, 0.3, 0.3, 0.3, 0.3], "lagged:2": [0.3, 0.3, 0.2, 0.15, 0.15],
+               "stale": [0.3, 0.3, 0.05, 0.0, -0.02]}
+    own = write_report(tmp_path / "own", 0, rewards, copies=replays, own=replays)
+    lag = check([{"check": "lagged:2 > stale", "margin": "0.1 x honest"}], own).outcomes[0]
+    assert lag.passed and lag.runs[0].gap == pytest.approx((1.1 - 0.63) / 5) and lag.runs[0].need == pytest.approx(0.03)
+    assert load_runs([own])[0].copies == {}
+    # one round paid as a copy of another's entry (round 5 of both) is left out; the other rounds are read
+    paid = write_report(tmp_path / "paid", 0, rewards, copies=replays, own={s: [2, 3, 4] for s in replays})
+    assert load_runs([paid])[0].copies == {s: frozenset({5}) for s in replays}
+    swapped = {**rewards, "stale": rewards["lagged:2"], "lagged:2": rewards["stale"]}
+    assert check([{"check": "lagged:2 > stale", "margin": "0.1 x honest"}],
+                 write_report(tmp_path / "swapped", 0, swapped, copies=replays, own=replays)).outcomes[0].failed

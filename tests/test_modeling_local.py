@@ -38,7 +38,9 @@ def optimizers_made(monkeypatch) -> list:
 def test_winner_recipe_trains_a_4bit_base_on_the_cpu(domain, tmp_path, monkeypatch):
     model_dir, data_dir = tmp_path / "model", tmp_path / "data"
     save_tiny_model(model_dir, CONFIGS[domain], seed=len(domain))
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(make_rows(domain, 45, seed=3))}).save_to_disk(
+    # 45 rows for the clients and the rows the recipe sets aside for the held-out evaluation
+    rows = make_rows(domain, 45 + load_recipe(RECIPES / f"{domain}.toml").dataset.heldout_rows, seed=3)
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)}).save_to_disk(
         str(data_dir))
     recipe = load_recipe(RECIPES / f"{domain}.toml", ONE_SMALL_STEP)
     assert recipe.model.quantization == 4 and recipe.train.training_arguments.optim == "paged_adamw_8bit"

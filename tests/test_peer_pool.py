@@ -9,7 +9,8 @@ import pytest
 
 from kfca_llm import InputError, score_updates
 from kfca_llm.api import pack_updates
-from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, parse_pool_name, pool_name, score_with_pool
+from kfca_llm.fl.peer_pool import OWN_RESUBMISSION, PeerPool, PoolSettings, parse_pool_name, pool_name, score_with_pool
+from kfca_llm.fl.reference import reference_signs
 from kfca_llm.recipe import KfcaConfig
 
 SHAPE = (48, 64)
@@ -117,18 +118,83 @@ def test_pool_peers_are_the_most_recent_distinct_participants_and_the_window_dro
     assert [e.name for e in pool.candidates(5, "a", exclude=[])] == ["f@4", "d@3"]
 
 
-def test_a_stale_resubmission_and_a_copy_of_a_pool_member_are_copies_paid_nothing():
+def test_an_own_resubmission_is_a_copy_scored_without_the_pool_exactly_as_its_round_alone_pays_it():
     first = honest(3, 1)
-    stale = {3: lambda t: first}  # client 3 resubmits its round-1 update
-    scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (3, 7)}, deviations=stale)
+    scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (3, 7)}, deviations={3: lambda t: first})  # c03 resubmits round 1's
     r3 = scored[3]
-    assert [g.clients for g in r3.pool_copies] == [("c03", "c03@1")]
-    assert r3.report.rewards["c03"] == 0.0 < r3.report.unadjusted_rewards["c03"]
-    assert r3.report.rewards["c07"] == r3.report.unadjusted_rewards["c07"]
+    assert [g.clients for g in r3.pool_copies] == [("c03", "c03@1")] and r3.own_resubmissions == ("c03",)
+    assert r3.pool_copies[0].note == OWN_RESUBMISSION and r3.pool_copies[0] in r3.report.duplicates
+    assert r3.pool_copies[0].to_dict()["note"] == "own resubmission: scored without the pool"
+    # Its round alone (no pool): the same floats; a positive reward (an earlier honest update agrees), not 0.
+    alone = score_updates(round_updates(3, (3, 7), {3: lambda t: first}), seed=3)
+    assert r3.report.rewards["c03"] == alone.rewards["c03"] > 0.0
+    assert r3.report.unadjusted_rewards["c03"] == alone.unadjusted_rewards["c03"]
+    assert r3.pool_peers["c03"] == [] and r3.report.peers["c03"] == ["c07"]
+    # Its partner still borrows the pool; the resubmission has one peer: undetermined.
+    assert r3.pool_peers["c07"] and r3.report.rewards["c07"] == r3.report.unadjusted_rewards["c07"]
+    assert r3.undetermined == ("c03",)
+
+
+def test_an_own_resubmission_with_many_in_round_peers_is_paid_its_rounds_reward_to_the_last_bit():
+    # 16 in-round peers, fewer than min_peers=20: short, so the pool is consulted. The round alone averages the 16
+    # payments with numpy's mean, which differs from a running sum in the last bit here.
+    first = honest(3, 1)
+    pool = PeerPool(PoolSettings(min_peers=20))
+    for t, clients in {1: (3, 20), 2: (21, 22), 3: (23, 24), 4: (25, 26)}.items():
+        updates = round_updates(t, clients, {3: lambda t: first})
+        pool.add_round(t, dict(zip(sorted(updates), pack_updates(updates).words()[0])))
+    updates = round_updates(5, (3, *range(30, 46)), {3: lambda t: first})
+    pooled, alone = score_with_pool(pack_updates(updates), pool, 5, seed=5), score_updates(updates, seed=5)
+    assert pooled.own_resubmissions == ("c03",) and pooled.pool_peers["c30"]
+    assert pooled.report.rewards["c03"] == alone.rewards["c03"]
+    assert pooled.report.unadjusted_rewards["c03"] == alone.unadjusted_rewards["c03"]
+
+
+def test_with_a_reference_an_own_resubmission_gets_what_the_round_without_a_pool_and_with_the_reference_pays():
+    first = honest(3, 1)
+    updates = {t: round_updates(t, c, {3: lambda t: first}) for t, c in {1: (3, 4), 2: (5, 6), 3: (3, 7)}.items()}
+    pool = PeerPool()
+    for t in (1, 2):
+        pool.add_round(t, dict(zip(sorted(updates[t]), pack_updates(updates[t]).words()[0])))
+    packer = pack_updates(updates[3])
+    reference = reference_signs(packer, honest(11, 3))
+    pooled = score_with_pool(packer, pool, 3, seed=3, reference=reference, reference_weight=4.0)
+    no_pool = score_with_pool(packer, None, 3, seed=3, reference=reference, reference_weight=4.0)
+    assert pooled.own_resubmissions == ("c03",) and pooled.undetermined == ()
+    assert pooled.report.rewards["c03"] == no_pool.report.rewards["c03"] != score_updates(updates[3], seed=3).rewards["c03"]
+    assert pooled.report.peers["c03"] == ["c07", "(reference)"] and pooled.pool_peers["c07"]
+
+
+def test_a_copy_of_another_participants_pool_entry_is_paid_nothing():
     copier = {8: lambda t: honest(5, 2)}  # client 8 submits client 5's round-2 update
     scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (8, 7)}, deviations=copier)
     assert [g.clients for g in scored[3].pool_copies] == [("c05@2", "c08")]
-    assert scored[3].report.rewards["c08"] == 0.0
+    assert scored[3].pool_copies[0].note is None and scored[3].own_resubmissions == ()
+    assert scored[3].report.rewards["c08"] == 0.0 < scored[3].report.unadjusted_rewards["c08"]
+    assert scored[3].pool_peers["c08"]
+
+
+def test_a_copy_of_its_own_entry_and_another_participants_is_paid_nothing():
+    first = honest(3, 1)
+    stale = {3: lambda t: first}
+
+    def pooled_round(settings, schedule, source_round):
+        # c05's entry holds c03's round-1 words (two colluders' entries, put in the pool by hand).
+        pool = PeerPool(settings)
+        for t, clients in schedule.items():
+            updates = round_updates(t, clients, stale | ({5: lambda t: first} if t == source_round else {}))
+            pool.add_round(t, dict(zip(sorted(updates), pack_updates(updates).words()[0])))
+        t = max(schedule) + 1
+        return score_with_pool(pack_updates(round_updates(t, (3, 7), stale)), pool, t, seed=t)
+
+    one_group = pooled_round(PoolSettings(), {1: (3, 4), 2: (5, 6)}, 2)
+    assert [g.clients for g in one_group.pool_copies] == [("c03", "c03@1", "c05@2")]
+    # Its own round-1 entry found on the sketch (outside the window of 2), c05's in the window: two groups.
+    two_groups = pooled_round(PoolSettings(window=2), {1: (3, 4), 2: (1, 2), 3: (5, 6), 4: (8, 9)}, 3)
+    assert sorted(g.clients for g in two_groups.pool_copies) == [("c03", "c03@1"), ("c03", "c05@3")]
+    for pooled in (one_group, two_groups):
+        assert pooled.own_resubmissions == () and all(g.note is None for g in pooled.pool_copies)
+        assert pooled.report.rewards["c03"] == 0.0 < pooled.report.unadjusted_rewards["c03"]
 
 
 def test_an_earlier_peer_is_weighted_by_its_lags_signed_weight_the_strongest_lag_by_the_pool_weight():
@@ -170,7 +236,8 @@ def test_a_stale_resubmission_older_than_the_window_is_caught_on_the_sketch():
                         deviations={3: lambda t: first})
     r5 = scored[5]
     assert [g.clients for g in r5.pool_copies] == [("c03", "c03@1")]  # round 1 is outside the window of 2
-    assert r5.pool_copies[0].pairs[0].agreement == 1.0 and r5.report.rewards["c03"] == 0.0
+    assert r5.pool_copies[0].pairs[0].agreement == 1.0 and r5.own_resubmissions == ("c03",)
+    assert r5.report.rewards["c03"] == score_updates(round_updates(5, (3, 7), {3: lambda t: first}), seed=5).rewards["c03"]
     assert r5.report.rewards["c07"] == r5.report.unadjusted_rewards["c07"]
 
 

@@ -1,9 +1,9 @@
 """``kfca-llm simulate`` at two clients per round, the analysis client beside an attacker in every round: the run
 finishes (delta.png with no pair of honest updates used to crash ``plots.plot_delta``), the pool is used and the
 first rounds are marked undetermined in report.json and the table; the analysis client's replays of its own
-earlier updates (``stale``, ``lagged:2``) are pool copies, paid as a real resubmission is (nothing), as at 20 x 0.1
-(issue 27: the attack analysis' hypothetical submissions pass the pool's copy detection; 4 clients x 0.5 is the
-same two-per-round regime at a tenth of the cost)."""
+earlier updates (``stale``, ``lagged:2``) are pool copies, own resubmissions scored without the pool as a real
+resubmission is (on the round's one peer), as at 20 x 0.1 (issue 27: the attack analysis' hypothetical submissions
+pass the pool's copy detection; 4 clients x 0.5 is the same two-per-round regime at a tenth of the cost)."""
 
 import json
 
@@ -22,19 +22,31 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
     report = json.loads((out / "report.json").read_text())
     assert (out / "delta.png").stat().st_size > 0
     assert report["delta"] == [None] * 4  # no round had a pair of honest updates
-    assert report["undetermined_rounds"] == [1, 2]
+    assert report["undetermined_rounds"] == [1, 2, 4]
     records = report["round_records"]
     assert records[0]["undetermined"] == sorted(records[0]["clients"]) and records[0]["pool_peers"] == {}
-    assert records[3]["undetermined"] == [] and records[3]["pool_peers"]["client-000"]
+    assert records[2]["undetermined"] == [] and records[3]["pool_peers"]["client-000"]
+    # Round 4: the zero node (trained in round 3) sends the same zeros again, an own resubmission: reported as a copy
+    # with its note, scored on its one in-round peer (no pool peer), so undetermined; its partner is not.
+    assert records[3]["clients"] == ["client-000", "client-002"] and records[3]["undetermined"] == ["client-002"]
+    (group,) = records[3]["duplicates"]
+    assert group["clients"] == ["client-002", "client-002@3"] and group["note"] == "own resubmission: scored without the pool"
+    assert "client-002" not in records[3]["pool_peers"] and report["duplicates"]["flagged"] == {"client-002": [4]}
     # The analysis client's side-by-side strategies borrow the same pool peers as its honest update.
     assert records[3]["pool_peers"]["client-000/flip"] == records[3]["pool_peers"]["client-000"]
     # Round 1 is a replay of the round itself (no earlier update); from round 2 the replayed update is the analysis
-    # client's own pool entry: a copy, paid at most 0 (the zero policy), never what it would earn as a fresh update.
+    # client's own pool entry: a copy, an own resubmission scored on the round's one peer only (no pool peer), as
+    # the round without a pool scores it: the pairs it was paid for are that peer's, and its reward their payment.
     strategies = report["strategies"]
     for spec in ("stale", "lagged:2"):
-        assert strategies[spec]["copy_rounds"] == [2, 3, 4]
-        assert all(v <= 0.0 for v in strategies[spec]["per_round"][1:])
+        assert strategies[spec]["copy_rounds"] == strategies[spec]["own_resubmission_rounds"] == [2, 3, 4]
+        for t in (2, 3, 4):
+            record = records[t - 1]
+            assert f"client-000/{spec}" not in record["pool_peers"]
+            paid = [p["payment"] for p in record["pairs"] if p["submission"] == f"client-000/{spec}"]
+            assert len(paid) == 1 and strategies[spec]["per_round"][t - 1] == paid[0]
     assert strategies["honest"]["copy_rounds"] == strategies["flip"]["copy_rounds"] == []
+    assert strategies["honest"]["own_resubmission_rounds"] == []
     # Hypothetical copies are not listed among the flagged clients (the zero node's repeated zeros are).
     assert not [c for r in records for g in r["duplicates"] for c in g["clients"] if "/" in c]
-    assert "undetermined: 2/4 round(s)" in printed and "kfca.min-peers = 2" in printed
+    assert "undetermined: 3/4 round(s)" in printed and "kfca.min-peers = 2" in printed

@@ -124,11 +124,14 @@ class DuplicatePair:
 class DuplicateGroup:
     clients: tuple[str, ...]
     pairs: tuple[DuplicatePair, ...]
+    note: str | None = None
+    """How the group was paid when not by the round's policy (the peer pool's own resubmissions), else None."""
 
     def to_dict(self) -> dict:
-        return {"clients": list(self.clients),
-                "pairs": [{"client": p.client, "peer": p.peer, "agreement": p.agreement, "reason": p.reason,
-                           "excess_correlation": p.excess_correlation} for p in self.pairs]}
+        out = {"clients": list(self.clients),
+               "pairs": [{"client": p.client, "peer": p.peer, "agreement": p.agreement, "reason": p.reason,
+                          "excess_correlation": p.excess_correlation} for p in self.pairs]}
+        return out if self.note is None else {**out, "note": self.note}
 
 
 def check_duplicate_policy(policy: str) -> str:

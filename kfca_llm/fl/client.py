@@ -11,6 +11,7 @@ depend on which process trains the client or what it trained before.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,15 @@ def load_adapter_state(model, state: Mapping[str, torch.Tensor]) -> None:
         raise InputError(f"adapter state has tensors the model lacks: {unexpected[:5]}")
 
 
+def reproducible_on_cuda() -> None:
+    """The same seed trains the same update on a GPU as well (a resumed run continues bit for bit, as on the CPU):
+    torch's deterministic kernels where an op has one, and the fixed cuBLAS workspace they need, which torch reads
+    at each call. Without it an H100 resumed the tiny recipe to other rewards; with it an H200 reproduced them bit
+    for bit. An op with no deterministic kernel warns (``warn_only``) rather than stopping a long run."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequence[Mapping[str, Any]],
                  recipe: Recipe, *, server_round: int, seed: int, device: torch.device, pad_token_id: int,
                  step_callback: Callable[[], None] | None = None) -> ClientUpdate:
@@ -126,6 +136,8 @@ def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequ
     if not examples:
         raise InputError("a client has no training examples")
     ta = recipe.train.training_arguments
+    if torch.device(device).type == "cuda":
+        reproducible_on_cuda()
     load_adapter_state(model, global_state)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(derive_seed(seed, 0))  # dropout: the same for this client on any process

@@ -31,8 +31,10 @@ def evaluate_adapter(model, examples: Sequence[Mapping[str, Any]], pad_token_id:
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
             predicted, labels = logits[:, :-1], batch["labels"][:, 1:]  # position i predicts token i + 1
             scored = labels != IGNORE_INDEX
-            loss_sum += float(torch.nn.functional.cross_entropy(predicted.transpose(1, 2), labels,
-                                                                ignore_index=IGNORE_INDEX, reduction="sum"))
+            # Flat [tokens, vocabulary]: CUDA's 2-d form (nll_loss2d) has no deterministic kernel (fl.client)
+            loss_sum += float(torch.nn.functional.cross_entropy(predicted.reshape(-1, predicted.shape[-1]),
+                                                                labels.reshape(-1), ignore_index=IGNORE_INDEX,
+                                                                reduction="sum"))
             tokens += int(scored.sum())
             exact += int(((predicted.argmax(-1) == labels) | ~scored).all(dim=1).sum())
     model.train(was_training)

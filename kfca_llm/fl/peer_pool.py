@@ -21,8 +21,13 @@ also against ``pool_peers`` pool entries:
   participant's reward is ``(sum of in-round payments + sum_k w_k * payment_k) / (in-round peers + sum |w_k|)``;
 * **copies** (``fl.pool_copies``): a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
   to any pool entry in the window, or, on a fixed 4,096-bit sketch of its signs, to any earlier submission of
-  the run (its own included: ``stale``), is a copy, paid under the round's duplicate policy, and is not added
-  to the pool;
+  the run, is a copy and is not added to the pool. A copy of another participant's entry (or of several
+  participants' entries, its own among them) is paid under the round's duplicate policy (at most 0 under
+  ``zero`` and ``split``). An **own resubmission** (every entry it copies is its own participant's: ``stale``,
+  ``lagged:K``) is scored as if there were no pool: on its in-round peers only (and the trusted reference, if
+  any), exactly what the round without a pool pays it; it never meets the pool, so it cannot profit from it,
+  and a stale client is paid by the same rule at every round size. With fewer than ``min_peers`` in-round
+  peers (and no reference) it is undetermined;
 * **undetermined**: a participant with fewer than ``min_peers`` distinct peers (in-round and pool) has no
   majority of independent peers that could outvote one deviator; the round is marked undetermined.
 
@@ -57,6 +62,7 @@ from .pool_copies import apply_pool_policy, pool_copies_of, sketch, sketch_copie
 from .reference import REFERENCE, check_reference_weight
 
 POOL_SEPARATOR = "@"
+OWN_RESUBMISSION = "own resubmission: scored without the pool"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
 
 
@@ -122,7 +128,8 @@ class PooledRound:
     undetermined: tuple[str, ...]
     """Participants with fewer than ``min_peers`` distinct peers: their reward cannot tell who deviated."""
     pool_copies: tuple[DuplicateGroup, ...] = ()
-    """Groups of a participant and the pool entries it copies (also in ``report.duplicates``)."""
+    """Groups of a participant and the pool entries it copies (also in ``report.duplicates``); an own
+    resubmission's carry the note ``OWN_RESUBMISSION``."""
     lag_weights: dict[int, float] = dataclasses.field(default_factory=dict)
     """Lag (rounds back) -> the signed weight of a pool peer that old (see the module docstring)."""
     in_round_rewards: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -141,6 +148,12 @@ class PooledRound:
         """What ``fl.aggregate.aggregation_weights`` needs to apply a weak-verdict rule."""
         return WeakVerdicts({c: self.in_round_rewards[c] for c in self.short}, frozenset(self.short),
                             frozenset(self.warming), frozenset(self.undetermined))
+
+    @property
+    def own_resubmissions(self) -> tuple[str, ...]:
+        """Scorers that copied only their own earlier submissions: scored without the pool."""
+        return tuple(sorted({c for g in self.pool_copies if g.note == OWN_RESUBMISSION for c in g.clients
+                             if c in self.report.rewards}))
 
 
 class PeerPool:
@@ -238,10 +251,13 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     of ``pairs`` (all clients with ``peers``); ``copy_candidates`` (None: all) are the real participants.
     ``owners`` maps a scorer that is not a participant (the attack analysis' side-by-side submissions) to the
     participant whose pool peers it gets; such a scorer is checked against the pool for copies and paid as a
-    real submission would be (a ``lagged:K`` replay of its owner's pool entry is a copy, as a real lagged node's
-    resubmission is), but never joins the pool nor decides an undetermined round. Scorers neither real nor owned
-    are scored on their in-round pairs only. ``reference``: the packed sign words of a trusted
-    reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight`` (0: ignored).
+    real submission would be (a ``lagged:K`` replay of its owner's pool entry is an own resubmission, as a real
+    lagged node's is), but never joins the pool nor decides an undetermined round. Scorers neither real nor owned
+    are scored on their in-round pairs only. A scorer whose every pool copy is its owner's own earlier
+    submission (a real ``stale`` node; the analysis client's ``stale`` and ``lagged:K`` replays) is scored as
+    ``score_with_pool`` with no pool scores it (see the module docstring). ``reference``: the packed sign words
+    of a trusted reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight``
+    (0: ignored).
     """
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
                           duplicates=duplicates, duplicate_rule=duplicate_rule, copy_candidates=copy_candidates)
@@ -271,14 +287,14 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
         undetermined = tuple(c for c in short if c in real)
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined, in_round_rewards=in_round_rewards,
                            short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings))
-    return _score_pooled(packer, pool, round_, report, rows, chosen, real, set(owner), seed=seed, penalty=penalty,
+    return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                          reference=reference, reference_weight=reference_weight)
 
 
 def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
                   rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str],
-                  checked: set[str], *,
+                  owner: Mapping[str, str], *,
                   seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                   reference: np.ndarray | None, reference_weight: float) -> PooledRound:
     signs, task = packer.words()
@@ -302,13 +318,18 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     pool_copies, lag_weights = (), {}
     if rows:
         pool_names = names[:len(packer.clients) + len(rows)]
-        pool_copies = pool_copies_of(counts, pool_names, len(packer.clients), checked, duplicate_rule)
-        pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], checked, lambda words: pool.sketch_copies(
+        pool_copies = pool_copies_of(counts, pool_names, len(packer.clients), set(owner), duplicate_rule)
+        pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
             words, task, round_, duplicate_rule.max_disagreement))
         lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, pool.settings)
+    own = _own_resubmissions(pool_copies, owner)
+    pool_copies = tuple(dataclasses.replace(g, note=OWN_RESUBMISSION) if own & set(g.clients) else g
+                        for g in pool_copies)
     keys = list(round_report.pairwise)
     weights = [1.0] * len(keys)
     for client, entries in chosen.items():
+        if client in own:
+            continue  # it never meets the pool
         keys += [(client, e.name) for e in entries]
         weights += [lag_weights.get(round_ - e.round, 0.0) for e in entries]
     if reference is not None:
@@ -325,8 +346,11 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                                      backend=round_report.backend, labels=SIGN_LABELS, tasks=round_report.tasks,
                                      duplicates=groups, duplicate_policy=duplicates)
     unadjusted = _weighted_means(keys, payment, weights)
-    report = dataclasses.replace(report, unadjusted_rewards=unadjusted,
-                                 rewards=apply_pool_policy(unadjusted, round_report.duplicates, pool_copies, duplicates))
+    paid = apply_pool_policy(unadjusted, round_report.duplicates, [g for g in pool_copies if g.note is None], duplicates)
+    if reference is None:  # what the round without a pool pays an own resubmission, the same floats
+        unadjusted |= {c: round_report.unadjusted_rewards[c] for c in own}
+        paid |= {c: round_report.rewards[c] for c in own}
+    report = dataclasses.replace(report, unadjusted_rewards=unadjusted, rewards=paid)
     weighted: dict[str, set[str]] = {}
     for (client, peer), weight in zip(keys, weights):
         if weight != 0.0:
@@ -335,13 +359,14 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # A trusted reference tells an honest participant from a deviator at any round size.
     undetermined = () if reference is not None or pool is None else tuple(
         c for c in sorted(report.rewards) if c in real and len(weighted.get(c, ())) < pool.settings.min_peers)
-    support = {c: len({e.participant for e in entries if lag_weights.get(round_ - e.round, 0.0) != 0.0})
+    # An own resubmission never meets the pool: nothing stands behind its reward but its round.
+    support = {c: 0 if c in own else len({e.participant for e in entries if lag_weights.get(round_ - e.round, 0.0)})
                for c, entries in chosen.items()}
     # A trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
     warming = () if reference is not None else _warming(list(chosen), support, undetermined, pool.settings)
-    return PooledRound(report, {c: [e.name for e in chosen.get(c, [])] for c in report.rewards}, undetermined,
-                       pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards), short=tuple(chosen),
-                       warming=warming)
+    return PooledRound(report, {c: [] if c in own else [e.name for e in chosen.get(c, [])] for c in report.rewards},
+                       undetermined, pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards),
+                       short=tuple(chosen), warming=warming)
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],
@@ -349,6 +374,17 @@ def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Seq
     """The short scorers the pool is still warming up for: undetermined, or fewer than ``pool_peers`` distinct
     pool participants of non-zero weight (``support``) behind the reward."""
     return tuple(c for c in short if c in undetermined or support.get(c, 0) < settings.pool_peers)
+
+
+def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str, str]) -> set[str]:
+    """Scorers every pool copy of which is an earlier submission of their owner (a group of a scorer and entries
+    of another participant, or of several, is not: it is paid under the duplicate policy)."""
+    own, other = set(), set()
+    for group in pool_copies:
+        for client in (c for c in group.clients if c in owner):
+            entries = [parse_pool_name(m) for m in group.clients if m != client]
+            (own if all(e is not None and e[0] == owner[client] for e in entries) else other).add(client)
+    return own - other
 
 
 def _lag_weights(counts, entries: Sequence[PoolEntry], first: int, round_: int, settings: PoolSettings

@@ -69,8 +69,10 @@ class RoundRecord:
     pool_peers: dict[str, list[str]] = field(default_factory=dict)
     """Submission id -> the earlier rounds' submissions (``client@round``) it was also scored against."""
     strategy_copies: list[str] = field(default_factory=list)
-    """Attack specs whose submission was paid as a copy of an earlier round's (a replay of the analysis client's
-    own pool entry: ``lagged:K``, ``stale``), under ``kfca.duplicates``."""
+    """Attack specs whose submission copied an earlier round's (``fl.peer_pool``)."""
+    strategy_own_resubmissions: list[str] = field(default_factory=list)
+    """Those of ``strategy_copies`` that replayed only the analysis client's own earlier submissions (``lagged:K``,
+    ``stale``): scored without the pool, on the round's peers; the others were paid under ``kfca.duplicates``."""
 
     def honest_delta(self) -> list[list[float]] | None:
         """Mean empirical delta matrix over the round's pairs of honest updates (None: no such pair, e.g. one
@@ -223,7 +225,9 @@ class FederationResult:
             "seed": self.seed,
             "rounds": len(self.rounds),
             "strategies": {s: {"mean_reward": m, "per_round": [r.strategy_rewards[s] for r in self.rounds],
-                               "copy_rounds": [r.round for r in self.rounds if s in r.strategy_copies]}
+                               "copy_rounds": [r.round for r in self.rounds if s in r.strategy_copies],
+                               "own_resubmission_rounds": [r.round for r in self.rounds
+                                                           if s in r.strategy_own_resubmissions]}
                            for s, m in self.mean_strategy_rewards().items()},
             "honest_clients": {"mean_reward": self.mean_honest_reward(),
                                "per_round": [r.honest_rewards for r in self.rounds]},

@@ -246,6 +246,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             loss_after={c: r.loss_after for c, r in trained.items()},
             num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates,
             undetermined=scores.undetermined, pool_peers=scores.pool_peers, strategy_copies=scores.strategy_copies,
+            strategy_own_resubmissions=scores.strategy_own_resubmissions,
             aggregated=aggregated_shares(weights), heldout=heldout_scores))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:

@@ -10,8 +10,9 @@ one submission): the analysis client's side-by-side strategies are hypothetical 
 (``stale`` equals its honest update in round 1), so they are never grouped with each other or with their
 own client's update. Against the peer pool (rounds with too few peers, ``fl.peer_pool``) each side-by-side
 submission is checked as a real one would be: a ``lagged:K`` or ``stale`` replay of the client's own pool
-entry is a copy and paid under ``kfca.duplicates``, as a real lagged node is (its reward in
-``strategy_rewards``; such groups are not listed in ``duplicates``, which holds real submissions only).
+entry is a copy, an own resubmission, scored without the pool (on its in-round peers only) as a real lagged node
+is (its reward in ``strategy_rewards``; such groups are not listed in ``duplicates``, which holds real submissions
+only).
 """
 
 from __future__ import annotations
@@ -75,7 +76,10 @@ class RoundScores:
     pool_peers: dict[str, list[str]] = field(default_factory=dict)
     """Submission id -> the pool entries (``client@round``) it was scored against (only those that had any)."""
     strategy_copies: list[str] = field(default_factory=list)
-    """The analysis client's strategies paid as copies of an earlier round's submission (``fl.peer_pool``)."""
+    """The analysis client's strategies found to copy an earlier round's submission (``fl.peer_pool``)."""
+    strategy_own_resubmissions: list[str] = field(default_factory=list)
+    """Those of ``strategy_copies`` that copied only the client's own earlier submissions: scored without the pool
+    (the others were paid under ``kfca.duplicates``)."""
     verdicts: WeakVerdicts | None = None
     """The submissions (by id) paid with the peer pool, for the aggregation's weak-verdict rule (``fl.aggregate``)."""
 
@@ -155,4 +159,5 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
                     for g in report.duplicates if not any(c in by_id and by_id[c].analysis for c in g.clients)],
         pack_s=pack_s, undetermined=list(pooled.undetermined),
         strategy_copies=[s.strategy for s in analysed if any(s.id in g.clients for g in pooled.pool_copies)],
+        strategy_own_resubmissions=[s.strategy for s in analysed if s.id in pooled.own_resubmissions],
         pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers}, verdicts=pooled.verdicts)

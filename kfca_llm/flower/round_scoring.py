@@ -49,7 +49,8 @@ class ScoredRound:
 def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
                   failures: list[tuple[str | None, str]]) -> MetricRecord:
     """The round's aggregated train metrics (the wrapped strategy's, if any) with KFCA's: scored, undetermined,
-    pool peers, failed replies, copies, and ``kfca.reward.<participant>`` per paid participant."""
+    pool peers, failed replies, copies (own resubmissions among them), and ``kfca.reward.<participant>`` per paid
+    participant."""
     report = None if scored is None else scored.report
     out = MetricRecord(dict(metrics.items())) if metrics is not None else MetricRecord()
     out["kfca.scored"] = int(report is not None)
@@ -57,6 +58,7 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
     out["kfca.pool-peers"] = 0 if scored is None else sum(map(len, scored.pooled.pool_peers.values()))
     out["kfca.failed-replies"] = sum(node is not None for node, _ in failures)
     out["kfca.copies"] = 0 if report is None else sum(len(g.clients) for g in report.duplicates)
+    out["kfca.own-resubmissions"] = 0 if scored is None else len(scored.pooled.own_resubmissions)
     if report is not None:
         for node, reward in report.rewards.items():
             out[REWARD_METRIC_PREFIX + node] = float(reward)
@@ -80,6 +82,12 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
             "rewards cannot tell who deviated. Raise the clients per round (fraction_train / min_train_nodes), "
             "lower min_peers, or widen pool_window", server_round, ", ".join(pooled.undetermined),
             pool.settings.min_peers, pool.settings.window)
+    if own := pooled.own_resubmissions:
+        alone = [c for c in own if c in pooled.undetermined]
+        log(WARNING, "KFCA: round %s: %s resubmitted an earlier update of their own (own resubmission: scored without "
+            "the pool, on this round's peers only%s)", server_round, ", ".join(own),
+            f"; undetermined for {', '.join(alone)}: fewer than min_peers={pool.settings.min_peers} peers in the round"
+            if alone else "")
     stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
     digests = {participant: sha256_hex(data) for participant, data in stored.items()}
     task_bytes = words_bytes(task)

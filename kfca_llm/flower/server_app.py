@@ -82,7 +82,7 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
     (``kfca.reference-rows``: the server's reference, ``task.reference_update``)."""
     reference = None
     if recipe.kfca.reference_rows:
-        reference_rows(recipe)  # rows no node has: a real data set has none set aside (one clear error, now)
+        reference_rows(recipe)  # rows no node has: a data set too small to set them aside fails now, clearly
         reference = functools.partial(reference_update, recipe)
     return strategy_class(build_wrapped_strategy(recipe, config), peers=recipe.kfca.peers, seed=recipe.kfca.seed,
                           penalty=recipe.kfca.penalty, bonus_fraction=recipe.kfca.bonus_fraction,

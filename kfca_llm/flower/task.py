@@ -107,7 +107,7 @@ def evaluate_global_adapter(recipe: Recipe, global_state: Mapping[str, torch.Ten
     examples = _heldout(key)
     if not examples:
         raise InputError(f"data set {recipe.dataset.name!r} has no held-out rows to evaluate on "
-                         "(only the synthetic data sets have them); set strategy.fraction-evaluate = 0")
+                         "(dataset.heldout-rows = 0); set strategy.fraction-evaluate = 0 or dataset.heldout-rows > 0")
     model, tokenizer, _ = _model(key)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return evaluate_global(model, global_state, examples, pad_id, torch.device("cpu"))
@@ -115,7 +115,7 @@ def evaluate_global_adapter(recipe: Recipe, global_state: Mapping[str, torch.Ten
 
 def reference_rows(recipe: Recipe) -> list:
     """The server's ``kfca.reference-rows`` held-out rows (encoded), once per process; InputError where the data
-    set has none set aside."""
+    set cannot set them aside."""
     return _reference_rows(recipe_key(recipe))
 
 

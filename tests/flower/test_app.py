@@ -286,7 +286,7 @@ def test_a_wrong_setting_fails_the_flower_run_with_one_input_error_line_and_no_t
     assert "InputError: cannot resume: scoring setting 'identity'" in errors[1]
 
 
-def test_kfca_reference_rows_makes_the_server_app_train_simulates_reference_each_round(tmp_path):
+def test_kfca_reference_rows_makes_the_server_app_train_simulates_reference_each_round(tmp_path, monkeypatch):
     """``kfca.reference-rows = N``: the ServerApp's strategy trains the reference on the recipe's N held-out rows
     from the round's global arrays, seeded by the round (``fl.client.train_reference``, what simulate calls), and
     scores it as a peer of every participant: two nodes, no pool yet, and round 1 is not undetermined."""
@@ -328,6 +328,14 @@ def test_kfca_reference_rows_makes_the_server_app_train_simulates_reference_each
     assert plain.reference is None
     plain.start(grid=LocalGrid({11: node(0), 12: node(1)}), initial_arrays=ArrayRecord(global1), num_rounds=1)
     assert len(plain.undetermined[1]) == 2
-    # A data set with no rows set aside fails the app before round 1, naming the key.
-    with pytest.raises(InputError, match="kfca.reference-rows needs rows no client has"):
+    # A real data set sets the reference's rows aside (kfca_llm.data.real_split); one too small to leave rows to
+    # train on fails the app before round 1, naming both keys.
+    import datasets
+
+    from kfca_llm import data
+    from kfca_llm.synthetic import make_rows
+
+    monkeypatch.setattr(data, "_load_real", lambda recipe, data_dir: datasets.Dataset.from_list(
+        make_rows("general-nlp", 70, seed=0)))
+    with pytest.raises(InputError, match="heldout-rows = 64 and kfca.reference-rows = 8 leaves none to train on"):
         build_strategy(recipe_from_config({**config, "dataset.name": "someone/real-data"}), config)

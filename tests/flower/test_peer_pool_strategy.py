@@ -7,6 +7,7 @@ per-round one and each node's noise. The strategy's defaults borrow pool peers; 
 
 import logging
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +17,9 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 from flwr.app import Array, ArrayRecord  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from doc_pages import one_block  # noqa: E402
 
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
@@ -127,3 +131,42 @@ def test_ledger_cli_shows_rounds_mean_standard_error_and_whether_distinguishable
     header = capsys.readouterr().out.splitlines()[0]
     assert header == ("participant,label,node_ids,total,rounds,mean,std_error,distinguishable_from_zero,"
                       "undetermined_rounds")
+
+
+def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_logged(tmp_path, caplog):
+    """Node 2 resubmits the update it trained the first time it was sampled: from then on a copy of its own pool
+    entry, scored without the pool (its one in-round peer only: undetermined), never a pool entry, reported in the
+    ledger, the metrics and the log, and `kfca-llm verify` recomputes it."""
+    stale, first = 2, {}
+
+    def nodes(message):
+        n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
+        if n != stale:
+            return node(message)
+        sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
+        delta = first.setdefault(n, update(n, t))
+        return reply_with(message, ArrayRecord({k: Array(sent[k] + u) for k, u in delta.items()}))
+
+    random.seed(7)
+    ledger = tmp_path / "stale.sqlite"
+    strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=ledger, keep_signs=True)
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        result = strategy.start(grid=LocalGrid({n: nodes for n in range(1, NODES + 1)}),
+                                initial_arrays=initial_arrays(), num_rounds=ROUNDS)
+    rounds = sorted(t for t, r in strategy.rewards.items() if pid(stale) in r)
+    resubmitted = [t for t in rounds[1:] if t > 2]  # rounds 1-2 borrow no pool: nothing to copy from
+    assert resubmitted, rounds
+    rows = {r.round: r for r in read_ledger(ledger).rewards if r.participant == pid(stale)}
+    for t in resubmitted:
+        report, row = strategy.reports[t], rows[t]
+        assert report.peers[pid(stale)] == list(set(report.rewards) - {pid(stale)})  # no pool peer
+        assert row.duplicate_group == (pid(stale), f"{pid(stale)}@{rounds[0]}")
+        assert pid(stale) in strategy.undetermined[t]
+        assert result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 1
+        assert f"round {t}: {pid(stale)} resubmitted an earlier update of their own" in caplog.text
+    assert all(result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 0 for t in strategy.rewards
+               if t not in resubmitted)
+    # docs/few-peers.md shows the line of the first resubmission (round 5)
+    shown = one_block("docs/few-peers.md", "text", "resubmitted an earlier update").strip()
+    assert resubmitted[0] == 5 and shown.replace(" A", " " + pid(stale)) in caplog.text
+    assert main(["verify", str(ledger)]) == 0
