@@ -265,6 +265,11 @@ def test_a_pooled_round_reports_its_in_round_rewards_and_whether_the_pool_is_sti
         assert set(kept) == ({"c01"} if not warming_at_8 else set())
         assert set(aggregation_weights("exclude-negative", scored[8].report.rewards, weights, verdicts=verdicts,
                                        weak_verdict="trust-pool")) == {"c01"}
+    # A pool peer of a lag the pool cannot weigh yet does not count: in round 3 the pool has pairs one round apart
+    # only, so of 3 pool peers the round-1 one weighs 0 and 2 < 3 back the reward; in round 4 all 3 weigh.
+    three = run_rounds(SCHEDULE, PoolSettings(pool_peers=3), deviations={3: "flip"})
+    assert set(three[3].lag_weights) == {1} and len(next(iter(three[3].pool_peers.values()))) == 3
+    assert not three[3].undetermined and three[3].warming == three[3].short and three[4].warming == ()
     # One pool peer can never give min_peers=3 distinct peers: undetermined in every round, so warming too, though
     # its one pool peer is all pool_peers asks for.
     narrow = run_rounds(SCHEDULE, PoolSettings(min_peers=3, pool_peers=1), deviations={3: "flip"})
