@@ -39,6 +39,20 @@ def test_the_server_app_pays_copies_by_the_recipes_kfca_duplicates(tmp_path):
     assert build_strategy(split, ledger).duplicates == "split"
 
 
+def test_the_server_app_takes_the_weak_verdict_rule_from_the_recipe_or_the_run_config(tmp_path):
+    """``kfca.weak-verdict`` is declared for ``flwr run`` with the recipe's default, and reaches KFCAStrategy."""
+    import tomllib
+    from pathlib import Path
+
+    from kfca_llm.flower.server_app import build_strategy
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert declared["tool"]["flwr"]["app"]["config"]["kfca"]["weak-verdict"] == recipe_from_config(CONFIG).kfca.weak_verdict
+    config = {**CONFIG, "kfca.aggregation": "exclude-negative", "kfca.weak-verdict": "trust-pool"}
+    strategy = build_strategy(recipe_from_config(config), {**config, "kfca.ledger": str(tmp_path / "r.sqlite")})
+    assert strategy.weak_verdict == "trust-pool" and strategy.settings["weak_verdict"] == "trust-pool"
+
+
 def test_the_server_app_reads_identity_keep_signs_and_resume_from_the_run_config(tmp_path):
     from kfca_llm.flower.server_app import build_strategy
 
