@@ -14,6 +14,11 @@ class InputError(ValueError):
         self.tensor = tensor
 
 
+class NoTasksError(InputError):
+    """A round has too few informative coordinates (zero in every update there) to form the bonus and penalty
+    sets: nothing in it can be scored. A federation records such a round as not scored and goes on."""
+
+
 class BackendUnavailable(RuntimeError):
     """The backend cannot run where it was asked for (no triton, no GPU, kernels and tensors on different kinds of
     device); the message says why (no silent fallback)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, NoTasksError
 from ..kernels.pair_counts import cpu as pair_counts
 from ..kernels.sampled_penalty import cpu as sampled_penalty
 from ..kernels.sign_pack import cpu as sign_pack
@@ -117,7 +117,7 @@ class CpuBackend(Backend):
         bonus_coords, plane1, plane2, m1, m2 = sampled_penalty.penalty_planes(
             buffers.signs.view(np.uint32), buffers.task.view(np.uint32), key, t_bonus, t_m1)
         if m1 == 0 or m2 == 0:
-            raise InputError("too few informative coordinates to form non-empty penalty sets")
+            raise NoTasksError("too few informative coordinates to form non-empty penalty sets")
         pairs = np.ascontiguousarray(pairs, dtype=np.int64).reshape(-1, 2)
         return sampled_penalty.draw_matches(bonus_coords, plane1, plane2, pairs, pair_keys(seed, pairs), DRAW2_SALT,
                                             m1, m2)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import NoTasksError
 from ..partition import BONUS, PENALTY_1, PENALTY_2
 
 
@@ -28,7 +28,7 @@ class RoundCounts:
     def __post_init__(self):
         n_bonus, m1, m2 = (int(v) for v in self.sizes)
         if min(n_bonus, m1, m2) == 0:
-            raise InputError(
+            raise NoTasksError(
                 f"too few informative coordinates ({n_bonus + m1 + m2}) to form non-empty bonus and "
                 f"penalty sets (bonus {n_bonus}, M_1 {m1}, M_2 {m2}); coordinates that are zero in "
                 "every client's update are not tasks"
@@ -118,7 +118,7 @@ def deltas_from_joints(joints: np.ndarray) -> np.ndarray:
     """``delta_from_joint`` of each table of ``joints`` ([P, L, L]) at once (one code path for both)."""
     totals = joints.sum(axis=(1, 2))
     if joints.shape[0] and not totals.all():
-        raise InputError("no tasks to estimate a delta matrix from")
+        raise NoTasksError("no tasks to estimate a delta matrix from")
     p = joints / totals[:, None, None]
     return p - p.sum(axis=2)[:, :, None] * p.sum(axis=1)[:, None, :]
 

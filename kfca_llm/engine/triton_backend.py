@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..errors import BackendUnavailable, InputError
+from ..errors import BackendUnavailable, InputError, NoTasksError
 from ..kernels.intrinsics.triton import check_device, kernels_interpreted
 from ..kernels.pair_counts import triton as pair_counts
 from ..kernels.sampled_penalty import triton as sampled_penalty
@@ -226,7 +226,7 @@ class TritonBackend(Backend):
             matches = sampled_penalty.sampled_matches(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction),
                                                       pairs, pair_keys(seed, pairs), DRAW2_SALT)
         except ValueError as error:  # the kernels know no client or tensor: this round has too few tasks
-            raise InputError(str(error)) from error
+            raise NoTasksError(str(error)) from error
         return matches.cpu().numpy()
 
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:

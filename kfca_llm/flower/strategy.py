@@ -33,7 +33,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from .. import __version__
 from ..engine import get_backend
 from ..engine.duplicates import DuplicateRule, check_duplicate_policy
-from ..errors import InputError
+from ..errors import InputError, NoTasksError
 from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation_weights, check_weak_verdict
 from ..fl.peer_pool import PeerPool, PoolSettings
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
@@ -268,7 +268,11 @@ class KFCAStrategy(Strategy):
 
         scored = None
         if len(paid) >= 2:
-            scored = self._score(t, paid, sent_numpy)
+            try:
+                scored = self._score(t, paid, sent_numpy)
+            except NoTasksError as exc:  # every valid reply is zero where it matters: nothing to score, nothing to stop
+                failures.append((None, f"round not scored: {exc}"))
+                log(WARNING, "KFCA: round %s not scored: %s", t, exc)
         else:
             failures.append((None, f"round not scored: {len(paid)} valid repl{'y' if len(paid) == 1 else 'ies'}, "
                                    "KFCA needs at least two"))

@@ -214,21 +214,6 @@ def test_bad_replies_are_recorded_excluded_and_the_round_goes_on(tmp_path):
     assert contents.rounds[0].failed_replies == len(BAD) and contents.rounds[0].valid_replies == len(KINDS)
 
 
-def test_fewer_than_two_valid_replies_leave_the_round_unscored(tmp_path):
-    ledger = tmp_path / "rewards.sqlite"
-    strategy, inner, result = run({1: numpy_node("honest"), 2: bad_node("nan")}, rounds=1, ledger=ledger,
-                                  aggregation="exclude-negative")
-    assert strategy.rewards == {}
-    assert [m.metadata.src_node_id for m in inner.received[1]] == [1]  # aggregated as it is, unscored
-    assert result.train_metrics_clientapp[1]["kfca.scored"] == 0
-    contents = read_ledger(ledger)
-    assert [(r.round, r.status, r.valid_replies) for r in contents.rounds] == [(1, "not-scored", 1)]
-    assert contents.rewards == []
-    assert any(f.node_id is None and "KFCA needs at least two" in f.reason for f in contents.failures)
-    np.testing.assert_array_equal(result.arrays["dense.bias"].numpy(),
-                                  inner.received[1][0].content["arrays"]["dense.bias"].numpy())
-
-
 def test_replies_from_unknown_or_repeated_nodes_are_failures():
     strategy = KFCAStrategy(FedAvg(), ledger=None)
     grid = LocalGrid({n: numpy_node("honest") for n in (1, 2, 3)})
