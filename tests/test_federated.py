@@ -1,5 +1,6 @@
 import json
 import shutil
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -286,3 +287,42 @@ def test_copies_among_real_submissions_are_paid_nothing_and_recorded():
         assert min(r.honest_rewards.values()) > 0
     with pytest.raises(RecipeError, match="kfca.duplicates"):
         short_recipe("kfca.duplicates=ban")
+
+
+def test_a_round_whose_submissions_are_all_zero_pays_nothing_and_the_federation_goes_on():
+    """Two zero attackers sampled together (FlowerTune trains two a round): no coordinate is a task. The round is
+    paid 0 throughout and undetermined, and the next round is scored as usual."""
+    from kfca_llm.fl.peer_pool import PeerPool, PoolSettings
+    from kfca_llm.recipe import KfcaConfig
+
+    zero = {"w": torch.zeros(64, 32)}
+    pool = PeerPool(PoolSettings())
+    subs = [Submission("a", "honest", zero, 10), Submission("b", "zero", zero, 10),
+            Submission("a", "flip", zero, 10, analysis=True)]
+    with pytest.warns(UserWarning, match="round 3 not scored, every submission paid 0: too few informative"):
+        scores = score_round(subs, analysis_client="a", kfca=KfcaConfig(), kfca_seed=7, pool=pool, round_=3)
+    assert scores.strategy_rewards == {"honest": 0.0, "flip": 0.0}
+    assert scores.honest_rewards == {"a": 0.0} and scores.fixed_attacker_rewards == {"b": 0.0}
+    assert scores.pairs == [] and scores.undetermined == ["a", "b"] and pool.entries(4) == []
+    g = torch.Generator().manual_seed(2)
+    base = _update(g)
+    honest = [Submission(c, "honest", {"w": base["w"] + 0.5 * torch.randn(64, 32, generator=g)}, 10)
+              for c in ("a", "b", "c")]
+    assert score_round(honest, analysis_client="a", kfca=KfcaConfig(), kfca_seed=8, pool=pool,
+                       round_=4).strategy_rewards["honest"] > 0.1
+
+
+def test_a_federation_with_only_zero_attackers_sampled_in_a_round_runs_to_its_end():
+    # 4 clients, 2 a round drawn freely (no attack analysis), clients 1-3 zero attackers: a round drawing two of
+    # them has no task at all.
+    recipe = short_recipe('kfca.attackers=["1=zero", "2=zero", "3=zero"]', 'kfca.attacks=[]',
+                          "num-clients=4", "strategy.fraction-train=0.5")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_federation(recipe, FederationOptions(progress=False))
+    unscored = [int(str(w.message).split()[1]) for w in caught if "not scored" in str(w.message)]
+    assert unscored, "no round drew two zero attackers: pick another seed"
+    for r in result.rounds:
+        if r.round in unscored:
+            assert set(r.clients) <= {"client-001", "client-002", "client-003"} and not r.pairs
+            assert set(r.fixed_attacker_rewards.values()) == {0.0}

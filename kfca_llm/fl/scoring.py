@@ -18,7 +18,8 @@ only).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,7 +28,7 @@ from ..api import pack_updates
 from .aggregate import WeakVerdicts
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
 from .reference import reference_signs
-from ..errors import InputError
+from ..errors import InputError, NoTasksError
 from ..recipe import KfcaConfig
 from ..tensors import StateDict
 from .records import PairRecord, wait_for_device
@@ -130,10 +131,13 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     wait_for_device(packer.buffers.device)
     pack_s = time.perf_counter() - started
     signs = None if reference is None or not kfca.reference_weight else reference_signs(packer, reference)
-    pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
-                             bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,
-                             owners={s.id: s.client for s in analysed}, reference=signs,
-                             reference_weight=kfca.reference_weight)
+    try:
+        pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
+                                 bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,
+                                 owners={s.id: s.client for s in analysed}, reference=signs,
+                                 reference_weight=kfca.reference_weight)
+    except NoTasksError as exc:
+        return _unscorable(round_, exc, analysed, participants, pack_s)
     report = pooled.report
     if pool is not None:
         copies = {c for g in report.duplicates for c in g.clients}
@@ -161,3 +165,16 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         strategy_copies=[s.strategy for s in analysed if any(s.id in g.clients for g in pooled.pool_copies)],
         strategy_own_resubmissions=[s.strategy for s in analysed if s.id in pooled.own_resubmissions],
         pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers}, verdicts=pooled.verdicts)
+
+
+def _unscorable(round_: int, reason: NoTasksError, analysed: Sequence[Submission],
+                participants: Mapping[str, Submission], pack_s: float) -> RoundScores:
+    """A round with no informative coordinate (every submission zero there: zero attackers sampled together): KFCA
+    cannot form its task sets, so every submission is paid 0, nobody joins the pool, and the round is undetermined
+    for all (``KFCAStrategy`` records such a round as not scored); the run goes on."""
+    warnings.warn(f"round {round_} not scored, every submission paid 0: {reason}", stacklevel=3)
+    return RoundScores(strategy_rewards={s.strategy: 0.0 for s in analysed},
+                       honest_rewards={c: 0.0 for c, s in sorted(participants.items()) if s.honest},
+                       fixed_attacker_rewards={c: 0.0 for c, s in sorted(participants.items()) if not s.honest},
+                       pairs=[], categorical_world=True, duplicates=[], pack_s=pack_s,
+                       undetermined=sorted(participants))
