@@ -59,11 +59,13 @@ from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch, sketch_copies_of
+from .pool_weights import pool_lag_weights, weighted_means
 from .reference import REFERENCE, check_reference_weight
 
 POOL_SEPARATOR = "@"
-OWN_RESUBMISSION = "own resubmission: scored without the pool"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
+OWN_RESUBMISSION = "own resubmission: scored without the pool"
+"""The note of a copy group whose scorer resubmitted only its own earlier updates (``DuplicateGroup.note``)."""
 
 
 @dataclass(frozen=True)
@@ -321,7 +323,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         pool_copies = pool_copies_of(counts, pool_names, len(packer.clients), set(owner), duplicate_rule)
         pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
             words, task, round_, duplicate_rule.max_disagreement))
-        lag_weights = _lag_weights(counts, list(rows.values()), len(packer.clients), round_, pool.settings)
+        lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), round_,
+                                       pool.settings.window, pool.settings.weight)
     own = _own_resubmissions(pool_copies, owner)
     pool_copies = tuple(dataclasses.replace(g, note=OWN_RESUBMISSION) if own & set(g.clients) else g
                         for g in pool_copies)
@@ -345,7 +348,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     report = RewardReport.from_pairs(terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
                                      backend=round_report.backend, labels=SIGN_LABELS, tasks=round_report.tasks,
                                      duplicates=groups, duplicate_policy=duplicates)
-    unadjusted = _weighted_means(keys, payment, weights)
+    unadjusted = weighted_means(keys, payment, weights)
     paid = apply_pool_policy(unadjusted, round_report.duplicates, [g for g in pool_copies if g.note is None], duplicates)
     if reference is None:  # what the round without a pool pays an own resubmission, the same floats
         unadjusted |= {c: round_report.unadjusted_rewards[c] for c in own}
@@ -385,37 +388,3 @@ def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str
             entries = [parse_pool_name(m) for m in group.clients if m != client]
             (own if all(e is not None and e[0] == owner[client] for e in entries) else other).add(client)
     return own - other
-
-
-def _lag_weights(counts, entries: Sequence[PoolEntry], first: int, round_: int, settings: PoolSettings
-                 ) -> dict[int, float]:
-    """Lag -> ``weight * m_k / max_j |m_j|``, ``m_k`` the median payment between pool entries of other
-    participants k rounds apart (rows ``first`` onwards of ``counts``), on this round's partition."""
-    pairs, lags = [], []
-    for a, newer in enumerate(entries):
-        for b, older in enumerate(entries):
-            k = newer.round - older.round
-            if 1 <= k <= settings.window and newer.participant != older.participant:
-                pairs.append((first + a, first + b))
-                lags.append(k)
-    if not pairs:
-        return {}
-    payment, _, _ = pair_payments(counts, np.array(pairs, dtype=np.int64))
-    lags_array = np.array(lags)
-    medians = {k: float(np.median(payment[lags_array == k])) for k in sorted(set(lags))}
-    scale = max(abs(m) for m in medians.values())
-    if scale == 0.0:
-        return {}
-    # Lags the pool cannot estimate (no pair that far apart yet) get no weight.
-    return {k: float(settings.weight) * m / scale for k, m in medians.items() if k <= round_}
-
-
-def _weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weights: Sequence[float]) -> dict[str, float]:
-    """Per scorer: sum of weight x payment over the sum of |weight| (a negative weight reads an anti-agreeing
-    lag the right way round; a peer of weight 0 counts for nothing)."""
-    totals: dict[str, list[float]] = {}
-    for (client, _), pay, weight in zip(keys, payment.tolist(), weights):
-        acc = totals.setdefault(client, [0.0, 0.0])
-        acc[0] += weight * pay
-        acc[1] += abs(weight)
-    return {c: acc[0] / acc[1] if acc[1] else 0.0 for c, acc in sorted(totals.items())}
