@@ -171,13 +171,10 @@ def draw_ways(buffers, pairs: np.ndarray, device: torch.device, args) -> dict:
         figures["shared_s"] = timed(lambda: draws(True), device, max(1, args.repeats // 2))
         if not torch.equal(draws(True), draws(False)):
             raise AssertionError("the two draw ways count different matches")
-    sizes = sampled_penalty._set_offsets(buffers.signs, buffers.task,
-                                         sampled_penalty.round_params(*partition_params(args.seed, 0.5), device),
-                                         sampled_penalty._plane_tile(buffers.signs)[0])
-    figures["auto_way"] = "shared" if (buffers.signs.shape[0] <= sampled_penalty.MAX_SHARED_CLIENTS and
-                                       sampled_penalty.shared_draws_pay_off(len(pairs), sizes[1],
-                                                                            pair_keys(args.seed, pairs),
-                                                                            buffers.signs.shape[1])) else "per pair"
+    n_bonus = int(get_backend("triton").round_counts(buffers, args.seed, 0.5).sizes[0])
+    shared = sampled_penalty.draws_shared(buffers.signs.shape[0], len(pairs), n_bonus, pair_keys(args.seed, pairs),
+                                          buffers.signs.shape[1])
+    figures["auto_way"] = "shared" if shared else "per pair"
     return figures
 
 

@@ -406,6 +406,12 @@ def shared_draws_pay_off(n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: 
     return int(values) < n_pairs * n_bonus
 
 
+def draws_shared(n_clients: int, n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: int) -> bool:
+    """The way ``sampled_matches`` draws when not told: shared between pairs where the shared kernel takes the
+    round (up to ``MAX_SHARED_CLIENTS`` clients) and it needs fewer random lookups (``shared_draws_pay_off``)."""
+    return n_clients <= MAX_SHARED_CLIENTS and shared_draws_pay_off(n_pairs, n_bonus, keys, n_words)
+
+
 def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
                     pairs, pair_keys, draw2_salt: int, shared: bool | None = None) -> torch.Tensor:
     """int64 [P] on the device: matches of the seeded (p1, p2) draws of each ordered pair (i, j).
@@ -426,7 +432,7 @@ def sampled_matches(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: 
         raise ValueError(f"too few informative coordinates to form non-empty penalty sets (M_1 {m1}, M_2 {m2})")
     params = round_params(key, t_bonus, t_m1, device, m1, m2, draw2_salt)
     if shared is None:
-        shared = signs.shape[0] <= MAX_SHARED_CLIENTS and shared_draws_pay_off(n_pairs, n_bonus, keys, signs.shape[1])
+        shared = draws_shared(signs.shape[0], n_pairs, n_bonus, keys, signs.shape[1])
     elif shared and signs.shape[0] > MAX_SHARED_CLIENTS:
         raise ValueError(f"shared draws take at most {MAX_SHARED_CLIENTS} clients, got {signs.shape[0]}")
     if shared:
