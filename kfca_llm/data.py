@@ -16,6 +16,7 @@ import torch
 
 from . import synthetic
 from .errors import InputError
+from .fl.seeds import SET_ASIDE
 from .recipe import DOMAINS, SYNTHETIC_DATASET, Recipe
 
 IGNORE_INDEX = -100
@@ -107,17 +108,13 @@ def real_split(n_rows: int, recipe: Recipe) -> tuple[np.ndarray, np.ndarray, np.
     if held + reference >= n_rows:
         raise InputError(f"the data set has {n_rows} rows: setting aside dataset.heldout-rows = {held} and "
                          f"kfca.reference-rows = {reference} leaves none to train on")
-    aside = (np.random.default_rng([recipe.kfca.seed, _SET_ASIDE]).permutation(n_rows)[:held + reference]
+    aside = (np.random.default_rng([recipe.kfca.seed, SET_ASIDE]).permutation(n_rows)[:held + reference]
              if held + reference else np.zeros(0, dtype=np.int64))
     rest = np.setdiff1d(np.arange(n_rows), aside)
     num_rows = recipe.dataset.num_rows
     if num_rows is not None and num_rows < len(rest):
         rest = rest[np.sort(np.random.default_rng(recipe.kfca.seed).choice(len(rest), num_rows, replace=False))]
     return np.sort(aside[:held]), np.sort(aside[held:]), rest
-
-
-_SET_ASIDE = 6
-"""The seed stream of the rows a real data set sets aside (apart from the subsample's)."""
 
 
 def _rows(loaded, indices: np.ndarray) -> list[dict[str, Any]]:

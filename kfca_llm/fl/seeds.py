@@ -7,6 +7,7 @@ import numpy as np
 # Purposes of derived seeds: one independent stream per use, so adding a use never shifts another.
 SAMPLE, TRAIN, ATTACK, KFCA = 1, 2, 3, 4
 REFERENCE_TRAIN = 5  # the server's reference client (kfca.reference-rows)
+SET_ASIDE = 6  # the rows a real data set sets aside for the held-out evaluation and the reference (data.py)
 
 
 def derive_seed(seed: int, *keys: int) -> int:
