@@ -185,13 +185,17 @@ def test_few_peers_benchmark_smoke(tmp_path, run_script):
     assert figure.stat().st_size > 10_000
 
 
-def test_recipe_benchmark_smoke(run_script):
+def test_recipe_benchmark_smoke(run_script, tmp_path):
     """bench_recipe.py --smoke: the finance recipe's architecture built, saved, loaded by the recipe's loader and
-    run by `kfca-llm simulate` for a round; its table reads the run's own report (phases and rewards)."""
-    printed = run_script(["benchmarks/bench_recipe.py", "--smoke"])
+    run by `kfca-llm simulate` for a round; its table is the run's own report (phases and rewards)."""
+    printed = run_script(["benchmarks/bench_recipe.py", "--smoke", "--out", str(tmp_path / "run")])
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    timing = report["timing"][0]
     row = next(line for line in printed.splitlines() if line.startswith("| 1 |"))
-    train_s, pack_s, score_s, aggregate_s, save_s, wall_s = (float(cell) for cell in row.split("|")[2:8])
-    assert 0 < train_s and 0 < pack_s and 0 < score_s and train_s + pack_s + score_s + aggregate_s + save_s <= wall_s
+    cells = [cell.strip() for cell in row.split("|")[2:9]]
+    assert cells == [f"{timing['train_s']:.2f}", f"{timing['pack_s']:.3f}", f"{timing['score_s']:.3f}",
+                     f"{timing['aggregate_s']:.3f}", f"{timing['save_s']:.2f}", f"{timing['wall_s']:.2f}", "-"]
     assert "device: cpu" in printed and "--model-dir" in printed and "--recipe finance" in printed
     rewards = dict(item.split() for item in printed.split("mean rewards: ")[1].splitlines()[0].split(", "))
+    assert rewards == {name: f"{entry['mean_reward']:+.4f}" for name, entry in report["strategies"].items()}
     assert float(rewards["honest"]) > 0 > float(rewards["flip"])
