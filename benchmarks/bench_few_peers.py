@@ -222,7 +222,8 @@ def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake
                 if pool is not None:
                     copies = {c for g in scored.report.duplicates for c in g.clients}
                     signs, _ = packer.words()
-                    pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies})
+                    pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
+                                   scored.report.unadjusted_rewards)
             rows.append({"deviation": deviation, "setting": name, **measure(rewards, undetermined, len(updates))})
     return rows
 

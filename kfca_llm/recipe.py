@@ -151,11 +151,12 @@ class KfcaConfig(_Section):
     # Copies among the round's real submissions (never the attack analysis' side-by-side ones).
     duplicates: Duplicates = "zero"
     # Peers beyond the round (kfca_llm.fl.peer_pool): a client with fewer than min-peers in-round peers is also
-    # scored against pool-peers other clients' submissions of the last pool-window rounds (weight pool-weight).
+    # scored against pool-peers other clients' submissions of the last pool-window rounds; the pool's verdict as a
+    # whole weighs pool-weight against an in-round peer's 1 (which is read the way the pool's verdict says).
     min_peers: StrictInt = Field(2, ge=0)
     pool_window: StrictInt = Field(10, ge=1)
     pool_peers: StrictInt = Field(8, ge=0)
-    pool_weight: StrictFloat = Field(4.0, gt=0.0)
+    pool_weight: StrictFloat = Field(0.5, gt=0.0)
     # A trusted reference (kfca_llm.fl.reference): the server trains on reference-rows held-out rows each round
     # from the global adapter; that update is a peer of every client with weight reference-weight (0 rows: off).
     reference_rows: StrictInt = Field(0, ge=0)

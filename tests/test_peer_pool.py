@@ -46,7 +46,8 @@ def run_rounds(schedule, settings=PoolSettings(), deviations=None):
         out[t] = score_with_pool(packer, pool, t, seed=t)
         copies = {c for g in out[t].report.duplicates for c in g.clients}
         signs, _ = packer.words()
-        pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies})
+        pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
+                       out[t].report.unadjusted_rewards)
     return out
 
 
@@ -118,26 +119,35 @@ def test_pool_peers_are_the_most_recent_distinct_participants_and_the_window_dro
     assert [e.name for e in pool.candidates(5, "a", exclude=[])] == ["f@4", "d@3"]
 
 
-def test_an_own_resubmission_is_a_copy_scored_without_the_pool_exactly_as_its_round_alone_pays_it():
+def pool_verdict(pooled, t, client):
+    """A short client's pool verdict, by hand: the weighted mean of its pool payments (signed lag weights)."""
+    terms = [(pooled.lag_weights.get(t - parse_pool_name(p)[1], 0.0), v)
+             for (c, p), v in pooled.report.pairwise.items() if c == client and parse_pool_name(p)]
+    return sum(w * v for w, v in terms) / sum(abs(w) for w, _ in terms)
+
+
+def test_an_own_resubmission_is_a_copy_paid_its_rounds_agreement_beside_a_pool_of_weight_zero():
     first = honest(3, 1)
     scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (3, 7)}, deviations={3: lambda t: first})  # c03 resubmits round 1's
     r3 = scored[3]
     assert [g.clients for g in r3.pool_copies] == [("c03", "c03@1")] and r3.own_resubmissions == ("c03",)
     assert r3.pool_copies[0].note == OWN_RESUBMISSION and r3.pool_copies[0] in r3.report.duplicates
     assert r3.pool_copies[0].to_dict()["note"] == "own resubmission: scored without the pool"
-    # Its round alone (no pool): the same floats; a positive reward (an earlier honest update agrees), not 0.
+    # Its round's agreement (an earlier honest update agrees: > 0), beside the pool's weight at 0: what an honest
+    # participant's in-round peer earns it, never the pool's support.
     alone = score_updates(round_updates(3, (3, 7), {3: lambda t: first}), seed=3)
-    assert r3.report.rewards["c03"] == alone.rewards["c03"] > 0.0
-    assert r3.report.unadjusted_rewards["c03"] == alone.unadjusted_rewards["c03"]
+    weight = PoolSettings().weight
+    assert r3.report.rewards["c03"] == pytest.approx(alone.rewards["c03"] / (1 + weight), rel=1e-12)
+    assert alone.rewards["c03"] > 0.0 and r3.report.unadjusted_rewards["c03"] == r3.report.rewards["c03"]
     assert r3.pool_peers["c03"] == [] and r3.report.peers["c03"] == ["c07"]
-    # Its partner still borrows the pool; the resubmission has one peer: undetermined.
+    # Its partner borrows the pool, and the resubmission counts for nothing in its reward: the pool's verdict alone.
     assert r3.pool_peers["c07"] and r3.report.rewards["c07"] == r3.report.unadjusted_rewards["c07"]
-    assert r3.undetermined == ("c03",)
+    assert r3.report.rewards["c07"] == pytest.approx(pool_verdict(r3, 3, "c07"), rel=1e-12)
+    assert r3.undetermined == ()
 
 
-def test_an_own_resubmission_with_many_in_round_peers_is_paid_its_rounds_reward_to_the_last_bit():
-    # 16 in-round peers, fewer than min_peers=20: short, so the pool is consulted. The round alone averages the 16
-    # payments with numpy's mean, which differs from a running sum in the last bit here.
+def test_an_own_resubmission_with_many_in_round_peers_is_paid_its_rounds_agreement_beside_the_pools_weight():
+    # 16 in-round peers, fewer than min_peers=20: short, so the pool is consulted.
     first = honest(3, 1)
     pool = PeerPool(PoolSettings(min_peers=20))
     for t, clients in {1: (3, 20), 2: (21, 22), 3: (23, 24), 4: (25, 26)}.items():
@@ -146,8 +156,10 @@ def test_an_own_resubmission_with_many_in_round_peers_is_paid_its_rounds_reward_
     updates = round_updates(5, (3, *range(30, 46)), {3: lambda t: first})
     pooled, alone = score_with_pool(pack_updates(updates), pool, 5, seed=5), score_updates(updates, seed=5)
     assert pooled.own_resubmissions == ("c03",) and pooled.pool_peers["c30"]
-    assert pooled.report.rewards["c03"] == alone.rewards["c03"]
-    assert pooled.report.unadjusted_rewards["c03"] == alone.unadjusted_rewards["c03"]
+    in_round = sum(v for (c, _), v in alone.pairwise.items() if c == "c03")
+    assert pooled.report.unadjusted_rewards["c03"] == pytest.approx(in_round / (16 + PoolSettings().weight), rel=1e-12)
+    # 16 in-round peers and the pool's term are 17 distinct peers, fewer than min_peers: not paid
+    assert pooled.undetermined == ("c03",) and pooled.report.rewards["c03"] == 0.0
 
 
 def test_with_a_reference_an_own_resubmission_gets_what_the_round_without_a_pool_and_with_the_reference_pays():
@@ -161,7 +173,11 @@ def test_with_a_reference_an_own_resubmission_gets_what_the_round_without_a_pool
     pooled = score_with_pool(packer, pool, 3, seed=3, reference=reference, reference_weight=4.0)
     no_pool = score_with_pool(packer, None, 3, seed=3, reference=reference, reference_weight=4.0)
     assert pooled.own_resubmissions == ("c03",) and pooled.undetermined == ()
-    assert pooled.report.rewards["c03"] == no_pool.report.rewards["c03"] != score_updates(updates[3], seed=3).rewards["c03"]
+    # The round's peer (1), the reference (4) and the pool's term, 0 at the pool's weight: never the pool's support.
+    pays = pooled.report.pairwise
+    expected = (pays[("c03", "c07")] + 4.0 * pays[("c03", "(reference)")]) / (1 + 4.0 + PoolSettings().weight)
+    assert pooled.report.rewards["c03"] == pytest.approx(expected, rel=1e-12)
+    assert no_pool.report.rewards["c03"] != pooled.report.rewards["c03"]
     assert pooled.report.peers["c03"] == ["c07", "(reference)"] and pooled.pool_peers["c07"]
 
 
@@ -197,13 +213,45 @@ def test_a_copy_of_its_own_entry_and_another_participants_is_paid_nothing():
         assert pooled.report.rewards["c03"] == 0.0 < pooled.report.unadjusted_rewards["c03"]
 
 
-def test_an_earlier_peer_is_weighted_by_its_lags_signed_weight_the_strongest_lag_by_the_pool_weight():
-    pooled = run_rounds(SCHEDULE, PoolSettings(weight=0.25), deviations={3: "flip"})[8]
-    weights, light = pooled.lag_weights, pooled.report
-    assert max(abs(w) for w in weights.values()) == 0.25 and weights[1] > 0  # a persistent signal: agreeing lags
-    pool = [(v, weights[8 - parse_pool_name(p)[1]]) for (c, p), v in light.pairwise.items() if c == "c01" and p != "c03"]
-    expected = (light.pairwise[("c01", "c03")] + sum(w * v for v, w in pool)) / (1 + sum(abs(w) for _, w in pool))
-    assert light.rewards["c01"] == pytest.approx(expected, abs=1e-15)
+def test_the_pool_verdict_weighs_pool_weight_and_a_disagreeing_peer_the_pool_ranks_lower_is_read_back():
+    """Round 8: c01 beside the flipper c03. Lags weigh m_k / max |m_j| (the strongest 1); the pool's verdict z (the
+    weighted mean of pool payments) weighs ``weight`` against the in-round peer's 1. The pair disagrees and the pool
+    ranks c03 lower: c03 is fined the disagreement, c01 is paid it read back (as if c03 had reported the opposite)."""
+    for weight in (0.25, 2.0):
+        pooled = run_rounds(SCHEDULE, PoolSettings(weight=weight), deviations={3: "flip"})[8]
+        report, pays = pooled.report, pooled.report.pairwise
+        assert max(abs(w) for w in pooled.lag_weights.values()) == 1.0 and pooled.lag_weights[1] > 0
+        mine, theirs = pool_verdict(pooled, 8, "c01"), pool_verdict(pooled, 8, "c03")
+        assert pays[("c01", "c03")] < 0 and theirs < mine
+        assert report.rewards["c01"] == pytest.approx((weight * mine - pays[("c01", "c03")]) / (weight + 1), rel=1e-12)
+        assert report.rewards["c03"] == pytest.approx((weight * theirs + pays[("c03", "c01")]) / (weight + 1), rel=1e-12)
+
+
+def test_an_agreeing_pair_counts_as_it_is_and_a_peer_without_a_verdict_counts_for_nothing():
+    from kfca_llm.fl.pool_weights import orientation
+
+    assert orientation(0.2, -1.0, -5.0) == 1.0 and orientation(0.0, 1.0, -1.0) == 1.0  # agreement: as it is
+    assert orientation(-0.2, 0.1, -0.1) == -1.0 and orientation(-0.2, -0.1, 0.1) == 1.0  # who the pool ranks lower
+    assert orientation(-0.2, 0.1, None) == 0.0 and orientation(0.2, 0.1, None) == 0.0
+    pooled = run_rounds(SCHEDULE)[9]  # two honest participants: the pair agrees
+    pays = pooled.report.pairwise
+    assert pays[("c00", "c04")] > 0
+    w = PoolSettings().weight
+    assert pooled.report.rewards["c00"] == pytest.approx((w * pool_verdict(pooled, 9, "c00") + pays[("c00", "c04")]) / (w + 1),
+                                                         rel=1e-12)
+
+
+def test_entries_their_round_scored_at_most_zero_are_no_ones_pool_peers():
+    scored = run_rounds(SCHEDULE, deviations={3: "flip"})
+    assert all(scored[t].report.unadjusted_rewards["c03"] < 0 for t in (1, 6, 8, 11))  # every round scores it < 0
+    used = {parse_pool_name(p)[0] for s in scored.values() for names in s.pool_peers.values() for p in names}
+    assert "c03" not in used and {"c01", "c06"} <= used
+    # the same schedule without the score: the flipper's entries are peers again
+    pool = PeerPool()
+    for t in range(1, 11):
+        packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))
+        pool.add_round(t, dict(zip(packer.clients, packer.words()[0])))
+    assert "c03" in {e.participant for e in pool.candidates(11, "c00", exclude=[])}
 
 
 def test_a_lag_that_anti_agrees_gets_a_negative_weight_and_still_pays_the_honest_partner():
@@ -237,7 +285,8 @@ def test_a_stale_resubmission_older_than_the_window_is_caught_on_the_sketch():
     r5 = scored[5]
     assert [g.clients for g in r5.pool_copies] == [("c03", "c03@1")]  # round 1 is outside the window of 2
     assert r5.pool_copies[0].pairs[0].agreement == 1.0 and r5.own_resubmissions == ("c03",)
-    assert r5.report.rewards["c03"] == score_updates(round_updates(5, (3, 7), {3: lambda t: first}), seed=5).rewards["c03"]
+    alone = score_updates(round_updates(5, (3, 7), {3: lambda t: first}), seed=5).rewards["c03"]
+    assert r5.report.rewards["c03"] == pytest.approx(alone / (1 + PoolSettings().weight), rel=1e-12)
     assert r5.report.rewards["c07"] == r5.report.unadjusted_rewards["c07"]
 
 
@@ -267,7 +316,8 @@ def test_a_pooled_round_reports_its_in_round_rewards_and_whether_the_pool_is_sti
                                        weak_verdict="trust-pool")) == {"c01"}
     # A pool peer of a lag the pool cannot weigh yet does not count: in round 3 the pool has pairs one round apart
     # only, so of 3 pool peers the round-1 one weighs 0 and 2 < 3 back the reward; in round 4 all 3 weigh.
-    three = run_rounds(SCHEDULE, PoolSettings(pool_peers=3), deviations={3: "flip"})
+    # (Honest clients only: round 1's pair with the flipper scores both < 0, so neither would be a pool peer.)
+    three = run_rounds(SCHEDULE, PoolSettings(pool_peers=3))
     assert set(three[3].lag_weights) == {1} and len(next(iter(three[3].pool_peers.values()))) == 3
     assert not three[3].undetermined and three[3].warming == three[3].short and three[4].warming == ()
     # One pool peer can never give min_peers=3 distinct peers: undetermined in every round, so warming too, though

@@ -2,12 +2,15 @@
 finishes (delta.png with no pair of honest updates used to crash ``plots.plot_delta``), the pool is used and the
 first rounds are marked undetermined in report.json and the table; the analysis client's replays of its own
 earlier updates (``stale``, ``lagged:2``) are pool copies, own resubmissions scored without the pool as a real
-resubmission is (on the round's one peer), as at 20 x 0.1 (issue 27: the attack analysis' hypothetical submissions
+resubmission is (on the round's one peer, beside the pool's term at 0), as at 20 x 0.1 (issue 27: the attack analysis' hypothetical submissions
 pass the pool's copy detection; 4 clients x 0.5 is the same two-per-round regime at a tenth of the cost)."""
 
 import json
 
+import pytest
+
 from kfca_llm.cli import main
+from kfca_llm.fl.peer_pool import PoolSettings
 
 FAST = ["--no-progress", "--set", "train.training-arguments.max-steps=2"]
 
@@ -16,27 +19,31 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
     out = tmp_path / "run"
     # 4 clients x 0.5: the analysis client 0 and one of clients 1-3, all fixed attackers.
     assert main(["simulate", "--rounds", "4", "--attacks", "honest,flip,stale,lagged:2", "--set", "num-clients=4",
-                 "--set", "strategy.fraction-train=0.5", "--set", 'kfca.attackers=["1=flip", "2=zero", "3=flip"]',
+                 "--set", "strategy.fraction-train=0.5", "--set", 'kfca.attackers=["1=flip", "2=zero"]',
                  *FAST, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert (out / "delta.png").stat().st_size > 0
-    assert report["delta"] == [None] * 4  # no round had a pair of honest updates
+    # Only round 2 (clients 0 and 3) had a pair of honest updates: the other rounds' delta is None, and drawn.
+    assert report["delta"][1] is not None and [report["delta"][t] for t in (0, 2, 3)] == [None] * 3
     assert report["undetermined_rounds"] == [1, 2, 4]
     records = report["round_records"]
     assert records[0]["undetermined"] == sorted(records[0]["clients"]) and records[0]["pool_peers"] == {}
     assert records[2]["undetermined"] == [] and records[3]["pool_peers"]["client-000"]
     # Round 4: the zero node (trained in round 3) sends the same zeros again, an own resubmission: reported as a copy
-    # with its note, scored on its one in-round peer (no pool peer), so undetermined; its partner is not.
-    assert records[3]["clients"] == ["client-000", "client-002"] and records[3]["undetermined"] == ["client-002"]
+    # with its note, paid its one in-round peer's agreement beside the pool's term (0), so determined; its partner's
+    # one peer counts for nothing (no verdict of the pool on an own resubmission) and its pool holds one entry (the
+    # flipper's and the zero node's entries scored <= 0 are no one's pool peers): undetermined.
+    assert records[3]["clients"] == ["client-000", "client-002"] and records[3]["undetermined"] == ["client-000"]
+    assert records[3]["pool_peers"]["client-000"] == ["client-003@2"]
     (group,) = records[3]["duplicates"]
     assert group["clients"] == ["client-002", "client-002@3"] and group["note"] == "own resubmission: scored without the pool"
     assert "client-002" not in records[3]["pool_peers"] and report["duplicates"]["flagged"] == {"client-002": [4]}
     # The analysis client's side-by-side strategies borrow the same pool peers as its honest update.
     assert records[3]["pool_peers"]["client-000/flip"] == records[3]["pool_peers"]["client-000"]
     # Round 1 is a replay of the round itself (no earlier update); from round 2 the replayed update is the analysis
-    # client's own pool entry: a copy, an own resubmission scored on the round's one peer only (no pool peer), as
-    # the round without a pool scores it: the pairs it was paid for are that peer's, and its reward their payment.
+    # client's own pool entry: a copy, an own resubmission scored on the round's one peer only (no pool peer) beside
+    # the pool's term at 0 (round 2: no lag weighed yet, so undetermined and not paid).
     strategies = report["strategies"]
     for spec in ("stale", "lagged:2"):
         assert strategies[spec]["copy_rounds"] == strategies[spec]["own_resubmission_rounds"] == [2, 3, 4]
@@ -44,7 +51,8 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
             record = records[t - 1]
             assert f"client-000/{spec}" not in record["pool_peers"]
             paid = [p["payment"] for p in record["pairs"] if p["submission"] == f"client-000/{spec}"]
-            assert len(paid) == 1 and strategies[spec]["per_round"][t - 1] == paid[0]
+            expected = 0.0 if t == 2 else paid[0] / (1 + PoolSettings().weight)
+            assert len(paid) == 1 and strategies[spec]["per_round"][t - 1] == pytest.approx(expected, rel=1e-12)
     assert strategies["honest"]["copy_rounds"] == strategies["flip"]["copy_rounds"] == []
     assert strategies["honest"]["own_resubmission_rounds"] == []
     # Hypothetical copies are not listed among the flagged clients (the zero node's repeated zeros are).

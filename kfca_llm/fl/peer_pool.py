@@ -59,12 +59,16 @@ from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch, sketch_copies_of
-from .pool_weights import pool_lag_weights, weighted_means
+from .pool_weights import orientation, pool_lag_weights, pool_scores, weighted_means
 from .reference import REFERENCE, check_reference_weight
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
+POOL_RULE = 2
+"""1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2 (this version): in-round peers read
+the way the pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards
+not paid."""
 """The note of a copy group whose scorer resubmitted only its own earlier updates (``DuplicateGroup.note``)."""
 
 
@@ -79,8 +83,11 @@ class PoolSettings:
     """Rounds of sign words kept."""
     pool_peers: int = 8
     """Pool peers per short participant (distinct participants, most recent first)."""
-    weight: float = 4.0
-    """The weight of a pool peer of the strongest lag (an in-round peer's is 1); other lags in proportion."""
+    weight: float = 0.5
+    """The weight of the pool's verdict as a whole (its weighted mean payment) against an in-round peer's 1."""
+    rule: int = POOL_RULE
+    """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
+    a ledger of an earlier rule is not rescored with this one)."""
 
     def __post_init__(self):
         for name in ("min_peers", "window", "pool_peers"):
@@ -89,6 +96,8 @@ class PoolSettings:
                 raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
             raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
+        if self.rule != POOL_RULE:
+            raise InputError(f"peer pool: rule {self.rule!r} is not the rule this version computes ({POOL_RULE})")
 
     @property
     def enabled(self) -> bool:
@@ -96,6 +105,13 @@ class PoolSettings:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def recorded_pool_settings(recorded: Mapping) -> tuple[PoolSettings, object]:
+    """The settings a ledger recorded for its run, as this version's, and the rule they were recorded under (1:
+    recorded before the rule was): a round that needed the pool is rescored only under the rule it was paid by."""
+    rule = recorded.get("rule", 1)
+    return PoolSettings(**{**recorded, "rule": POOL_RULE}), rule
 
 
 def pool_name(participant: str, round_: int) -> str:
@@ -166,6 +182,10 @@ class PeerPool:
         self._rounds: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._sketches: list[tuple[str, np.ndarray]] = []
         self._words: int | None = None
+        self._scores: dict[str, float | None] = {}
+        """Pool name -> its round's score of it before copies and the undetermined rule (``unadjusted_rewards``;
+        None: not recorded): only entries scored > 0 (or not recorded) become pool peers; a deviator's entries stay
+        for copy detection and lag weights only."""
 
     def entries(self, before_round: int, extra: int = 0) -> list[PoolEntry]:
         """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name."""
@@ -174,28 +194,35 @@ class PeerPool:
                 for who, words in sorted(members.items())]
 
     def candidates(self, before_round: int, participant: str, exclude: Sequence[str]) -> list[PoolEntry]:
-        """Up to ``pool_peers`` entries: each other participant's most recent one, most recent first."""
+        """Up to ``pool_peers`` entries: each other participant's most recent one its round did not score <= 0, most
+        recent first."""
         seen, out = set(exclude) | {participant}, []
         for entry in self.entries(before_round):
-            if entry.participant not in seen:
+            score = self._scores.get(entry.name)
+            if entry.participant not in seen and (score is None or score > 0):
                 seen.add(entry.participant)
                 out.append(entry)
         return out[:self.settings.pool_peers]
 
-    def add_round(self, round_: int, signs: Mapping[str, np.ndarray]) -> None:
-        """Keep a round's sign words (call after scoring it, leaving out copies); old rounds drop out."""
+    def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
+                  scores: Mapping[str, float] | None = None) -> None:
+        """Keep a round's sign words (call after scoring it, leaving out copies) and its scores of them (the report's
+        ``unadjusted_rewards``; missing: not recorded); old rounds drop out."""
         if not signs:
             return
         widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
         if len(widths) != 1 or (self._words is not None and widths != {self._words}):
             self._rounds.clear()  # another layout: earlier words are not comparable (a new model)
             self._sketches.clear()
+            self._scores.clear()
         self._words = widths.pop()
         self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
+        self._scores.update({pool_name(who, round_): (scores or {}).get(who) for who in signs})
         self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
         # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
         for t in [t for t in self._rounds if t < round_ - self.settings.window]:
-            del self._rounds[t]
+            for who in self._rounds.pop(t):
+                self._scores.pop(pool_name(who, t), None)
 
     def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
                       ) -> list[tuple[str, float]]:
@@ -224,7 +251,8 @@ class PeerPool:
                 entries.append([t, who])
         for k, (name, bits) in enumerate(self._sketches):
             arrays[f"sketch.{k}"] = bits
-        return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches])}
+        return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches]),
+                        "scores": json.dumps(self._scores)}
 
     @classmethod
     def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
@@ -235,6 +263,7 @@ class PeerPool:
             pool._rounds.setdefault(int(t), {})[who] = words
             pool._words = words.shape[-1]
         pool._rounds = OrderedDict(sorted(pool._rounds.items()))
+        pool._scores = {str(k): None if v is None else float(v) for k, v in json.loads(metadata.get("scores", "{}")).items()}
         pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
                           for k, name in enumerate(json.loads(metadata["sketches"]))]
         return pool
@@ -287,6 +316,7 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     rows = {e.name: e for e in pool.entries(round_, extra=1)} if short else {}
     if not rows and reference is None:
         undetermined = tuple(c for c in short if c in real)
+        report = dataclasses.replace(report, rewards={c: 0.0 if c in short else r for c, r in report.rewards.items()})
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined, in_round_rewards=in_round_rewards,
                            short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings))
     return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, seed=seed, penalty=penalty,
@@ -323,45 +353,53 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         pool_copies = pool_copies_of(counts, pool_names, len(packer.clients), set(owner), duplicate_rule)
         pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
             words, task, round_, duplicate_rule.max_disagreement))
-        lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), round_,
-                                       pool.settings.window, pool.settings.weight)
+        lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), round_, pool.settings.window)
     own = _own_resubmissions(pool_copies, owner)
     pool_copies = tuple(dataclasses.replace(g, note=OWN_RESUBMISSION) if own & set(g.clients) else g
                         for g in pool_copies)
-    keys = list(round_report.pairwise)
-    weights = [1.0] * len(keys)
-    for client, entries in chosen.items():
-        if client in own:
-            continue  # it never meets the pool
-        keys += [(client, e.name) for e in entries]
-        weights += [lag_weights.get(round_ - e.round, 0.0) for e in entries]
-    if reference is not None:
-        scorers = sorted(round_report.rewards)
-        keys += [(client, REFERENCE) for client in scorers]
-        weights += [reference_weight] * len(scorers)
+    in_round_keys = list(round_report.pairwise)
+    pool_keys = [(client, e.name) for client, entries in chosen.items() if client not in own for e in entries]
+    lag_of = {e.name: lag_weights.get(round_ - e.round, 0.0) for e in rows.values()}
+    reference_keys = [(client, REFERENCE) for client in sorted(round_report.rewards)] if reference is not None else []
+    keys = [*in_round_keys, *pool_keys, *reference_keys]
     index_pairs = np.array([(index[c], index[p]) for c, p in keys], dtype=np.int64)
     matches = cpu.sampled_matches(buffers, seed, bonus_fraction, index_pairs) if penalty == "sampled" else None
     payment, bonus, penalty_agreement = pair_payments(counts, index_pairs, matches)
+    pay = dict(zip(keys, payment.tolist()))
+    terms_of: dict[str, list[tuple[float, float]]] = {}
+    for key in pool_keys:
+        terms_of.setdefault(key[0], []).append((lag_of[key[1]], pay[key]))
+    verdict = pool_scores(terms_of)
+    # An own resubmission's pool term: 0 at the pool's weight, where the pool could have judged it.
+    own_pool = {c: pool.settings.weight for c in own
+                if c in chosen and any(lag_of.get(e.name, 0.0) for e in chosen[c])}
+
+    def peer_verdict(peer: str) -> float | None:
+        return None if peer in own or peer not in verdict else verdict[peer][0]
+
+    weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
+               else orientation(pay[(c, p)], verdict[c][0], peer_verdict(p)) for c, p in in_round_keys]
+    weights += [lag_of[p] * pool.settings.weight / verdict[c][1] if c in verdict else 0.0 for c, p in pool_keys]
+    weights += [reference_weight] * len(reference_keys)
     terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))
     joints = dict(zip(keys, joint_tables(counts, index_pairs)))
     groups = (*round_report.duplicates, *pool_copies)
     report = RewardReport.from_pairs(terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
                                      backend=round_report.backend, labels=SIGN_LABELS, tasks=round_report.tasks,
                                      duplicates=groups, duplicate_policy=duplicates)
-    unadjusted = weighted_means(keys, payment, weights)
+    unadjusted = weighted_means(keys, payment, weights, own_pool)
     paid = apply_pool_policy(unadjusted, round_report.duplicates, [g for g in pool_copies if g.note is None], duplicates)
-    if reference is None:  # what the round without a pool pays an own resubmission, the same floats
-        unadjusted |= {c: round_report.unadjusted_rewards[c] for c in own}
-        paid |= {c: round_report.rewards[c] for c in own}
-    report = dataclasses.replace(report, unadjusted_rewards=unadjusted, rewards=paid)
-    weighted: dict[str, set[str]] = {}
+    weighted: dict[str, set[str]] = {c: {"(pool)"} for c in own_pool}
     for (client, peer), weight in zip(keys, weights):
         if weight != 0.0:
             named = parse_pool_name(peer)
             weighted.setdefault(client, set()).add(named[0] if named else peer)
+    # Fewer distinct peers than min_peers: no majority that could outvote a deviator, so the reward is not paid.
     # A trusted reference tells an honest participant from a deviator at any round size.
-    undetermined = () if reference is not None or pool is None else tuple(
-        c for c in sorted(report.rewards) if c in real and len(weighted.get(c, ())) < pool.settings.min_peers)
+    unsure = set() if reference is not None else {c for c in chosen if len(weighted.get(c, ())) < pool.settings.min_peers}
+    paid |= {c: 0.0 for c in unsure}
+    report = dataclasses.replace(report, unadjusted_rewards=unadjusted, rewards=paid)
+    undetermined = tuple(sorted(c for c in unsure if c in real))
     # An own resubmission never meets the pool: nothing stands behind its reward but its round.
     support = {c: 0 if c in own else len({e.participant for e in entries if lag_weights.get(round_ - e.round, 0.0)})
                for c, entries in chosen.items()}

@@ -1,21 +1,29 @@
-"""How a short participant's pool peers are weighted (``fl.peer_pool``): each lag gets a signed weight from the
-median payment between pool entries that far apart, and a participant's reward is the weighted mean of its
-payments (in-round peers weigh 1)."""
+"""How a short participant's reward is put together from its pool peers and its in-round peers (``fl.peer_pool``).
+
+* **The pool's verdict** on a participant: each lag gets a signed weight from the median payment between pool entries
+  that far apart (``pool_lag_weights``); the pool score ``z`` is the weighted mean of its pool payments.
+* **In-round peers read the way the pool says they report**: at two per round the pair's payment is symmetric, so the
+  pool decides who deviated. A pair that agrees (payment >= 0) counts as it is; a pair that disagrees is the lower
+  pool score's fault: the participant the pool ranks lower is fined the disagreement, the other is paid as if its
+  peer had reported the opposite (a flipped peer's report read back). A peer the pool has no verdict on (an own
+  resubmission, a participant without weighted pool peers) counts for nothing.
+* **The pool as a whole** weighs ``pool_weight`` against an in-round peer's 1. An own resubmission never meets the
+  pool: its pool term is 0 at that weight (nothing new stands behind it), so it is paid its in-round agreement on the
+  same footing as everyone else, never more.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..engine.stats import RoundCounts, pair_payments
 
 
-def pool_lag_weights(counts: RoundCounts, entries: Sequence, first: int, round_: int, window: int,
-                     weight: float) -> dict[int, float]:
-    """Lag -> ``weight * m_k / max_j |m_j|``, ``m_k`` the median payment between pool entries of other
-    participants k rounds apart (``entries``: the pool's ``PoolEntry`` rows, ``first`` onwards of ``counts``), on
-    this round's partition."""
+def pool_lag_weights(counts: RoundCounts, entries: Sequence, first: int, round_: int, window: int) -> dict[int, float]:
+    """Lag -> ``m_k / max_j |m_j|``, ``m_k`` the median payment between pool entries of other participants k rounds
+    apart (``entries``: the pool's ``PoolEntry`` rows, ``first`` onwards of ``counts``), on this round's partition."""
     pairs, lags = [], []
     for a, newer in enumerate(entries):
         for b, older in enumerate(entries):
@@ -32,15 +40,39 @@ def pool_lag_weights(counts: RoundCounts, entries: Sequence, first: int, round_:
     if scale == 0.0:
         return {}
     # Lags the pool cannot estimate (no pair that far apart yet) get no weight.
-    return {k: float(weight) * m / scale for k, m in medians.items() if k <= round_}
+    return {k: m / scale for k, m in medians.items() if k <= round_}
 
 
-def weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weights: Sequence[float]) -> dict[str, float]:
-    """Per scorer: sum of weight x payment over the sum of |weight| (a negative weight reads an anti-agreeing
-    lag the right way round; a peer of weight 0 counts for nothing)."""
+def pool_scores(pool_terms: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, tuple[float, float]]:
+    """Scorer -> (pool score z, sum of |weight|) from its (lag weight, payment) terms; scorers whose weights are all
+    0 are left out (the pool has no verdict on them)."""
+    out = {}
+    for client, terms in pool_terms.items():
+        total = sum(abs(w) for w, _ in terms)
+        if total > 0:
+            out[client] = (sum(w * pay for w, pay in terms) / total, total)
+    return out
+
+
+def orientation(payment: float, mine: float, peer: float | None) -> float:
+    """How an in-round peer's payment counts for a scorer of pool score ``mine``: +1 as it is, -1 read back (the
+    pair disagrees and the pool ranks the peer lower), 0 when the pool has no verdict on the peer."""
+    if peer is None:
+        return 0.0
+    if payment >= 0.0:
+        return 1.0
+    return -1.0 if peer < mine else 1.0
+
+
+def weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weights: Sequence[float],
+                   extra_weight: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Per scorer: sum of weight x payment over the sum of |weight| (+ ``extra_weight``: a term of payment 0, an own
+    resubmission's pool). A negative weight reads a payment the other way round; a weight of 0 counts for nothing."""
     totals: dict[str, list[float]] = {}
     for (client, _), pay, weight in zip(keys, payment.tolist(), weights):
         acc = totals.setdefault(client, [0.0, 0.0])
         acc[0] += weight * pay
         acc[1] += abs(weight)
+    for client, weight in (extra_weight or {}).items():
+        totals.setdefault(client, [0.0, 0.0])[1] += weight
     return {c: acc[0] / acc[1] if acc[1] else 0.0 for c, acc in sorted(totals.items())}

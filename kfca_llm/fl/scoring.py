@@ -142,7 +142,8 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     if pool is not None:
         copies = {c for g in report.duplicates for c in g.clients}
         signs, _ = packer.words()
-        pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in participants and c not in copies})
+        pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in participants and c not in copies},
+                       report.unadjusted_rewards)
     # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),

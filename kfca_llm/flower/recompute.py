@@ -176,14 +176,15 @@ def pool_from_rows(settings: Mapping[str, Any], run_id: str, round_: int,
                    earlier: Mapping[tuple[str, int], Sequence[RewardRow]], read_words) -> Any:
     """The peer pool a run had at ``round_``, from its rounds 1 to ``round_ - 1``: each participant not in a group
     of copies, with the words ``read_words(sha256)`` gives (None: a round recorded without a pool)."""
-    from ..fl.peer_pool import PeerPool, PoolSettings
+    from ..fl.peer_pool import PeerPool, recorded_pool_settings
 
     if "pool" not in settings:
         return None
-    pool = PeerPool(PoolSettings(**settings["pool"]))
+    pool = PeerPool(recorded_pool_settings(settings["pool"])[0])
     for t in range(1, round_):
         rows = [r for r in earlier.get((run_id, t), []) if r.duplicate_group is None]
-        pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows})
+        pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows},
+                       {r.participant: r.unadjusted_reward for r in rows})
     return pool
 
 
@@ -199,7 +200,7 @@ class PoolTracker:
     def before(self, round_row: RoundRow, read_words) -> Any:
         """The pool ``round_row``'s run had before it (None: scored without one); ``_Unverifiable`` when an earlier
         round's signs cannot be read."""
-        from ..fl.peer_pool import PeerPool, PoolSettings
+        from ..fl.peer_pool import PeerPool, recorded_pool_settings
 
         settings, run = round_row.settings, round_row.run_id
         if "pool" not in settings:
@@ -207,13 +208,14 @@ class PoolTracker:
         if run in self._broken:
             raise _Unverifiable(self._broken[run])
         try:
-            pool, done = self._pools.get(run) or (PeerPool(PoolSettings(**settings["pool"])), 1)
-        except (TypeError, InputError) as exc:
+            pool, done = self._pools.get(run) or (PeerPool(recorded_pool_settings(settings["pool"])[0]), 1)
+        except (TypeError, AttributeError, InputError) as exc:
             raise _Unverifiable(f"this version cannot rebuild the round's peer pool ({exc})") from None
         try:
             for t in range(done, round_row.round):
                 rows = [r for r in self._by_round.get((run, t), []) if r.duplicate_group is None]
-                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows})
+                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows},
+                               {r.participant: r.unadjusted_reward for r in rows})
         except (_Damaged, _Unverifiable, InputError) as exc:
             self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs ({exc})"
             raise _Unverifiable(self._broken[run]) from None
@@ -223,7 +225,7 @@ class PoolTracker:
 
 def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None,
              reference: np.ndarray | None = None):
-    from ..fl.peer_pool import score_with_pool
+    from ..fl.peer_pool import POOL_RULE, score_with_pool
     from ..packer import SignPacker
 
     settings = round_row.settings
@@ -249,10 +251,15 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
     if sha256_hex(words_bytes(repacked_task)) != round_row.task_sha256:
         raise _Unverifiable("the task words do not repack to themselves with this version's packing")
     peers = None if peers is None else min(int(peers), len(words) - 1)
-    return score_with_pool(packer, pool, round_row.round, peers=peers, seed=round_row.seed, penalty=penalty,
-                           bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule,
-                           reference=None if reference is None else np.ascontiguousarray(reference, dtype=np.int32),
-                           reference_weight=settings.get("reference_weight") or 0.0).report
+    pooled = score_with_pool(packer, pool, round_row.round, peers=peers, seed=round_row.seed, penalty=penalty,
+                             bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule,
+                             reference=None if reference is None else np.ascontiguousarray(reference, dtype=np.int32),
+                             reference_weight=settings.get("reference_weight") or 0.0)
+    recorded_rule = settings["pool"].get("rule", 1) if isinstance(settings.get("pool"), dict) else POOL_RULE
+    if pooled.short and pool is not None and recorded_rule != POOL_RULE:
+        raise _Unverifiable(f"the round's short participants were paid under peer-pool rule {recorded_rule!r}; this "
+                            f"version computes rule {POOL_RULE}")
+    return pooled.report
 
 
 def _compare(report, rows: Sequence[RewardRow]) -> list[str]:

@@ -75,7 +75,8 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
                              reference=reference, reference_weight=reference_weight)
     signs, task = packer.words()
     copies = {c for g in pooled.report.duplicates for c in g.clients}
-    pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies})
+    pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies},
+                   pooled.report.unadjusted_rewards)
     if pooled.undetermined:
         log(WARNING, "KFCA: round %s is undetermined for %s: fewer than min_peers=%s distinct peers (in this "
             "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted and their "
@@ -85,9 +86,8 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
     if own := pooled.own_resubmissions:
         alone = [c for c in own if c in pooled.undetermined]
         log(WARNING, "KFCA: round %s: %s resubmitted an earlier update of their own (own resubmission: scored without "
-            "the pool, on this round's peers only%s)", server_round, ", ".join(own),
-            f"; undetermined for {', '.join(alone)}: fewer than min_peers={pool.settings.min_peers} peers in the round"
-            if alone else "")
+            "the pool, on this round's peers, the pool's term counted as 0%s)", server_round, ", ".join(own),
+            f"; undetermined for {', '.join(alone)}: no lag the pool can weigh yet, so not paid" if alone else "")
     stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
     digests = {participant: sha256_hex(data) for participant, data in stored.items()}
     task_bytes = words_bytes(task)

@@ -109,9 +109,10 @@ class KFCAStrategy(Strategy):
 
     Peers beyond the round (``kfca_llm.fl.peer_pool``): a participant with fewer than ``min_peers`` other valid
     participants in its round is also scored against up to ``pool_peers`` other participants' sign words from
-    the last ``pool_window`` rounds, each weighted ``pool_weight`` (an in-round peer: 1); ``min_peers=0``
-    scores rounds alone, as before the pool. A participant left with fewer than ``min_peers`` distinct peers
-    is *undetermined* (ledger ``rounds.undetermined``, metric ``kfca.undetermined``, a warning in the log).
+    the last ``pool_window`` rounds, whose verdict as a whole weighs ``pool_weight`` against an in-round peer's 1
+    (the in-round peer read the way the pool's verdict says: ``fl.pool_weights``); ``min_peers=0`` scores rounds
+    alone, as before the pool. A participant left with fewer than ``min_peers`` distinct peers is *undetermined*
+    and not paid (ledger ``rounds.undetermined``, metric ``kfca.undetermined``, a warning in the log).
 
     A trusted reference (``kfca_llm.fl.reference``): ``reference`` is called once per scored round with the
     round's global arrays (a dict name -> numpy array, copies the callable may keep), and with ``server_round=t``

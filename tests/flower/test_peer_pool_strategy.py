@@ -23,6 +23,7 @@ from doc_pages import one_block  # noqa: E402
 
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
+from kfca_llm.fl.peer_pool import PoolSettings  # noqa: E402
 from kfca_llm.flower.ledger_rows import ledger_summary  # noqa: E402
 
 NODES, ROUNDS, FLIPPER = 20, 24, 4
@@ -135,7 +136,7 @@ def test_ledger_cli_shows_rounds_mean_standard_error_and_whether_distinguishable
 
 def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_logged(tmp_path, caplog):
     """Node 2 resubmits the update it trained the first time it was sampled: from then on a copy of its own pool
-    entry, scored without the pool (its one in-round peer only: undetermined), never a pool entry, reported in the
+    entry, scored without the pool (its one in-round peer, the pool's term at 0), never a pool entry, reported in the
     ledger, the metrics and the log, and `kfca-llm verify` recomputes it."""
     stale, first = 2, {}
 
@@ -161,7 +162,10 @@ def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_lo
         report, row = strategy.reports[t], rows[t]
         assert report.peers[pid(stale)] == list(set(report.rewards) - {pid(stale)})  # no pool peer
         assert row.duplicate_group == (pid(stale), f"{pid(stale)}@{rounds[0]}")
-        assert pid(stale) in strategy.undetermined[t]
+        # its one peer's agreement beside the pool's term (0 at the pool's weight): determined, paid that
+        assert pid(stale) not in strategy.undetermined.get(t, ())
+        peer = next(p for p in report.peers[pid(stale)])
+        assert row.reward == pytest.approx(report.pairwise[(pid(stale), peer)] / (1 + PoolSettings().weight), rel=1e-12)
         assert result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 1
         assert f"round {t}: {pid(stale)} resubmitted an earlier update of their own" in caplog.text
     assert all(result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 0 for t in strategy.rewards
