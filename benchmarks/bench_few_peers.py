@@ -228,6 +228,69 @@ def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake
     return rows
 
 
+DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}
+"""The issue's done-when run: four deviating nodes of 20 (flower_few_peers.py's default attackers)."""
+
+
+def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
+    """One replay of the done-when run on captured honest updates: each round's updates go to two nodes drawn
+    uniformly (as Flower samples; the capture's own sampling keeps its analysis client in every round), nodes 3, 7,
+    11, 15 deviate, and the default pool scores the round. Returns the meeting counts and whether every deviator's
+    mean reward is below every honest node's."""
+    rng = np.random.default_rng(seed)
+    ids = [client_id(i) for i in range(20)]
+    deviating = {client_id(i): spec for i, spec in DONE_WHEN.items()}
+    history: dict[str, list] = {c: [] for c in deviating}
+    pool, paid = PeerPool(PoolSettings()), {}
+    met = good = unpaid = 0
+    for t in range(1, length + 1):
+        cached = [u for c, u in sorted(updates[start + t - 1].items()) if c != REFERENCE]
+        clients = {ids[d]: u for d, u in zip(sorted(rng.choice(20, size=len(cached), replace=False).tolist()), cached)}
+        honest = {c: {k: torch.from_numpy(v) for k, v in u.items()} for c, u in clients.items()}
+        submitted = {}
+        for c, u in sorted(clients.items()):
+            if c in deviating:
+                context = attack_context(seed, t, c, f"{c}={deviating[c]}", honest, history[c])
+                submitted[c] = {k: v.numpy() for k, v in resolve_attack(deviating[c]).submit(context).items()}
+                history[c].append(honest[c])
+            else:
+                submitted[c] = u
+        packer = pack_updates(submitted)
+        scored = score_with_pool(packer, pool, t, seed=derive_seed(0, KFCA, t))
+        copies = {c for g in scored.report.duplicates for c in g.clients}
+        signs, _ = packer.words()
+        pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
+                       scored.report.unadjusted_rewards)
+        rewards = scored.report.rewards
+        for c, r in rewards.items():
+            paid.setdefault(c, []).append(r)
+        flipper = next((c for c in rewards if deviating.get(c) == "flip"), None)
+        for c in (c for c in rewards if flipper and c not in deviating):
+            if scored.undetermined:
+                unpaid += 1
+            else:
+                met += 1
+                good += rewards[c] > 0 and rewards[c] > rewards[flipper]
+    means = {c: float(np.mean(v)) for c, v in paid.items()}
+    ordered = max(m for c, m in means.items() if c in deviating) < min(m for c, m in means.items() if c not in deviating)
+    return {"met": met, "good": good, "unpaid": unpaid, "ordered": ordered}
+
+
+def done_when_table(updates, seeds: int, length: int = 60) -> str:
+    """``done_when_replay`` over ``seeds`` draws in each window of ``length`` rounds (starts 70 rounds apart)."""
+    length = min(length, len(updates))
+    lines = ["| window | replays | partners paid > 0 and > flipper (determined rounds) | meetings in undetermined "
+             "rounds | replays: every meeting right | replays: deviators below honest | replays: both |",
+             "|---|---|---|---|---|---|---|"]
+    for start in range(1, len(updates) - length + 2, 70):
+        runs = [done_when_replay(updates, seed, start, length) for seed in range(seeds)]
+        right = [r["good"] == r["met"] for r in runs]
+        lines.append(f"| rounds {start}-{start + length - 1} | {seeds} | {sum(r['good'] for r in runs)}/"
+                     f"{sum(r['met'] for r in runs)} | {sum(r['unpaid'] for r in runs)} | {sum(right)} | "
+                     f"{sum(r['ordered'] for r in runs)} | {sum(a and r['ordered'] for a, r in zip(right, runs))} |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     checkpoints = sorted({t for r in rows for t in r["auroc"]})
     lines = ["| deviation | setting | partner's fine / deviator's | partners paid > 0 and > deviator | honest paid < 0 | "
@@ -296,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--figure", type=Path, default=None, help="draw the AUROC curves into this PNG")
     parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
     parser.add_argument("--lags", action="store_true", help="print how honest updates agree across rounds, and stop")
+    parser.add_argument("--done-when", type=int, default=0, metavar="SEEDS",
+                        help="replay the issue's done-when run (20 nodes, 2 a round, flip/zero/random/stale) SEEDS "
+                             "times per 60-round window of the captured updates, print the table, and stop")
     return parser
 
 
@@ -304,6 +370,11 @@ def main(argv=None) -> int:
     started = time.time()
     if args.lags:
         print(lag_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache)))
+        return 0
+    if args.done_when:
+        print(done_when_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache),
+                              args.done_when))
+        print(f"\n({time.time() - started:.0f} s)")
         return 0
     rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")), fake=args.synthetic)
     print(markdown(rows))

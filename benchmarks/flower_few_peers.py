@@ -109,7 +109,7 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
              f"min_peers {'default' if args.min_peers is None else args.min_peers}, wall {wall:.0f} s"]
     paid: dict[int, list[float]] = {}
     flipper = next((p for p, s in attack_of.items() if s == "flip"), None)
-    meetings, good = 0, 0
+    meetings, good, unpaid = 0, 0, 0
     for r in rounds:
         rewards = {int(p): v for p, v in r["rewards"].items()}
         for p, v in rewards.items():
@@ -118,7 +118,9 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
         lines.append(f"round {r['round']:3d}: {tag}{'  UNDETERMINED' if r['undetermined'] else ''}")
         if flipper in rewards:
             for p, v in rewards.items():
-                if p not in attack_of:
+                if p not in attack_of and r["undetermined"]:
+                    unpaid += 1  # the round cannot tell who deviated: neither is paid
+                elif p not in attack_of:
                     meetings += 1
                     good += v > 0 and v > rewards[flipper]
     means = {p: sum(v) / len(v) for p, v in sorted(paid.items())}
@@ -126,7 +128,8 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
     hon = [m for p, m in means.items() if p not in attack_of]
     lines.append("mean reward per node: " + ", ".join(
         f"{p}{'=' + attack_of[p] if p in attack_of else ''} {m:+.4f} ({len(paid[p])})" for p, m in means.items()))
-    lines.append(f"flipper's honest partners paid > 0 and > the flipper: {good} of {meetings} meetings")
+    lines.append(f"flipper's honest partners paid > 0 and > the flipper: {good} of {meetings} meetings "
+                 f"(+{unpaid} in undetermined rounds, neither paid)")
     lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
                  f"AUROC {auroc(dev, hon):.3f}")
     lines.append(f"undetermined rounds: {[r['round'] for r in rounds if r['undetermined']]}")

@@ -185,6 +185,18 @@ def test_few_peers_benchmark_smoke(tmp_path, run_script):
     assert figure.stat().st_size > 10_000
 
 
+def test_few_peers_done_when_replay_smoke(run_script):
+    """--done-when: the issue's done-when run replayed on synthetic updates (20 nodes drawn two a round, flip, zero,
+    random, stale): one table row per 60-round window, its counts consistent with the replays, and the flipper's
+    partners in determined rounds paid above 0 and above the flipper."""
+    printed = run_script(["benchmarks/bench_few_peers.py", "--synthetic", "--rounds", "30", "--done-when", "3"])
+    (row,) = [line for line in printed.splitlines() if line.startswith("| rounds ")]
+    window, replays, partners, unpaid, right, ordered, both = [c.strip() for c in row.strip("|").split("|")]
+    good, met = map(int, partners.split("/"))
+    assert window == "rounds 1-30" and replays == "3" and met > 0 and good == met
+    assert int(right) == 3 and int(both) <= min(int(right), int(ordered)) and int(unpaid) >= 0
+
+
 def test_recipe_benchmark_smoke(run_script, tmp_path):
     """bench_recipe.py --smoke: the finance recipe's architecture built, saved, loaded by the recipe's loader and
     run by `kfca-llm simulate` for a round; its table is the run's own report (phases and rewards)."""

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
 
 from flower_ledger_server import NODES, serve  # noqa: E402
-from flower_local import pid  # noqa: E402
+from flower_local import pid, reseal  # noqa: E402
 
 from kfca_llm import InputError  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402
@@ -304,7 +304,7 @@ def test_verify_recomputes_kept_rounds_and_reports_mismatched_rows(tmp_path, cap
     # the recomputation can see it.
     with sqlite3.connect(ledger) as conn:
         conn.execute("UPDATE rewards SET reward = reward + 0.25 WHERE round = 2 AND node_id = '3'")
-    _reseal(ledger)
+    reseal(ledger)
     check = verify_ledger(ledger)
     assert check.chain_errors == []
     assert [(r.round, r.status) for r in check.rounds] == [(1, "match"), (2, "mismatch")] and not check.ok
@@ -333,26 +333,11 @@ def test_rounds_scored_under_an_earlier_copy_rule_are_unverifiable_not_mismatche
         settings = json.loads(settings)
         del settings["duplicate_rule"]["copy_fit_sigma"]
         conn.execute("UPDATE rounds SET settings = ?", (json.dumps(settings),))
-    _reseal(ledger)
+    reseal(ledger)
     check = verify_ledger(ledger)
     assert check.chain_errors == []
     (only,) = check.rounds
     assert only.status == "unverifiable" and "copy_fit_sigma" in only.detail
-
-
-def _reseal(ledger: Path) -> None:
-    """Recompute every round's chain hash in place (what a forger with write access would do)."""
-    from kfca_llm.flower.ledger_rows import chain_hasher
-
-    contents = read_ledger(ledger)
-    hash_round = chain_hasher(contents)
-    prev = "0" * 64
-    with sqlite3.connect(ledger) as conn:
-        for r in contents.rounds:
-            digest = hash_round(r, prev)
-            conn.execute("UPDATE rounds SET prev_hash = ?, chain_hash = ? WHERE run_id = ? AND round = ?",
-                         (prev, digest, r.run_id, r.round))
-            prev = digest
 
 
 def test_a_participant_checks_that_its_own_update_is_the_one_scored(tmp_path, capsys):

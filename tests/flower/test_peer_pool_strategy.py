@@ -16,7 +16,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 from flwr.app import Array, ArrayRecord  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
-from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
+from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with, reseal  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 from doc_pages import one_block  # noqa: E402
@@ -90,6 +90,38 @@ def test_rounds_one_and_two_are_undetermined_in_the_ledger_and_the_metrics_and_l
     assert all(metrics[t]["kfca.undetermined"] == 0 and metrics[t]["kfca.pool-peers"] > 0 for t in range(3, ROUNDS + 1))
     summary = {s["participant"]: s for s in ledger_summary(read_ledger(ledger))}
     assert sum(s["undetermined_rounds"] for s in summary.values()) == 4
+
+
+def test_undetermined_rewards_are_recorded_but_not_paid(pooled):
+    _, _, ledger = pooled
+    rows = [r for r in read_ledger(ledger).rewards if r.round in (1, 2)]
+    assert len(rows) == 4 and all(r.reward == 0.0 for r in rows) and all(r.unadjusted_reward != 0.0 for r in rows)
+    summary = ledger_summary(read_ledger(ledger))
+    assert sum(s["total"] for s in summary) == pytest.approx(sum(r.reward for r in read_ledger(ledger).rewards))
+
+
+def test_a_ledger_of_the_earlier_pool_rule_is_unverifiable_where_the_pool_paid_never_a_false_mismatch(pooled, tmp_path):
+    """Rounds paid under pool rule 1 (one weighted mean of in-round and pool peers) recorded no ``rule``: this
+    version's rule would pay them differently, which must not read as tampering."""
+    import json
+    import shutil
+    import sqlite3
+
+    from kfca_llm.flower.audit import verify_ledger
+
+    _, _, ledger = pooled
+    old = tmp_path / "rule1.sqlite"
+    shutil.copy(ledger, old)
+    shutil.copytree(f"{ledger}.d", f"{old}.d")
+    with sqlite3.connect(old) as conn:
+        for run_id, t, settings in conn.execute("SELECT run_id, round, settings FROM rounds").fetchall():
+            settings = json.loads(settings)
+            assert settings["pool"].pop("rule") == 2
+            conn.execute("UPDATE rounds SET settings = ? WHERE run_id = ? AND round = ?", (json.dumps(settings), run_id, t))
+    reseal(old)
+    check = verify_ledger(old)
+    assert check.chain_errors == [] and len(check.rounds) == ROUNDS
+    assert all(r.status == "unverifiable" and "peer-pool rule 1" in r.detail for r in check.rounds)
 
 
 def test_the_log_says_why_a_round_is_undetermined_and_what_to_change(caplog):
