@@ -227,6 +227,28 @@ def test_the_pool_verdict_weighs_pool_weight_and_a_disagreeing_peer_the_pool_ran
         assert report.rewards["c03"] == pytest.approx((weight * theirs + pays[("c03", "c01")]) / (weight + 1), rel=1e-12)
 
 
+def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():
+    """The rank is the round's verdict plus the participant's record (the mean score of its entries in the window).
+    The flipper c03's entries of rounds 1 and 6 scored < 0; recorded as +1 instead (a forged record), c03 outranks its
+    honest partner c01 in round 8, and the disagreement is read back for c03 and fined on c01."""
+    def pool_before_8(forged: bool) -> PeerPool:
+        pool = PeerPool()
+        for t in range(1, 8):
+            scored = run_rounds({t: SCHEDULE[t]}, deviations={3: "flip"})[t]
+            packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))
+            scores = dict(scored.report.unadjusted_rewards) | ({"c03": 1.0} if forged and "c03" in scored.report.rewards else {})
+            pool.add_round(t, dict(zip(packer.clients, packer.words()[0])), scores)
+        return pool
+
+    honest_record, forged = pool_before_8(False), pool_before_8(True)
+    assert honest_record.record("c03", 8) < 0 < honest_record.record("c01", 8) and forged.record("c03", 8) == 1.0
+    assert honest_record.record("c11", 8) is None  # never trained
+    packer = pack_updates(round_updates(8, (1, 3), {3: "flip"}))
+    right = score_with_pool(packer, honest_record, 8, seed=8).report.rewards
+    wrong = score_with_pool(packer, forged, 8, seed=8).report.rewards
+    assert right["c01"] > 0 > right["c03"] and wrong["c03"] > 0 > wrong["c01"]
+
+
 def test_an_agreeing_pair_counts_as_it_is_and_a_peer_without_a_verdict_counts_for_nothing():
     from kfca_llm.fl.pool_weights import orientation
 

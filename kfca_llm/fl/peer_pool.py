@@ -8,28 +8,30 @@ also against ``pool_peers`` pool entries:
 
 * **which entries**: one per other participant (its most recent submission in the window: several
   entries of one participant are not independent peers), the most recent participants first; never the
-  participant's own earlier submissions, never a participant of the current round;
+  participant's own earlier submissions, never a participant of the current round, never an entry its round
+  scored <= 0 (a deviator's entries stay for copy detection and lag weights only);
 * **how**: on the current round's tasks (its task mask and seeded bonus / penalty partition), the pool
   entry's sign bits read as a report on those tasks; the expected penalty uses the entry's negative counts
   on this round's penalty sets;
 * **weights**: an update agrees with updates of earlier rounds by an amount, and even a sign, that depends on
   the lag: the tiny recipe's honest updates *anti*-agree with the previous round's (the global overshoots and
   turns back; mean payment -0.049, 87% of such pairs negative) and agree with those two rounds back
-  (``benchmarks/ROBUSTNESS.md``). So each lag k gets a signed weight ``weight * m_k / max_j |m_j|``, where
-  ``m_k`` is the median payment between pool entries k rounds apart (other participants, this round's
-  partition): estimated from the pool alone, no ground truth, robust to a minority of deviators in it. A
-  participant's reward is ``(sum of in-round payments + sum_k w_k * payment_k) / (in-round peers + sum |w_k|)``;
+  (``benchmarks/ROBUSTNESS.md``). So each lag k gets a signed weight ``m_k / max_j |m_j|``, where ``m_k`` is the
+  median payment between pool entries k rounds apart (other participants, this round's partition): estimated
+  from the pool alone, no ground truth, robust to a minority of deviators in it. The weighted mean of a
+  participant's pool payments is the pool's verdict on it, which weighs ``weight`` against an in-round peer's 1;
+  the in-round peer is read the way the verdicts say (``fl.pool_weights``: a disagreeing pair is the fault of the
+  one ranked lower, its verdict plus its recent record, ``PeerPool.record``);
 * **copies** (``fl.pool_copies``): a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
   to any pool entry in the window, or, on a fixed 4,096-bit sketch of its signs, to any earlier submission of
   the run, is a copy and is not added to the pool. A copy of another participant's entry (or of several
   participants' entries, its own among them) is paid under the round's duplicate policy (at most 0 under
   ``zero`` and ``split``). An **own resubmission** (every entry it copies is its own participant's: ``stale``,
-  ``lagged:K``) is scored as if there were no pool: on its in-round peers only (and the trusted reference, if
-  any), exactly what the round without a pool pays it; it never meets the pool, so it cannot profit from it,
-  and a stale client is paid by the same rule at every round size. With fewer than ``min_peers`` in-round
-  peers (and no reference) it is undetermined;
+  ``lagged:K``) never meets the pool: its pool term is 0 at the pool's weight, so it is paid its in-round
+  agreement (and the trusted reference's, if any) on the footing of everyone else, never the pool's support;
 * **undetermined**: a participant with fewer than ``min_peers`` distinct peers (in-round and pool) has no
-  majority of independent peers that could outvote one deviator; the round is marked undetermined.
+  majority of independent peers that could outvote one deviator; the round is marked undetermined and its
+  reward is not paid (0; the score stays in ``unadjusted_rewards``).
 
 A round in which every participant has ``min_peers`` in-round peers is scored exactly as without a pool
 (``SignPacker.score``): same rewards, bit for bit.
@@ -44,8 +46,6 @@ participants and the lag weights rest on few pairs).
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,82 +58,14 @@ from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
-from .pool_copies import apply_pool_policy, pool_copies_of, sketch, sketch_copies_of
+from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
+from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
+                         recorded_pool_settings)
 from .pool_weights import orientation, pool_lag_weights, pool_scores, weighted_means
 from .reference import REFERENCE, check_reference_weight
 
-POOL_SEPARATOR = "@"
-"""Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
-POOL_RULE = 2
-"""1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2 (this version): in-round peers read
-the way the pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards
-not paid."""
 """The note of a copy group whose scorer resubmitted only its own earlier updates (``DuplicateGroup.note``)."""
-
-
-@dataclass(frozen=True)
-class PoolSettings:
-    """How short rounds borrow peers (defaults measured in ``benchmarks/ROBUSTNESS.md``)."""
-
-    min_peers: int = 2
-    """A participant with fewer in-round peers is also scored against pool peers; fewer distinct peers in
-    all leaves the round undetermined. 0 turns the pool off (today's scoring, never undetermined)."""
-    window: int = 10
-    """Rounds of sign words kept."""
-    pool_peers: int = 8
-    """Pool peers per short participant (distinct participants, most recent first)."""
-    weight: float = 0.5
-    """The weight of the pool's verdict as a whole (its weighted mean payment) against an in-round peer's 1."""
-    rule: int = POOL_RULE
-    """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
-    a ledger of an earlier rule is not rescored with this one)."""
-
-    def __post_init__(self):
-        for name in ("min_peers", "window", "pool_peers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
-        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
-            raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
-        if self.rule != POOL_RULE:
-            raise InputError(f"peer pool: rule {self.rule!r} is not the rule this version computes ({POOL_RULE})")
-
-    @property
-    def enabled(self) -> bool:
-        return self.min_peers > 0
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def recorded_pool_settings(recorded: Mapping) -> tuple[PoolSettings, object]:
-    """The settings a ledger recorded for its run, as this version's, and the rule they were recorded under (1:
-    recorded before the rule was): a round that needed the pool is rescored only under the rule it was paid by."""
-    rule = recorded.get("rule", 1)
-    return PoolSettings(**{**recorded, "rule": POOL_RULE}), rule
-
-
-def pool_name(participant: str, round_: int) -> str:
-    return f"{participant}{POOL_SEPARATOR}{int(round_)}"
-
-
-def parse_pool_name(name: str) -> tuple[str, int] | None:
-    """(participant, round) of a pool peer name; None for an in-round peer."""
-    participant, sep, tail = name.rpartition(POOL_SEPARATOR)
-    return (participant, int(tail)) if sep and participant and tail.isdigit() else None
-
-
-@dataclass(frozen=True)
-class PoolEntry:
-    round: int
-    participant: str
-    signs: np.ndarray
-    """int32 packed sign words of the participant's submission against its own round's global."""
-
-    @property
-    def name(self) -> str:
-        return pool_name(self.participant, self.round)
 
 
 @dataclass(frozen=True)
@@ -172,101 +104,6 @@ class PooledRound:
         """Scorers that copied only their own earlier submissions: scored without the pool."""
         return tuple(sorted({c for g in self.pool_copies if g.note == OWN_RESUBMISSION for c in g.clients
                              if c in self.report.rewards}))
-
-
-class PeerPool:
-    """The last ``window`` rounds' sign words, by round and participant (see the module docstring)."""
-
-    def __init__(self, settings: PoolSettings = PoolSettings()):
-        self.settings = settings
-        self._rounds: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
-        self._sketches: list[tuple[str, np.ndarray]] = []
-        self._words: int | None = None
-        self._scores: dict[str, float | None] = {}
-        """Pool name -> its round's score of it before copies and the undetermined rule (``unadjusted_rewards``;
-        None: not recorded): only entries scored > 0 (or not recorded) become pool peers; a deviator's entries stay
-        for copy detection and lag weights only."""
-
-    def entries(self, before_round: int, extra: int = 0) -> list[PoolEntry]:
-        """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name."""
-        low = before_round - self.settings.window - extra
-        return [PoolEntry(t, who, words) for t, members in reversed(self._rounds.items()) if low <= t < before_round
-                for who, words in sorted(members.items())]
-
-    def candidates(self, before_round: int, participant: str, exclude: Sequence[str]) -> list[PoolEntry]:
-        """Up to ``pool_peers`` entries: each other participant's most recent one its round did not score <= 0, most
-        recent first."""
-        seen, out = set(exclude) | {participant}, []
-        for entry in self.entries(before_round):
-            score = self._scores.get(entry.name)
-            if entry.participant not in seen and (score is None or score > 0):
-                seen.add(entry.participant)
-                out.append(entry)
-        return out[:self.settings.pool_peers]
-
-    def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
-                  scores: Mapping[str, float] | None = None) -> None:
-        """Keep a round's sign words (call after scoring it, leaving out copies) and its scores of them (the report's
-        ``unadjusted_rewards``; missing: not recorded); old rounds drop out."""
-        if not signs:
-            return
-        widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
-        if len(widths) != 1 or (self._words is not None and widths != {self._words}):
-            self._rounds.clear()  # another layout: earlier words are not comparable (a new model)
-            self._sketches.clear()
-            self._scores.clear()
-        self._words = widths.pop()
-        self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
-        self._scores.update({pool_name(who, round_): (scores or {}).get(who) for who in signs})
-        self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
-        # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
-        for t in [t for t in self._rounds if t < round_ - self.settings.window]:
-            for who in self._rounds.pop(t):
-                self._scores.pop(pool_name(who, t), None)
-
-    def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
-                      ) -> list[tuple[str, float]]:
-        """(entry, agreement) of earlier submissions older than the window whose sketch ``words`` matches."""
-        mask, mine = sketch(task), sketch(words)
-        bits = int(np.unpackbits(mask.view(np.uint8)).sum())
-        if bits == 0:
-            return []
-        low = before_round - self.settings.window
-        out = []
-        for name, other in self._sketches:
-            if parse_pool_name(name)[1] >= low:
-                continue  # in the window: compared on every bit
-            differ = int(np.unpackbits(((mine ^ other) & mask).view(np.uint8)).sum())
-            if differ <= max_disagreement * bits:
-                out.append((name, 1.0 - differ / bits))
-        return out
-
-
-    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """(arrays, metadata) that ``from_arrays`` turns back into this pool (a resumed run continues with it)."""
-        arrays, entries = {}, []
-        for t, members in self._rounds.items():
-            for who, words in sorted(members.items()):
-                arrays[f"words.{len(entries)}"] = words
-                entries.append([t, who])
-        for k, (name, bits) in enumerate(self._sketches):
-            arrays[f"sketch.{k}"] = bits
-        return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches]),
-                        "scores": json.dumps(self._scores)}
-
-    @classmethod
-    def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
-                    ) -> PeerPool:
-        pool = cls(settings)
-        for k, (t, who) in enumerate(json.loads(metadata["entries"])):
-            words = np.asarray(arrays[f"words.{k}"], dtype=np.int32)
-            pool._rounds.setdefault(int(t), {})[who] = words
-            pool._words = words.shape[-1]
-        pool._rounds = OrderedDict(sorted(pool._rounds.items()))
-        pool._scores = {str(k): None if v is None else float(v) for k, v in json.loads(metadata.get("scores", "{}")).items()}
-        pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
-                          for k, name in enumerate(json.loads(metadata["sketches"]))]
-        return pool
 
 
 def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, peers: int | None = None,
@@ -374,11 +211,17 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     own_pool = {c: pool.settings.weight for c in own
                 if c in chosen and any(lag_of.get(e.name, 0.0) for e in chosen[c])}
 
+    def rank(scorer: str) -> float:
+        """Who the pool ranks lower in a disagreeing pair: the verdict of this round plus, for a real participant, its
+        recent record (an analysis scorer's owner's record is an honest submission's, not the strategy's)."""
+        record = pool.record(scorer, round_) if scorer in real else None
+        return verdict[scorer][0] + (record or 0.0)
+
     def peer_verdict(peer: str) -> float | None:
-        return None if peer in own or peer not in verdict else verdict[peer][0]
+        return None if peer in own or peer not in verdict else rank(peer)
 
     weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
-               else orientation(pay[(c, p)], verdict[c][0], peer_verdict(p)) for c, p in in_round_keys]
+               else orientation(pay[(c, p)], rank(c), peer_verdict(p)) for c, p in in_round_keys]
     weights += [lag_of[p] * pool.settings.weight / verdict[c][1] if c in verdict else 0.0 for c, p in pool_keys]
     weights += [reference_weight] * len(reference_keys)
     terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))
@@ -426,3 +269,7 @@ def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str
             entries = [parse_pool_name(m) for m in group.clients if m != client]
             (own if all(e is not None and e[0] == owner[client] for e in entries) else other).add(client)
     return own - other
+
+
+__all__ = ["OWN_RESUBMISSION", "POOL_RULE", "POOL_SEPARATOR", "PeerPool", "PoolEntry", "PoolSettings", "PooledRound",
+           "parse_pool_name", "pool_name", "recorded_pool_settings", "score_with_pool"]

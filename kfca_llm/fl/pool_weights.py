@@ -3,8 +3,8 @@
 * **The pool's verdict** on a participant: each lag gets a signed weight from the median payment between pool entries
   that far apart (``pool_lag_weights``); the pool score ``z`` is the weighted mean of its pool payments.
 * **In-round peers read the way the pool says they report**: at two per round the pair's payment is symmetric, so the
-  pool decides who deviated. A pair that agrees (payment >= 0) counts as it is; a pair that disagrees is the lower
-  pool score's fault: the participant the pool ranks lower is fined the disagreement, the other is paid as if its
+  pool decides who deviated. A pair that agrees (payment >= 0) counts as it is; a pair that disagrees is the fault
+  of the participant ranked lower (``fl.peer_pool``: its pool score plus its recent record, ``PeerPool.record``): the participant the pool ranks lower is fined the disagreement, the other is paid as if its
   peer had reported the opposite (a flipped peer's report read back). A peer the pool has no verdict on (an own
   resubmission, a participant without weighted pool peers) counts for nothing.
 * **The pool as a whole** weighs ``pool_weight`` against an in-round peer's 1. An own resubmission never meets the
@@ -55,8 +55,8 @@ def pool_scores(pool_terms: Mapping[str, Sequence[tuple[float, float]]]) -> dict
 
 
 def orientation(payment: float, mine: float, peer: float | None) -> float:
-    """How an in-round peer's payment counts for a scorer of pool score ``mine``: +1 as it is, -1 read back (the
-    pair disagrees and the pool ranks the peer lower), 0 when the pool has no verdict on the peer."""
+    """How an in-round peer's payment counts for a scorer ranked ``mine``: +1 as it is, -1 read back (the pair
+    disagrees and the peer ranks lower), 0 when the pool has no verdict on the peer."""
     if peer is None:
         return 0.0
     if payment >= 0.0:

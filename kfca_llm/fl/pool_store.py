@@ -1,0 +1,189 @@
+"""The peer pool's store: the last rounds' packed sign words by round and participant, their rounds' scores
+(vetting and records) and the run's sketches, with the settings that say how short rounds use them
+(``fl.peer_pool`` scores with it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import InputError
+from .pool_copies import sketch
+
+POOL_SEPARATOR = "@"
+"""Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
+POOL_RULE = 2
+"""1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2 (this version): in-round peers read
+the way the pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards
+not paid; pool peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``)."""
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How short rounds borrow peers (defaults measured in ``benchmarks/ROBUSTNESS.md``)."""
+
+    min_peers: int = 2
+    """A participant with fewer in-round peers is also scored against pool peers; fewer distinct peers in
+    all leaves the round undetermined. 0 turns the pool off (today's scoring, never undetermined)."""
+    window: int = 10
+    """Rounds of sign words kept."""
+    pool_peers: int = 8
+    """Pool peers per short participant (distinct participants, most recent first)."""
+    weight: float = 0.5
+    """The weight of the pool's verdict as a whole (its weighted mean payment) against an in-round peer's 1."""
+    rule: int = POOL_RULE
+    """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
+    a ledger of an earlier rule is not rescored with this one)."""
+
+    def __post_init__(self):
+        for name in ("min_peers", "window", "pool_peers"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
+        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
+            raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
+        if self.rule != POOL_RULE:
+            raise InputError(f"peer pool: rule {self.rule!r} is not the rule this version computes ({POOL_RULE})")
+
+    @property
+    def enabled(self) -> bool:
+        return self.min_peers > 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def recorded_pool_settings(recorded: Mapping) -> tuple[PoolSettings, object]:
+    """The settings a ledger recorded for its run, as this version's, and the rule they were recorded under (1:
+    recorded before the rule was): a round that needed the pool is rescored only under the rule it was paid by."""
+    rule = recorded.get("rule", 1)
+    return PoolSettings(**{**recorded, "rule": POOL_RULE}), rule
+
+
+def pool_name(participant: str, round_: int) -> str:
+    return f"{participant}{POOL_SEPARATOR}{int(round_)}"
+
+
+def parse_pool_name(name: str) -> tuple[str, int] | None:
+    """(participant, round) of a pool peer name; None for an in-round peer."""
+    participant, sep, tail = name.rpartition(POOL_SEPARATOR)
+    return (participant, int(tail)) if sep and participant and tail.isdigit() else None
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    round: int
+    participant: str
+    signs: np.ndarray
+    """int32 packed sign words of the participant's submission against its own round's global."""
+
+    @property
+    def name(self) -> str:
+        return pool_name(self.participant, self.round)
+
+
+class PeerPool:
+    """The last ``window`` rounds' sign words, by round and participant (see the module docstring)."""
+
+    def __init__(self, settings: PoolSettings = PoolSettings()):
+        self.settings = settings
+        self._rounds: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
+        self._sketches: list[tuple[str, np.ndarray]] = []
+        self._words: int | None = None
+        self._scores: dict[str, float | None] = {}
+        """Pool name -> its round's score of it before copies and the undetermined rule (``unadjusted_rewards``;
+        None: not recorded): only entries scored > 0 (or not recorded) become pool peers; a deviator's entries stay
+        for copy detection and lag weights only."""
+
+    def entries(self, before_round: int, extra: int = 0) -> list[PoolEntry]:
+        """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name."""
+        low = before_round - self.settings.window - extra
+        return [PoolEntry(t, who, words) for t, members in reversed(self._rounds.items()) if low <= t < before_round
+                for who, words in sorted(members.items())]
+
+    def candidates(self, before_round: int, participant: str, exclude: Sequence[str]) -> list[PoolEntry]:
+        """Up to ``pool_peers`` entries: each other participant's most recent one its round did not score <= 0, most
+        recent first."""
+        seen, out = set(exclude) | {participant}, []
+        for entry in self.entries(before_round):
+            score = self._scores.get(entry.name)
+            if entry.participant not in seen and (score is None or score > 0):
+                seen.add(entry.participant)
+                out.append(entry)
+        return out[:self.settings.pool_peers]
+
+    def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
+                  scores: Mapping[str, float] | None = None) -> None:
+        """Keep a round's sign words (call after scoring it, leaving out copies) and its scores of them (the report's
+        ``unadjusted_rewards``; missing: not recorded); old rounds drop out."""
+        if not signs:
+            return
+        widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
+        if len(widths) != 1 or (self._words is not None and widths != {self._words}):
+            self._rounds.clear()  # another layout: earlier words are not comparable (a new model)
+            self._sketches.clear()
+            self._scores.clear()
+        self._words = widths.pop()
+        self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
+        self._scores.update({pool_name(who, round_): (scores or {}).get(who) for who in signs})
+        self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
+        # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
+        for t in [t for t in self._rounds if t < round_ - self.settings.window]:
+            for who in self._rounds.pop(t):
+                self._scores.pop(pool_name(who, t), None)
+
+    def record(self, participant: str, before_round: int) -> float | None:
+        """The mean score of ``participant``'s entries of the window (and the round before it) that their rounds
+        scored, or None: its recent record, which settles who deviated in a disagreeing pair with its current verdict."""
+        scores = [self._scores.get(e.name) for e in self.entries(before_round, extra=1) if e.participant == participant]
+        scores = [s for s in scores if s is not None]
+        return sum(scores) / len(scores) if scores else None
+
+    def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
+                      ) -> list[tuple[str, float]]:
+        """(entry, agreement) of earlier submissions older than the window whose sketch ``words`` matches."""
+        mask, mine = sketch(task), sketch(words)
+        bits = int(np.unpackbits(mask.view(np.uint8)).sum())
+        if bits == 0:
+            return []
+        low = before_round - self.settings.window
+        out = []
+        for name, other in self._sketches:
+            if parse_pool_name(name)[1] >= low:
+                continue  # in the window: compared on every bit
+            differ = int(np.unpackbits(((mine ^ other) & mask).view(np.uint8)).sum())
+            if differ <= max_disagreement * bits:
+                out.append((name, 1.0 - differ / bits))
+        return out
+
+
+    def to_arrays(self) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """(arrays, metadata) that ``from_arrays`` turns back into this pool (a resumed run continues with it)."""
+        arrays, entries = {}, []
+        for t, members in self._rounds.items():
+            for who, words in sorted(members.items()):
+                arrays[f"words.{len(entries)}"] = words
+                entries.append([t, who])
+        for k, (name, bits) in enumerate(self._sketches):
+            arrays[f"sketch.{k}"] = bits
+        return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches]),
+                        "scores": json.dumps(self._scores)}
+
+    @classmethod
+    def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
+                    ) -> PeerPool:
+        pool = cls(settings)
+        for k, (t, who) in enumerate(json.loads(metadata["entries"])):
+            words = np.asarray(arrays[f"words.{k}"], dtype=np.int32)
+            pool._rounds.setdefault(int(t), {})[who] = words
+            pool._words = words.shape[-1]
+        pool._rounds = OrderedDict(sorted(pool._rounds.items()))
+        pool._scores = {str(k): None if v is None else float(v) for k, v in json.loads(metadata.get("scores", "{}")).items()}
+        pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
+                          for k, name in enumerate(json.loads(metadata["sketches"]))]
+        return pool
