@@ -153,9 +153,30 @@ def test_a_federation_reports_its_global_adapters_held_out_quality_each_round(tm
     assert all(r["aggregated"]["client-003"] == pytest.approx(1 / 6) for r in reports["all"]["round_records"])
 
 
-def _verdicts(in_round, *, short=None, warming=(), undetermined=()):
+def _verdicts(in_round, *, short=None, warming=(), undetermined=(), cautious=None):
     return WeakVerdicts(dict(in_round), frozenset(in_round if short is None else short), frozenset(warming),
-                        frozenset(undetermined))
+                        frozenset(undetermined), dict(cautious or {}))
+
+
+def test_a_reply_paid_on_its_peer_read_back_is_kept_only_where_its_cautious_reward_is_not_negative():
+    """'f' is paid > 0 (the pool ranked its disagreeing partner lower, so its peer was read back), but its cautious
+    reward (in-round payment as it is, beside the pool's) is < 0: the model does not take it, under every weak-verdict
+    rule but 'all'; 'h', whose cautious reward is >= 0, is kept."""
+    pooled, weights = {"h": 0.05, "f": 0.04}, {"h": 10, "f": 10}
+    verdicts = _verdicts({"h": -0.2, "f": -0.2}, cautious={"h": 0.01, "f": -0.03})
+    for mode in ("exclude-negative", "reward-weighted"):
+        for rule in ("trust-pool", "confirm-warm-up", "round-peers-warm-up", "exclude-undetermined"):
+            assert set(aggregation_weights(mode, pooled, weights, verdicts=verdicts, weak_verdict=rule)) == {"h"}
+    assert set(aggregation_weights("all", pooled, weights, verdicts=verdicts)) == {"h", "f"}
+
+
+def test_an_undetermined_reply_is_judged_on_its_rounds_score_not_on_its_unpaid_zero():
+    verdicts = _verdicts({"a": 0.3, "b": -0.3}, warming={"a", "b"}, undetermined={"a", "b"})
+    kept = aggregation_weights("reward-weighted", {"a": 0.0, "b": 0.0}, {"a": 10, "b": 10}, verdicts=verdicts,
+                               weak_verdict="trust-pool")
+    assert kept == pytest.approx({"a": 3.0})
+    assert set(aggregation_weights("exclude-negative", {"a": 0.0, "b": 0.0}, {"a": 10, "b": 10}, verdicts=verdicts,
+                                   weak_verdict="confirm-warm-up")) == {"a"}
 
 
 def test_a_reply_paid_by_the_pool_alone_is_held_to_its_in_round_reward_while_the_pool_warms_up():

@@ -227,6 +227,23 @@ def test_the_pool_verdict_weighs_pool_weight_and_a_disagreeing_peer_the_pool_ran
         assert report.rewards["c03"] == pytest.approx((weight * theirs + pays[("c03", "c01")]) / (weight + 1), rel=1e-12)
 
 
+def test_the_cautious_reward_weighs_the_in_round_payment_as_it_is_beside_the_pool():
+    """What the aggregation also asks of a short reply: the in-round payment at 1 (never read back), pool payments at
+    CAUTIOUS_POOL_WEIGHT x lag weight, one weighted mean. The flipper's honest partner is paid > 0 (its peer read
+    back); its cautious reward carries the disagreement."""
+    from kfca_llm.fl.pool_weights import CAUTIOUS_POOL_WEIGHT
+
+    pooled = run_rounds(SCHEDULE, deviations={3: "flip"})[8]
+    pays, weights = pooled.report.pairwise, pooled.lag_weights
+    for client, peer in (("c01", "c03"), ("c03", "c01")):
+        pool = [(CAUTIOUS_POOL_WEIGHT * weights[8 - parse_pool_name(p)[1]], v) for (c, p), v in pays.items()
+                if c == client and parse_pool_name(p)]
+        expected = (pays[(client, peer)] + sum(w * v for w, v in pool)) / (1 + sum(abs(w) for w, _ in pool))
+        assert pooled.cautious[client] == pytest.approx(expected, rel=1e-12)
+    assert pooled.cautious["c03"] < pooled.cautious["c01"] < pooled.report.rewards["c01"]
+    assert pooled.verdicts.cautious == pooled.cautious
+
+
 def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():
     """The rank is the round's verdict plus the participant's record (the mean score of its entries in the window).
     The flipper c03's entries of rounds 1 and 6 scored < 0; recorded as +1 instead (a forged record), c03 outranks its

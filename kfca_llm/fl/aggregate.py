@@ -34,7 +34,7 @@ measurement (``benchmarks/ROBUSTNESS.md``, "Weak verdicts").
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -79,6 +79,10 @@ class WeakVerdicts:
     distinct pool participants of non-zero weight behind the reward."""
     undetermined: frozenset[str] = frozenset()
     """Replies with fewer than ``min_peers`` distinct peers in all (in-round and pool)."""
+    cautious: Mapping[str, float] = field(default_factory=dict)
+    """Reply -> its cautious reward (``fl.pool_weights.cautious_means``), for the short replies the pool has a
+    verdict on. Such a reply is kept only where that is >= 0 too: its pay may rest on its in-round peer read back,
+    which a pool that ranked the pair wrong gives a deviator."""
 
 
 def check_weak_verdict(rule: str) -> str:
@@ -121,7 +125,10 @@ def aggregation_weights(mode: str, rewards: Mapping[str, float] | None, weights:
     out = confirm = in_round_only = frozenset()
     if verdicts is not None and mode != "all":
         out, confirm, in_round_only = _weak(weak_verdict, verdicts)
-        rewards = {who: verdicts.in_round_rewards[who] if who in in_round_only else r for who, r in rewards.items()}
+        out |= {who for who, value in verdicts.cautious.items() if value < 0 and who not in in_round_only}
+        # An undetermined reply is not paid (0), but its round still scored it: that is what the model can go by.
+        rewards = {who: verdicts.in_round_rewards[who] if who in in_round_only or who in verdicts.undetermined else r
+                   for who, r in rewards.items()}
     kept = SELECTION_RULES[mode](rewards, weights)
     if out or confirm:
         confirm = sorted(confirm & set(kept))

@@ -61,7 +61,7 @@ from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
                          recorded_pool_settings)
-from .pool_weights import orientation, pool_lag_weights, pool_scores, weighted_means
+from .pool_weights import cautious_means, orientation, pool_lag_weights, pool_scores, weighted_means
 from .reference import REFERENCE, check_reference_weight
 
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
@@ -86,6 +86,9 @@ class PooledRound:
     """Scorer -> its reward from its round's peers only (``SignPacker.score``'s report, before the pool)."""
     short: tuple[str, ...] = ()
     """Scorers with fewer than ``min_peers`` in-round peers (their reward was computed with the pool)."""
+    cautious: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Short scorer -> its cautious reward (``fl.pool_weights.cautious_means``: its in-round payments as they are,
+    beside its pool payments), for the scorers the pool has a verdict on: what the aggregation also asks of it."""
     warming: tuple[str, ...] = ()
     """Of ``short``, those the pool is still warming up for (see the module docstring)."""
 
@@ -97,7 +100,7 @@ class PooledRound:
     def verdicts(self) -> WeakVerdicts:
         """What ``fl.aggregate.aggregation_weights`` needs to apply a weak-verdict rule."""
         return WeakVerdicts({c: self.in_round_rewards[c] for c in self.short}, frozenset(self.short),
-                            frozenset(self.warming), frozenset(self.undetermined))
+                            frozenset(self.warming), frozenset(self.undetermined), dict(self.cautious))
 
     @property
     def own_resubmissions(self) -> tuple[str, ...]:
@@ -250,7 +253,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     warming = () if reference is not None else _warming(list(chosen), support, undetermined, pool.settings)
     return PooledRound(report, {c: [] if c in own else [e.name for e in chosen.get(c, [])] for c in report.rewards},
                        undetermined, pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards),
-                       short=tuple(chosen), warming=warming)
+                       short=tuple(chosen), warming=warming,
+                       cautious=cautious_means(keys, payment, in_round_keys, lag_of, verdict))
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],

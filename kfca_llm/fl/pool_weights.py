@@ -64,6 +64,23 @@ def orientation(payment: float, mine: float, peer: float | None) -> float:
     return -1.0 if peer < mine else 1.0
 
 
+CAUTIOUS_POOL_WEIGHT = 4.0
+"""A pool peer of the strongest lag against an in-round peer's 1 in the cautious reward (pool rule 1's payment,
+whose aggregation issue 29 measured)."""
+
+
+def cautious_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, in_round_keys: Sequence[tuple[str, str]],
+                   lag_of: Mapping[str, float], verdict: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """Scorer -> its in-round payments as they are, beside its pool payments at ``CAUTIOUS_POOL_WEIGHT`` x lag
+    weight, in one weighted mean, for the scorers in ``verdict``. A disagreeing pair drags both down unless the pool
+    clearly outweighs it: what the aggregation asks of a reply before it moves the model (a payment that reads the
+    peer back may rest on a pool that ranked the pair wrong)."""
+    in_round = set(in_round_keys)
+    cautious_weights = [1.0 if key in in_round else CAUTIOUS_POOL_WEIGHT * lag_of.get(key[1], 0.0) for key in keys]
+    means = weighted_means(keys, payment, cautious_weights)
+    return {c: means[c] for c in verdict if c in means}
+
+
 def weighted_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, weights: Sequence[float],
                    extra_weight: Mapping[str, float] | None = None) -> dict[str, float]:
     """Per scorer: sum of weight x payment over the sum of |weight| (+ ``extra_weight``: a term of payment 0, an own
