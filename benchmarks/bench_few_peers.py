@@ -8,6 +8,7 @@ they are sampled, and every scoring setting scores the same submissions.
 
     .venv/bin/python benchmarks/bench_few_peers.py --rounds 200 --grid        # the full grid (hours on 2 cores)
     .venv/bin/python benchmarks/bench_few_peers.py --rounds 60 --cache /tmp/updates60.safetensors --grid
+    .venv/bin/python benchmarks/bench_few_peers.py --rounds 200 --cache /tmp/updates200.safetensors --done-when 30
 
 Per (deviation, setting): the honest partner's fine over the deviator's (sum over the rounds where a deviator
 trained beside an honest client of max(-reward, 0), honest over deviator; 1.0: fined alike; "-": the deviator

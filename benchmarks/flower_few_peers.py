@@ -5,7 +5,8 @@ deviating nodes (``kfca.attackers`` by partition id: flip, zero, random, stale b
     .venv/bin/python benchmarks/flower_few_peers.py --rounds 60 --out /tmp/flower60.json
 
 Prints, per round, the two participants (partition and attack) and their rewards, then the figures the issue
-asks for: every round in which the flipper met an honest node (honest partner paid > 0 and > flipper?), the
+asks for: every round in which the flipper met an honest node (honest partner paid > 0 and > flipper?, counted
+apart in undetermined rounds, where neither is paid), the
 mean reward per node, the AUROC of mean reward separating deviators from honest nodes, the undetermined rounds.
 Heavy (Ray start-up ~20 s, then about 2 s a round on two cores): run it alone.
 """
