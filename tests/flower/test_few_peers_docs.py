@@ -82,7 +82,7 @@ def _script_parser(path: str):
 
 def test_every_command_of_the_page_parses():
     commands = [line for block in fenced_blocks(page(PAGE), "bash") for line in block.splitlines() if line.strip()]
-    assert len(commands) == 6
+    assert len(commands) == 7
     for line in commands:
         words = shlex.split(line.split("  #")[0])
         if words[0] == "kfca-llm":
