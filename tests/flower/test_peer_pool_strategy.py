@@ -92,6 +92,38 @@ def test_rounds_one_and_two_are_undetermined_in_the_ledger_and_the_metrics_and_l
     assert sum(s["undetermined_rounds"] for s in summary.values()) == 4
 
 
+def test_a_resumed_run_rebuilds_the_pool_from_the_ledger_with_its_scores_and_records(pooled):
+    """What a resumed KFCAStrategy (and `kfca-llm verify`) rebuilds from the ledger is the pool the run had: the same
+    entries, the same round scores (which entries are peers, each participant's record), so the same rewards."""
+    from kfca_llm.flower.round_scoring import resumed_pool
+
+    strategy, _, ledger = pooled
+    rebuilt = resumed_pool(ledger, strategy.settings, strategy.run_id, ROUNDS, strategy.pool.settings)
+    live_arrays, live_meta = strategy.pool.to_arrays()
+    arrays, meta = rebuilt.to_arrays()
+    assert meta == live_meta and live_arrays.keys() == arrays.keys()
+    assert all(np.array_equal(live_arrays[k], arrays[k]) for k in arrays)
+    participants = {p for r in strategy.rewards.values() for p in r}
+    assert any(rebuilt.record(p, ROUNDS + 1) is not None for p in participants)
+    for p in participants:
+        assert rebuilt.record(p, ROUNDS + 1) == strategy.pool.record(p, ROUNDS + 1)
+        assert ([e.name for e in rebuilt.candidates(ROUNDS + 1, p, [])]
+                == [e.name for e in strategy.pool.candidates(ROUNDS + 1, p, [])])
+
+
+def test_the_pools_scores_survive_its_saved_state():
+    from kfca_llm.fl.peer_pool import PeerPool
+
+    pool = PeerPool()
+    words = {f"c{k}": np.full(4, k, np.int32) for k in range(4)}
+    pool.add_round(1, dict(list(words.items())[:2]), {"c0": 0.2, "c1": -0.1})
+    pool.add_round(2, dict(list(words.items())[2:]), {"c2": 0.05})
+    back = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
+    assert [e.name for e in back.candidates(3, "x", [])] == [e.name for e in pool.candidates(3, "x", [])] == [
+        "c2@2", "c3@2", "c0@1"]  # c1's entry scored < 0: no one's peer; c3's was not scored: a peer
+    assert back.record("c0", 3) == pool.record("c0", 3) == 0.2 and back.record("c3", 3) is None
+
+
 def test_undetermined_rewards_are_recorded_but_not_paid(pooled):
     _, _, ledger = pooled
     rows = [r for r in read_ledger(ledger).rewards if r.round in (1, 2)]
