@@ -95,3 +95,20 @@ def run_main(capsys, *args) -> tuple[int, str, str]:
     if code == 2:
         assert err.count("\n") == 1 and err.startswith("kfca-llm: error: "), err
     return code, out, err
+
+
+def reseal(ledger) -> None:
+    """Recompute every round's chain hash in place (what an operator or forger with write access does)."""
+    import sqlite3
+
+    from kfca_llm.flower import read_ledger
+    from kfca_llm.flower.ledger_rows import GENESIS, chain_hasher
+
+    contents = read_ledger(ledger)
+    hash_round, prev = chain_hasher(contents), GENESIS
+    with sqlite3.connect(ledger) as conn:
+        for r in contents.rounds:
+            digest = hash_round(r, prev)
+            conn.execute("UPDATE rounds SET prev_hash = ?, chain_hash = ? WHERE run_id = ? AND round = ?",
+                         (prev, digest, r.run_id, r.round))
+            prev = digest

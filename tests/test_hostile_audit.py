@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import run_main
+from helpers import reseal, run_main
 
 HERE = Path(__file__).resolve().parent
 NODES = {1: "honest", 2: "honest", 3: "honest", 4: "flip", 5: "zero"}
@@ -54,21 +54,6 @@ def copy_of(pristine: Path, tmp_path: Path) -> Path:
 def edit(ledger: Path, sql: str, *params) -> None:
     with sqlite3.connect(ledger) as conn:
         conn.execute(sql, params)
-
-
-def reseal(ledger: Path) -> None:
-    """Recompute every chain hash (what an operator rewriting history does)."""
-    from kfca_llm.flower import read_ledger
-    from kfca_llm.flower.ledger_rows import GENESIS, chain_hasher
-
-    contents = read_ledger(ledger)
-    hash_round, prev = chain_hasher(contents), GENESIS
-    with sqlite3.connect(ledger) as conn:
-        for r in contents.rounds:
-            digest = hash_round(r, prev)
-            conn.execute("UPDATE rounds SET prev_hash = ?, chain_hash = ? WHERE run_id = ? AND round = ?",
-                         (prev, digest, r.run_id, r.round))
-            prev = digest
 
 
 def first_sign(ledger: Path) -> tuple[str, Path]:

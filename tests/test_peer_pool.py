@@ -242,6 +242,20 @@ def test_the_cautious_reward_weighs_the_in_round_payment_as_it_is_beside_the_poo
         assert pooled.cautious[client] == pytest.approx(expected, rel=1e-12)
     assert pooled.cautious["c03"] < pooled.cautious["c01"] < pooled.report.rewards["c01"]
     assert pooled.verdicts.cautious == pooled.cautious
+    # with a trusted reference, the reference is in the cautious mean at its weight
+    pool = PeerPool()
+    for t in range(1, 8):
+        packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))
+        pool.add_round(t, dict(zip(packer.clients, packer.words()[0])))
+    packer = pack_updates(round_updates(8, (1, 3), {3: "flip"}))
+    referenced = score_with_pool(packer, pool, 8, seed=8, reference=reference_signs(packer, honest(11, 8)),
+                                 reference_weight=4.0)
+    pays, weights = referenced.report.pairwise, referenced.lag_weights
+    pool_terms = [(CAUTIOUS_POOL_WEIGHT * weights[8 - parse_pool_name(p)[1]], v) for (c, p), v in pays.items()
+                  if c == "c01" and parse_pool_name(p)]
+    expected = ((pays[("c01", "c03")] + 4.0 * pays[("c01", "(reference)")] + sum(w * v for w, v in pool_terms))
+                / (1 + 4.0 + sum(abs(w) for w, _ in pool_terms)))
+    assert referenced.cautious["c01"] == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():

@@ -214,17 +214,11 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     own_pool = {c: pool.settings.weight for c in own
                 if c in chosen and any(lag_of.get(e.name, 0.0) for e in chosen[c])}
 
-    def rank(scorer: str) -> float:
-        """Who the pool ranks lower in a disagreeing pair: the verdict of this round plus, for a real participant, its
-        recent record (an analysis scorer's owner's record is an honest submission's, not the strategy's)."""
-        record = pool.record(scorer, round_) if scorer in real else None
-        return verdict[scorer][0] + (record or 0.0)
-
-    def peer_verdict(peer: str) -> float | None:
-        return None if peer in own or peer not in verdict else rank(peer)
-
+    # Who the pool ranks lower in a disagreeing pair: this round's verdict plus, for a real participant, its recent
+    # record (an analysis scorer's owner's record is an honest submission's, not the strategy's).
+    rank = {c: z + ((pool.record(c, round_) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
     weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
-               else orientation(pay[(c, p)], rank(c), peer_verdict(p)) for c, p in in_round_keys]
+               else orientation(pay[(c, p)], rank[c], None if p in own else rank.get(p)) for c, p in in_round_keys]
     weights += [lag_of[p] * pool.settings.weight / verdict[c][1] if c in verdict else 0.0 for c, p in pool_keys]
     weights += [reference_weight] * len(reference_keys)
     terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))
@@ -254,7 +248,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     return PooledRound(report, {c: [] if c in own else [e.name for e in chosen.get(c, [])] for c in report.rewards},
                        undetermined, pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards),
                        short=tuple(chosen), warming=warming,
-                       cautious=cautious_means(keys, payment, in_round_keys, lag_of, verdict))
+                       cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict))
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],

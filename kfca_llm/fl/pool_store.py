@@ -58,11 +58,10 @@ class PoolSettings:
         return dataclasses.asdict(self)
 
 
-def recorded_pool_settings(recorded: Mapping) -> tuple[PoolSettings, object]:
-    """The settings a ledger recorded for its run, as this version's, and the rule they were recorded under (1:
-    recorded before the rule was): a round that needed the pool is rescored only under the rule it was paid by."""
-    rule = recorded.get("rule", 1)
-    return PoolSettings(**{**recorded, "rule": POOL_RULE}), rule
+def recorded_pool_settings(recorded: Mapping) -> PoolSettings:
+    """The settings a ledger recorded for its run, as this version's (whatever rule they were recorded under: a
+    round that needed the pool is rescored only under the rule it was paid by, which ``recompute`` checks)."""
+    return PoolSettings(**{**recorded, "rule": POOL_RULE})
 
 
 def pool_name(participant: str, round_: int) -> str:

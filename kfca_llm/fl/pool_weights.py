@@ -70,13 +70,16 @@ whose aggregation issue 29 measured)."""
 
 
 def cautious_means(keys: Sequence[tuple[str, str]], payment: np.ndarray, in_round_keys: Sequence[tuple[str, str]],
-                   lag_of: Mapping[str, float], verdict: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+                   lag_of: Mapping[str, float], reference_weight: float, verdict: Mapping[str, tuple[float, float]]
+                   ) -> dict[str, float]:
     """Scorer -> its in-round payments as they are, beside its pool payments at ``CAUTIOUS_POOL_WEIGHT`` x lag
-    weight, in one weighted mean, for the scorers in ``verdict``. A disagreeing pair drags both down unless the pool
+    weight (and the trusted reference, a key neither in-round nor a pool entry, at ``reference_weight``), in one
+    weighted mean, for the scorers in ``verdict``. A disagreeing pair drags both down unless the pool
     clearly outweighs it: what the aggregation asks of a reply before it moves the model (a payment that reads the
     peer back may rest on a pool that ranked the pair wrong)."""
     in_round = set(in_round_keys)
-    cautious_weights = [1.0 if key in in_round else CAUTIOUS_POOL_WEIGHT * lag_of.get(key[1], 0.0) for key in keys]
+    cautious_weights = [1.0 if key in in_round else CAUTIOUS_POOL_WEIGHT * lag_of[key[1]] if key[1] in lag_of
+                        else reference_weight for key in keys]
     means = weighted_means(keys, payment, cautious_weights)
     return {c: means[c] for c in verdict if c in means}
 

@@ -180,7 +180,7 @@ def pool_from_rows(settings: Mapping[str, Any], run_id: str, round_: int,
 
     if "pool" not in settings:
         return None
-    pool = PeerPool(recorded_pool_settings(settings["pool"])[0])
+    pool = PeerPool(recorded_pool_settings(settings["pool"]))
     for t in range(1, round_):
         rows = [r for r in earlier.get((run_id, t), []) if r.duplicate_group is None]
         pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows},
@@ -208,7 +208,7 @@ class PoolTracker:
         if run in self._broken:
             raise _Unverifiable(self._broken[run])
         try:
-            pool, done = self._pools.get(run) or (PeerPool(recorded_pool_settings(settings["pool"])[0]), 1)
+            pool, done = self._pools.get(run) or (PeerPool(recorded_pool_settings(settings["pool"])), 1)
         except (TypeError, AttributeError, InputError) as exc:
             raise _Unverifiable(f"this version cannot rebuild the round's peer pool ({exc})") from None
         try:

@@ -150,24 +150,6 @@ def serve_with_receipts(folder, *, keep_signs: bool, nodes: Mapping[int, str], r
     return folder
 
 
-def reseal(ledger) -> None:
-    """Recompute every round's chain hash in place (what a forger with write access would do)."""
-    import sqlite3
-
-    from kfca_llm.flower import read_ledger
-    from kfca_llm.flower.ledger_rows import chain_hasher
-
-    contents = read_ledger(ledger)
-    hash_round = chain_hasher(contents)
-    prev = "0" * 64
-    with sqlite3.connect(ledger) as conn:
-        for r in contents.rounds:
-            digest = hash_round(r, prev)
-            conn.execute("UPDATE rounds SET prev_hash = ?, chain_hash = ? WHERE run_id = ? AND round = ?",
-                         (prev, digest, r.run_id, r.round))
-            prev = digest
-
-
 def run_ray_simulation(server_app, client_app, num_supernodes: int) -> None:
     """``flwr.simulation.run_simulation`` on one CPU per node, with this folder on the Ray workers' PYTHONPATH
     (their ClientApps import the tests' helper modules)."""

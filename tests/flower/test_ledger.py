@@ -15,7 +15,10 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
 
 from flower_ledger_server import NODES, serve  # noqa: E402
-from flower_local import pid, reseal  # noqa: E402
+from flower_local import pid  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import reseal  # noqa: E402
 
 from kfca_llm import InputError  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402

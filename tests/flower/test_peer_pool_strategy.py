@@ -16,10 +16,11 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 from flwr.app import Array, ArrayRecord  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
-from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with, reseal  # noqa: E402
+from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
 from doc_pages import one_block  # noqa: E402
+from helpers import reseal  # noqa: E402
 
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
