@@ -37,7 +37,9 @@ import torch
 
 from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
+from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.pool_settle import keep_pending, settle_due
 from kfca_llm.fl.reference import DEFAULT_REFERENCE_WEIGHT, REFERENCE, reference_signs
 from kfca_llm.fl.rounds import attack_context
 from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
@@ -233,7 +235,7 @@ DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}
 """The issue's done-when run: four deviating nodes of 20 (flower_few_peers.py's default attackers)."""
 
 
-def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
+def done_when_replay(updates, seed: int, start: int, length: int, settle: bool = True) -> dict:
     """One replay of the done-when run on captured honest updates: each round's updates go to two nodes drawn
     uniformly (as Flower samples; the capture's own sampling keeps its analysis client in every round), nodes 3, 7,
     11, 15 deviate, and the default pool scores the round. Returns the meeting counts and whether every deviator's
@@ -242,8 +244,7 @@ def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
     ids = [client_id(i) for i in range(20)]
     deviating = {client_id(i): spec for i, spec in DONE_WHEN.items()}
     history: dict[str, list] = {c: [] for c in deviating}
-    pool, paid = PeerPool(PoolSettings()), {}
-    met = good = unpaid = 0
+    pool, paid, meetings, unsure, settled = PeerPool(PoolSettings()), {}, [], {}, set()
     for t in range(1, length + 1):
         cached = [u for c, u in sorted(updates[start + t - 1].items()) if c != REFERENCE]
         clients = {ids[d]: u for d, u in zip(sorted(rng.choice(20, size=len(cached), replace=False).tolist()), cached)}
@@ -262,19 +263,27 @@ def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
         signs, _ = packer.words()
         pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
                        scored.report.unadjusted_rewards)
-        rewards = scored.report.rewards
+        paid[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
+        if settle:
+            keep_pending(pool, packer, t, scored, seed=derive_seed(0, KFCA, t), participants=list(submitted),
+                         penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
+            for done in settle_due(pool, t):
+                paid[done.round][done.participant] = done.reward
+                settled.add((done.round, done.participant))
+        flipper = next((c for c in paid[t] if deviating.get(c) == "flip"), None)
+        meetings += [(t, c, flipper) for c in paid[t] if flipper and c not in deviating]
+    # A meeting whose partner was never paid (undetermined, not settled) is counted apart: neither side was paid.
+    open_ = [(t, c, f) for t, c, f in meetings if c in unsure[t] and (t, c) not in settled]
+    judged = [(t, c, f) for t, c, f in meetings if (t, c, f) not in open_]
+    good = sum(paid[t][c] > 0 and paid[t][c] > paid[t][f] for t, c, f in judged)
+    totals: dict[str, list[float]] = {}
+    for rewards in paid.values():
         for c, r in rewards.items():
-            paid.setdefault(c, []).append(r)
-        flipper = next((c for c in rewards if deviating.get(c) == "flip"), None)
-        for c in (c for c in rewards if flipper and c not in deviating):
-            if scored.undetermined:
-                unpaid += 1
-            else:
-                met += 1
-                good += rewards[c] > 0 and rewards[c] > rewards[flipper]
-    means = {c: float(np.mean(v)) for c, v in paid.items()}
+            totals.setdefault(c, []).append(r)
+    means = {c: float(np.mean(v)) for c, v in totals.items()}
     ordered = max(m for c, m in means.items() if c in deviating) < min(m for c, m in means.items() if c not in deviating)
-    return {"met": met, "good": good, "unpaid": unpaid, "ordered": ordered}
+    return {"met": len(judged), "good": good, "unpaid": len(open_), "ordered": ordered,
+            "misranked": [t for t, c, f in judged if not (paid[t][c] > 0 and paid[t][c] > paid[t][f])]}
 
 
 def done_when_table(updates, seeds: int, length: int = 60) -> str:

@@ -85,12 +85,20 @@ def main(argv=None) -> int:
     strategy = done["strategy"]
     attacks = dict(part.split("=", 1) for part in args.attackers.split(",") if part)
     attack_of = {int(p): spec for p, spec in attacks.items()}
-    rounds = []
-    for t, rewards in sorted(strategy.rewards.items()):
+    rounds, paid = [], {t: dict(r) for t, r in strategy.rewards.items()}
+    settled = {(s.round, s.participant): s.settled_in for ss in strategy.settlements.values() for s in ss}
+    for (t, who) in settled:
+        paid[t][who] = next(s.reward for s in strategy.settlements[settled[(t, who)]] if (s.round, s.participant) == (t, who))
+    for t, rewards in sorted(paid.items()):
         nodes = strategy.node_ids[t]
         by_partition = {strategy.partition_of[nodes[who]]: r for who, r in rewards.items()}
+        # Undetermined and never settled: not paid; a settled participant is paid its settlement (in the round it
+        # settled), listed with the round that settled it.
         rounds.append({"round": t, "rewards": {str(p): r for p, r in sorted(by_partition.items())},
-                       "undetermined": [strategy.partition_of[nodes[w]] for w in strategy.undetermined.get(t, ())]})
+                       "undetermined": [strategy.partition_of[nodes[w]] for w in strategy.undetermined.get(t, ())
+                                        if (t, w) not in settled],
+                       "settled": {str(strategy.partition_of[nodes[w]]): settled[(t, w)] for w in rewards
+                                   if (t, w) in settled}})
     print(summarise(rounds, attack_of, args, wall))
     from bench_few_peers import markdown, measure
 
@@ -116,11 +124,13 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
         for p, v in rewards.items():
             paid.setdefault(p, []).append(v)
         tag = ", ".join(f"{p}{'=' + attack_of[p] if p in attack_of else ''} {v:+.4f}" for p, v in rewards.items())
-        lines.append(f"round {r['round']:3d}: {tag}{'  UNDETERMINED' if r['undetermined'] else ''}")
+        later = r.get("settled", {})
+        lines.append(f"round {r['round']:3d}: {tag}{'  UNDETERMINED' if r['undetermined'] else ''}"
+                     + (f"  settled in round {sorted(set(later.values()))}" if later else ""))
         if flipper in rewards:
             for p, v in rewards.items():
-                if p not in attack_of and r["undetermined"]:
-                    unpaid += 1  # the round cannot tell who deviated: neither is paid
+                if p not in attack_of and p in r["undetermined"]:
+                    unpaid += 1  # never settled: the pool could not tell who deviated, neither is paid
                 elif p not in attack_of:
                     meetings += 1
                     good += v > 0 and v > rewards[flipper]
@@ -130,10 +140,11 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
     lines.append("mean reward per node: " + ", ".join(
         f"{p}{'=' + attack_of[p] if p in attack_of else ''} {m:+.4f} ({len(paid[p])})" for p, m in means.items()))
     lines.append(f"flipper's honest partners paid > 0 and > the flipper: {good} of {meetings} meetings "
-                 f"(+{unpaid} in undetermined rounds, neither paid)")
+                 f"(+{unpaid} in undetermined rounds never settled, neither paid)")
     lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
                  f"AUROC {auroc(dev, hon):.3f}")
-    lines.append(f"undetermined rounds: {[r['round'] for r in rounds if r['undetermined']]}")
+    lines.append(f"undetermined rounds never settled: {[r['round'] for r in rounds if r['undetermined']]}; settled "
+                 f"later: {[r['round'] for r in rounds if r.get('settled')]}")
     return "\n".join(lines)
 
 

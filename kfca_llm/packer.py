@@ -61,6 +61,26 @@ class SignPacker:
         self._tensor_index = {s.name: k for k, s in enumerate(self.layout.slots)}
         self._packed = np.zeros((len(self.clients), len(self.layout.slots)), dtype=bool)
 
+    @classmethod
+    def from_words(cls, shapes: Mapping[str, Sequence[int]] | Layout, words: Mapping[str, np.ndarray],
+                   task: np.ndarray) -> "SignPacker":
+        """A CPU packer holding already packed sign words (client -> int32 words of this layout) and the round's task
+        words, as ``words()`` gave them: a round kept as bits (``fl.pool_settle``) scored again."""
+        packer = cls(shapes, list(words), backend="cpu")
+        n_words = packer.layout.n_words
+        for client, row in words.items():
+            row = np.asarray(row)
+            if row.dtype != np.int32 or row.shape != (n_words,):
+                raise InputError(f"sign words of shape {row.shape} ({row.dtype}); the layout has ({n_words},) int32",
+                                 client=client)
+            packer.buffers.signs[packer._index[str(client)], :n_words] = row
+        task = np.asarray(task)
+        if task.dtype != np.int32 or task.shape != (n_words,):
+            raise InputError(f"task words of shape {task.shape} ({task.dtype}); the layout has ({n_words},) int32")
+        packer.buffers.task[:n_words] = task
+        packer._packed[:] = True
+        return packer
+
     def add(self, client: str, name: str, tensor) -> None:
         """Pack one tensor of one client (validated: known name, exact shape, float dtype)."""
         self.add_many(client, {name: tensor})

@@ -6,11 +6,13 @@ resubmission is (on the round's one peer, beside the pool's term at 0), as at 20
 pass the pool's copy detection; 4 clients x 0.5 is the same two-per-round regime at a tenth of the cost)."""
 
 import json
+import shutil
 
 import pytest
 
 from kfca_llm.cli import main
 from kfca_llm.fl.peer_pool import PoolSettings
+from kfca_llm.fl.state import round_dir
 
 FAST = ["--no-progress", "--set", "train.training-arguments.max-steps=2"]
 
@@ -58,3 +60,31 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
     # Hypothetical copies are not listed among the flagged clients (the zero node's repeated zeros are).
     assert not [c for r in records for g in r["duplicates"] for c in g["clients"] if "/" in c]
     assert "undetermined: 3/4 round(s)" in printed and "kfca.min-peers = 2" in printed
+
+
+TWENTY = ["--attacks", "honest,flip", "--set", "num-clients=20", "--set", "strategy.fraction-train=0.1", "--set",
+          'kfca.attackers=["3=flip"]', "--set", "train.save-every-round=1", *FAST]
+
+
+def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_settles_them_alike(tmp_path):
+    """At 20 x 0.1 the analysis client trains every round: one new pool participant a round, so the pool warms up for
+    rounds 1-2 only at the window's end (round 11 and 12 settle them, ``fl.pool_settle``)."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    assert main(["simulate", "--rounds", "13", *TWENTY, "--out", str(whole)]) == 0
+    report = json.loads((whole / "report.json").read_text())
+    records = report["round_records"]
+    assert report["undetermined_rounds"] == [1, 2]
+    settled = {(s["round"], s["participant"]): (r["round"], s["reward"]) for r in records for s in r["settlements"]}
+    assert sorted(settled) == sorted((t, c) for t in (1, 2) for c in records[t - 1]["undetermined"])
+    assert {at for at, _ in settled.values()} == {11, 12}
+    for (t, client), (_, reward) in settled.items():  # the settled round's record pays the settled reward
+        assert records[t - 1]["honest_rewards"][client] == reward and reward > 0
+    # Stopped after round 6 (rounds 1-2 still waiting), resumed: the same settlements, the same rewards.
+    shutil.copytree(whole, resumed)
+    for t in range(7, 14):
+        shutil.rmtree(round_dir(resumed, t))
+        shutil.rmtree(resumed / "state" / f"round-{t:03d}")
+    assert main(["simulate", "--rounds", "13", *TWENTY, "--out", str(resumed), "--resume"]) == 0
+    again = json.loads((resumed / "report.json").read_text())["round_records"]
+    assert [r["settlements"] for r in again] == [r["settlements"] for r in records]
+    assert [r["honest_rewards"] for r in again] == [r["honest_rewards"] for r in records]

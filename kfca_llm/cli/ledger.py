@@ -14,7 +14,7 @@ from dataclasses import asdict
 
 MAX_FAILURES_SHOWN = 20
 CSV_COLUMNS = ["participant", "label", "node_ids", "total", "rounds", "mean", "std_error",
-               "distinguishable_from_zero", "undetermined_rounds"]
+               "distinguishable_from_zero", "undetermined_rounds", "settled_rounds"]
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -59,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"totals": summary, "runs": len({r.run_id for r in contents.rounds}),
                           "participants": [asdict(p) for p in contents.participants],
                           "rounds": [asdict(r) for r in contents.rounds],
-                          "failures": [asdict(f) for f in contents.failures], "bad_rows": contents.bad_rows}, indent=2))
+                          "failures": [asdict(f) for f in contents.failures],
+                          "settlements": [asdict(t) for t in contents.settlements], "bad_rows": contents.bad_rows},
+                         indent=2))
     elif args.csv:
         buffer = io.StringIO()
         writer = csv.writer(buffer, lineterminator="\n")
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
             writer.writerow([csv_text(s["participant"]), csv_text(s["label"]), csv_text(" ".join(s["node_ids"])),
                              repr(s["total"]), s["rounds"], repr(s["mean"]),
                              "" if s["std_error"] is None else repr(s["std_error"]),
-                             _yes_no(s["distinguishable_from_zero"]), s["undetermined_rounds"]])
+                             _yes_no(s["distinguishable_from_zero"]), s["undetermined_rounds"], s["settled_rounds"]])
         print(buffer.getvalue(), end="")
     else:
         scored = sum(r.status == SCORED for r in contents.rounds)
@@ -81,12 +83,15 @@ def run(args: argparse.Namespace) -> int:
         undetermined = sum(bool(r.undetermined) for r in contents.rounds)
         if undetermined:
             notes.append(f"{undetermined} round(s) undetermined: a participant had fewer than min_peers distinct peers, "
-                         "so its reward cannot tell who deviated (raise the clients per round or the pool window)")
+                         "so its reward could not tell who deviated then (raise the clients per round or the pool "
+                         f"window); {len(contents.settlements)} of their rewards settled by later rounds (counted "
+                         "with the settled reward)")
         notes.append(f"!= 0: the mean is more than {DISTINGUISHABLE_Z} standard errors from zero (two-sided 5%; "
                      "- below 2 rounds)")
         rows = [(str(k), _short(s["participant"]), s["label"] or "", " ".join(s["node_ids"]), f"{s['total']:+.6f}",
                  str(s["rounds"]), f"{s['mean']:+.6f}", "-" if s["std_error"] is None else f"{s['std_error']:.6f}",
-                 _yes_no(s["distinguishable_from_zero"]) or "-", str(s["undetermined_rounds"]))
+                 _yes_no(s["distinguishable_from_zero"]) or "-",
+                 f"{s['undetermined_rounds']} ({s['settled_rounds']} settled)" if s["undetermined_rounds"] else "0")
                 for k, s in enumerate(summary, start=1)]
         print(text_table(f"KFCA reward ledger {args.path}",
                          ["#", "participant", "label", "node ids", "total reward", "rounds", "mean", "std error",

@@ -115,7 +115,7 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
                     duplicate_rule: DuplicateRule = DuplicateRule(),
                     copy_candidates: Sequence[str] | None = None,
                     owners: Mapping[str, str] | None = None, reference: np.ndarray | None = None,
-                    reference_weight: float = 1.0) -> PooledRound:
+                    reference_weight: float = 1.0, horizon: int | None = None) -> PooledRound:
     """Score a packed round, borrowing pool peers for participants with fewer than ``min_peers`` peers.
 
     ``pairs`` / ``peers``: the in-round pairs, as ``SignPacker.score`` takes them. Scorers are the clients
@@ -128,7 +128,8 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     submission (a real ``stale`` node; the analysis client's ``stale`` and ``lagged:K`` replays) is scored as
     ``score_with_pool`` with no pool scores it (see the module docstring). ``reference``: the packed sign words
     of a trusted reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight``
-    (0: ignored).
+    (0: ignored). ``horizon``: a later round settling this one (``fl.pool_settle``): pool peers, lag weights and
+    records come from the window on both sides of ``round_`` up to the horizon, copies from the rounds before it.
     """
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
                           duplicates=duplicates, duplicate_rule=duplicate_rule, copy_candidates=copy_candidates)
@@ -151,9 +152,11 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
              if pool_on and c in owner and len(set(in_round[c])) < pool.settings.min_peers]
     if not short and reference is None:
         return PooledRound(report, {c: [] for c in report.rewards}, (), in_round_rewards=in_round_rewards)
-    chosen = {c: pool.candidates(round_, owner[c], exclude=sorted(real)) for c in short}
-    # Every entry of the window and the round before it: copy detection covers them all, lag weights need them.
-    rows = {e.name: e for e in pool.entries(round_, extra=1)} if short else {}
+    chosen = {c: pool.candidates(round_, owner[c], exclude=sorted(real), horizon=horizon) for c in short}
+    # Every entry of the window and the round before it (earlier rounds first: copy detection covers them all), and
+    # the rounds after it up to a settling horizon: lag weights need them all.
+    rows = {e.name: e for e in sorted(pool.entries(round_, extra=1, horizon=horizon), key=lambda e: e.round > round_)
+            } if short else {}
     if not rows and reference is None:
         undetermined = tuple(c for c in short if c in real)
         report = dataclasses.replace(report, rewards={c: 0.0 if c in short else r for c, r in report.rewards.items()})
@@ -161,14 +164,14 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
                            short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings))
     return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
-                         reference=reference, reference_weight=reference_weight)
+                         reference=reference, reference_weight=reference_weight, horizon=horizon)
 
 
 def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
                   rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str],
                   owner: Mapping[str, str], *,
                   seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
-                  reference: np.ndarray | None, reference_weight: float) -> PooledRound:
+                  reference: np.ndarray | None, reference_weight: float, horizon: int | None) -> PooledRound:
     signs, task = packer.words()
     names = [*packer.clients, *rows, *([REFERENCE] if reference is not None else [])]
     index = {name: k for k, name in enumerate(names)}
@@ -189,17 +192,18 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
 
     pool_copies, lag_weights = (), {}
     if rows:
-        pool_names = names[:len(packer.clients) + len(rows)]
+        # A settled round's copies are judged as they were then: a later submission matching it copied it.
+        pool_names = names[:len(packer.clients) + sum(e.round < round_ for e in rows.values())]
         pool_copies = pool_copies_of(counts, pool_names, len(packer.clients), set(owner), duplicate_rule)
         pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
             words, task, round_, duplicate_rule.max_disagreement))
-        lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), round_, pool.settings.window)
+        lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), pool.settings.window)
     own = _own_resubmissions(pool_copies, owner)
     pool_copies = tuple(dataclasses.replace(g, note=OWN_RESUBMISSION) if own & set(g.clients) else g
                         for g in pool_copies)
     in_round_keys = list(round_report.pairwise)
     pool_keys = [(client, e.name) for client, entries in chosen.items() if client not in own for e in entries]
-    lag_of = {e.name: lag_weights.get(round_ - e.round, 0.0) for e in rows.values()}
+    lag_of = {e.name: lag_weights.get(abs(round_ - e.round), 0.0) for e in rows.values()}
     reference_keys = [(client, REFERENCE) for client in sorted(round_report.rewards)] if reference is not None else []
     keys = [*in_round_keys, *pool_keys, *reference_keys]
     index_pairs = np.array([(index[c], index[p]) for c, p in keys], dtype=np.int64)
@@ -216,7 +220,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
 
     # Who the pool ranks lower in a disagreeing pair: this round's verdict plus, for a real participant, its recent
     # record (an analysis scorer's owner's record is an honest submission's, not the strategy's).
-    rank = {c: z + ((pool.record(c, round_) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
+    rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
     weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
                else orientation(pay[(c, p)], rank[c], None if p in own else rank.get(p)) for c, p in in_round_keys]
     weights += [lag_of[p] * pool.settings.weight / verdict[c][1] if c in verdict else 0.0 for c, p in pool_keys]
@@ -241,7 +245,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     report = dataclasses.replace(report, unadjusted_rewards=unadjusted, rewards=paid)
     undetermined = tuple(sorted(c for c in unsure if c in real))
     # An own resubmission never meets the pool: nothing stands behind its reward but its round.
-    support = {c: 0 if c in own else len({e.participant for e in entries if lag_weights.get(round_ - e.round, 0.0)})
+    support = {c: 0 if c in own else len({e.participant for e in entries if lag_weights.get(abs(round_ - e.round), 0.0)})
                for c, entries in chosen.items()}
     # A trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
     warming = () if reference is not None else _warming(list(chosen), support, undetermined, pool.settings)

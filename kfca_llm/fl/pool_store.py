@@ -98,18 +98,26 @@ class PeerPool:
         """Pool name -> its round's score of it before copies and the undetermined rule (``unadjusted_rewards``;
         None: not recorded): only entries scored > 0 (or not recorded) become pool peers; a deviator's entries stay
         for copy detection and lag weights only."""
+        self.pending: dict[int, object] = {}
+        """Round -> its ``fl.pool_settle.PendingRound``: undetermined rounds waiting to be settled."""
 
-    def entries(self, before_round: int, extra: int = 0) -> list[PoolEntry]:
-        """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name."""
+    def entries(self, before_round: int, extra: int = 0, horizon: int | None = None) -> list[PoolEntry]:
+        """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name;
+        with a ``horizon`` (a later round settling ``before_round``, ``fl.pool_settle``), also the rounds after it up
+        to the horizon and the window, nearest round first (the later of two equally near), then by name."""
         low = before_round - self.settings.window - extra
-        return [PoolEntry(t, who, words) for t, members in reversed(self._rounds.items()) if low <= t < before_round
-                for who, words in sorted(members.items())]
+        high = before_round - 1 if horizon is None else min(horizon, before_round + self.settings.window)
+        rounds = [t for t in reversed(self._rounds) if low <= t <= high and t != before_round]
+        if horizon is not None:
+            rounds.sort(key=lambda t: (abs(t - before_round), -t))
+        return [PoolEntry(t, who, words) for t in rounds for who, words in sorted(self._rounds[t].items())]
 
-    def candidates(self, before_round: int, participant: str, exclude: Sequence[str]) -> list[PoolEntry]:
-        """Up to ``pool_peers`` entries: each other participant's most recent one its round did not score <= 0, most
-        recent first."""
+    def candidates(self, before_round: int, participant: str, exclude: Sequence[str],
+                   horizon: int | None = None) -> list[PoolEntry]:
+        """Up to ``pool_peers`` entries: each other participant's nearest one (most recent, without a ``horizon``) its
+        round did not score <= 0, nearest first."""
         seen, out = set(exclude) | {participant}, []
-        for entry in self.entries(before_round):
+        for entry in self.entries(before_round, horizon=horizon):
             score = self._scores.get(entry.name)
             if entry.participant not in seen and (score is None or score > 0):
                 seen.add(entry.participant)
@@ -125,6 +133,7 @@ class PeerPool:
         widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
         if len(widths) != 1 or (self._words is not None and widths != {self._words}):
             self._rounds.clear()  # another layout: earlier words are not comparable (a new model)
+            self.pending.clear()
             self._sketches.clear()
             self._scores.clear()
         self._words = widths.pop()
@@ -136,10 +145,17 @@ class PeerPool:
             for who in self._rounds.pop(t):
                 self._scores.pop(pool_name(who, t), None)
 
-    def record(self, participant: str, before_round: int) -> float | None:
-        """The mean score of ``participant``'s entries of the window (and the round before it) that their rounds
-        scored, or None: its recent record, which settles who deviated in a disagreeing pair with its current verdict."""
-        scores = [self._scores.get(e.name) for e in self.entries(before_round, extra=1) if e.participant == participant]
+    def rescore(self, name: str, score: float) -> None:
+        """Record a later score of an entry still in the window (a settled round's, ``fl.pool_settle``)."""
+        if name in self._scores:
+            self._scores[name] = float(score)
+
+    def record(self, participant: str, before_round: int, horizon: int | None = None) -> float | None:
+        """The mean score of ``participant``'s entries of the window (and the round before it; with a ``horizon``, the
+        rounds after ``before_round`` up to it too) that their rounds scored, or None: its recent record, which settles
+        who deviated in a disagreeing pair with its current verdict."""
+        scores = [self._scores.get(e.name) for e in self.entries(before_round, extra=1, horizon=horizon)
+                  if e.participant == participant]
         scores = [s for s in scores if s is not None]
         return sum(scores) / len(scores) if scores else None
 

@@ -21,7 +21,7 @@ import numpy as np
 from ..engine.stats import RoundCounts, pair_payments
 
 
-def pool_lag_weights(counts: RoundCounts, entries: Sequence, first: int, round_: int, window: int) -> dict[int, float]:
+def pool_lag_weights(counts: RoundCounts, entries: Sequence, first: int, window: int) -> dict[int, float]:
     """Lag -> ``m_k / max_j |m_j|``, ``m_k`` the median payment between pool entries of other participants k rounds
     apart (``entries``: the pool's ``PoolEntry`` rows, ``first`` onwards of ``counts``), on this round's partition."""
     pairs, lags = [], []
@@ -39,8 +39,8 @@ def pool_lag_weights(counts: RoundCounts, entries: Sequence, first: int, round_:
     scale = max(abs(m) for m in medians.values())
     if scale == 0.0:
         return {}
-    # Lags the pool cannot estimate (no pair that far apart yet) get no weight.
-    return {k: m / scale for k, m in medians.items() if k <= round_}
+    # Lags the pool cannot estimate (no pair that far apart yet) get no weight: they are not in ``medians``.
+    return {k: m / scale for k, m in medians.items()}
 
 
 def pool_scores(pool_terms: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, tuple[float, float]]:

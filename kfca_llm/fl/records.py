@@ -73,6 +73,9 @@ class RoundRecord:
     strategy_own_resubmissions: list[str] = field(default_factory=list)
     """Those of ``strategy_copies`` that replayed only the analysis client's own earlier submissions (``lagged:K``,
     ``stale``): scored without the pool, on the round's peers; the others were paid under ``kfca.duplicates``."""
+    settlements: list[dict[str, Any]] = field(default_factory=list)
+    """Clients of earlier undetermined rounds this round's pool settled (``fl.pool_settle.Settlement.to_dict``); the
+    settled round's ``honest_rewards`` / ``fixed_attacker_rewards`` hold the settled reward from then on."""
 
     def honest_delta(self) -> list[list[float]] | None:
         """Mean empirical delta matrix over the round's pairs of honest updates (None: no such pair, e.g. one

@@ -97,6 +97,16 @@ def submission_rewards(submissions: list[Submission], scores: RoundScores) -> di
     return {s.id: scores.strategy_rewards[s.strategy] if s.analysis else own[s.client] for s in submissions}
 
 
+def settle_earlier_rounds(records: list[RoundRecord], settlements) -> None:
+    """Pay the settled clients of earlier undetermined rounds (``fl.pool_settle``) in those rounds' records."""
+    by_round = {r.round: r for r in records}
+    for settled in settlements:
+        record = by_round[settled.round]
+        for rewards in (record.honest_rewards, record.fixed_attacker_rewards):
+            if settled.participant in rewards:
+                rewards[settled.participant] = settled.reward
+
+
 def sample_round_clients(recipe: Recipe, t: int, seed: int) -> list[int]:
     """Sorted client indices trained in round t (index 0 always, when the recipe lists attacks)."""
     k = clients_per_round(recipe)
@@ -221,6 +231,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
                              pool=pool, round_=t, reference=reference)
         scoring_s = clock.lap()
+        settle_earlier_rounds(result.rounds, scores.settlements)
         start_state = global_state
         if options.on_round is not None and procs.is_main:
             options.on_round(RoundContext(t, model, tokenizer, pad_id, procs.device, start_state, submissions))
@@ -247,6 +258,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates,
             undetermined=scores.undetermined, pool_peers=scores.pool_peers, strategy_copies=scores.strategy_copies,
             strategy_own_resubmissions=scores.strategy_own_resubmissions,
+            settlements=[settled.to_dict() for settled in scores.settlements],
             aggregated=aggregated_shares(weights), heldout=heldout_scores))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:

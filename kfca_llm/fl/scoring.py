@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..api import pack_updates
+from ..engine.duplicates import DuplicateRule
 from .aggregate import WeakVerdicts
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
+from .pool_settle import Settlement, keep_pending, settle_due
 from .reference import reference_signs
 from ..errors import InputError, NoTasksError
 from ..recipe import KfcaConfig
@@ -83,6 +85,8 @@ class RoundScores:
     (the others were paid under ``kfca.duplicates``)."""
     verdicts: WeakVerdicts | None = None
     """The submissions (by id) paid with the peer pool, for the aggregation's weak-verdict rule (``fl.aggregate``)."""
+    settlements: list[Settlement] = field(default_factory=list)
+    """Clients of earlier undetermined rounds this round's pool settled (``fl.pool_settle``)."""
 
 
 def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
@@ -144,6 +148,9 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         signs, _ = packer.words()
         pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in participants and c not in copies},
                        report.unadjusted_rewards)
+        keep_pending(pool, packer, round_, pooled, seed=kfca_seed, participants=ids, penalty=kfca.penalty,
+                     bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule())
+    settlements = settle_due(pool, round_) if pool is not None else []
     # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),
@@ -165,7 +172,8 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         pack_s=pack_s, undetermined=list(pooled.undetermined),
         strategy_copies=[s.strategy for s in analysed if any(s.id in g.clients for g in pooled.pool_copies)],
         strategy_own_resubmissions=[s.strategy for s in analysed if s.id in pooled.own_resubmissions],
-        pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers}, verdicts=pooled.verdicts)
+        pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers}, verdicts=pooled.verdicts,
+        settlements=settlements)
 
 
 def _unscorable(round_: int, reason: NoTasksError, analysed: Sequence[Submission],

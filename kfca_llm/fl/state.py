@@ -25,6 +25,7 @@ from ..tensors import StateDict
 from .client import load_adapter_state
 from ..recipe import Recipe
 from .peer_pool import PeerPool, PoolSettings
+from .pool_settle import pending_from_arrays, pending_to_arrays
 from .records import FederationResult, RoundRecord
 
 _ROUND_DIR = re.compile(r"^round-(\d{3,})$")
@@ -83,6 +84,8 @@ def save_pool(out_dir: Path, t: int, pool: PeerPool) -> None:
     from safetensors.numpy import save
 
     arrays, metadata = pool.to_arrays()
+    pending, records = pending_to_arrays(pool)
+    arrays, metadata = {**arrays, **pending}, {**metadata, "pending": records}
     state = out_dir / "state" / f"round-{t:03d}"
     state.mkdir(parents=True, exist_ok=True)
     write_atomic(state / "pool.safetensors", save(arrays, metadata=metadata))
@@ -96,7 +99,10 @@ def load_pool(out_dir: Path, t: int, settings: PoolSettings) -> PeerPool:
     if not path.is_file():
         return PeerPool(settings)
     with safe_open(str(path), framework="numpy") as f:
-        return PeerPool.from_arrays(settings, {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {})
+        arrays, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata() or {}
+    pool = PeerPool.from_arrays(settings, arrays, metadata)
+    pool.pending = pending_from_arrays(arrays, metadata.get("pending", "[]"))
+    return pool
 
 
 def last_complete_round(out_dir: Path) -> int:

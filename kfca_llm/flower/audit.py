@@ -92,7 +92,10 @@ def verify_ledger(path: str | os.PathLike, *, expect_head: str | None = None, re
     by_round: dict[tuple[str, int], list[RewardRow]] = {}
     for row in contents.rewards:
         by_round.setdefault((row.run_id, row.round), []).append(row)
-    pools = PoolTracker(by_round)
+    settled: dict[tuple[str, int], list] = {}
+    for row in contents.settlements:
+        settled.setdefault((row.run_id, row.settled_in), []).append(row)
+    pools = PoolTracker(by_round, {(r.run_id, r.round): r for r in contents.rounds}, settled)
     checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend, pools)
               for r in contents.rounds]
     notes = schema_notes(contents.schema_version)
@@ -140,6 +143,19 @@ def check_chain(contents: LedgerContents) -> tuple[list[str], str | None]:
     orphans = sorted({(x.run_id, x.round) for x in (*contents.rewards, *contents.failures)} - keys)
     problems += [f"run {run[:8]} round {t}: rows of a round the ledger does not list (its round row was deleted)"
                  for run, t in orphans]
+    paid_rows = {(x.run_id, x.round, x.participant) for x in contents.rewards}
+    scored = {(r.run_id, r.round): r.status for r in contents.rounds}
+    for x in contents.settlements:
+        where = f"run {x.run_id[:8]} round {x.round}"
+        if (x.run_id, x.settled_in) not in keys:
+            problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, which the ledger does not "
+                            "list (a settlement added or its round deleted)")
+        elif scored.get((x.run_id, x.settled_in)) != SCORED:
+            problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, which was not scored "
+                            "(only a scored round's pool settles)")
+        elif (x.run_id, x.round, x.participant) not in paid_rows or x.settled_in <= x.round:
+            problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, but has no reward row "
+                            "in that earlier round to settle (added)")
     listed = {p.participant for p in contents.participants}
     if contents.schema_version >= FULL_CHAIN_VERSION:
         unlisted = sorted({r.participant for r in contents.rewards} - listed)

@@ -18,7 +18,10 @@ Tables (schema version 4):
   rows of any table breaks the chain (version 3 chains left out the ``runs`` and ``participants`` rows);
 * ``rewards``: one row per scored participant (paid reward after the duplicate policy, the node id it
   used, its peers, examples, SHA-256 of its packed sign words, unadjusted reward, duplicate group);
-* ``failures``: bad or refused replies, and round-level failures (``node_id`` NULL).
+* ``failures``: bad or refused replies, and round-level failures (``node_id`` NULL);
+* ``settlements``: participants of an earlier, undetermined round paid at the end of a later one (``settled_in``,
+  whose transaction writes them and whose chain hash covers them; ``fl.pool_settle``); a settled round pays the
+  settlement's reward instead of its own row's. Added to version 4 later: a ledger without the table has none.
 
 Beside the ledger, ``<ledger>.d/`` holds content-addressed files (named by their SHA-256): ``signs/`` the
 packed sign words of each participant of a round and the round's task words (``keep_signs``), ``global/``
@@ -46,7 +49,7 @@ from typing import Any
 from ..errors import InputError
 from .ledger_cells import open_for_reading, typed_rows
 from .ledger_rows import (ADDED_ROUND_COLUMNS, GENESIS, NOT_SCORED, READABLE_VERSIONS, SCHEMA_VERSION, SCORED, FailureRow, LedgerContents,
-                          Participant, RewardRow, RoundEntry, RoundRow, RunRow, canonical_json, chain_hash)
+                          Participant, RewardRow, RoundEntry, RoundRow, RunRow, SettlementRow, canonical_json, chain_hash)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -71,6 +74,12 @@ CREATE TABLE IF NOT EXISTS rewards (
 CREATE TABLE IF NOT EXISTS failures (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, node_id TEXT, participant TEXT, reason TEXT NOT NULL,
     FOREIGN KEY (run_id, round) REFERENCES rounds(run_id, round));
+CREATE TABLE IF NOT EXISTS settlements (
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, participant TEXT NOT NULL, settled_in INTEGER NOT NULL,
+    reward REAL NOT NULL, peers TEXT NOT NULL, unadjusted_reward REAL NOT NULL,
+    PRIMARY KEY (run_id, round, participant),
+    FOREIGN KEY (run_id, round, participant) REFERENCES rewards(run_id, round, participant),
+    FOREIGN KEY (run_id, settled_in) REFERENCES rounds(run_id, round));
 """
 
 
@@ -248,7 +257,8 @@ class Ledger:
                 (run,) = _rows(conn, RunRow, "runs", where=("run_id = ?", (r.run_id,)))
                 first_seen = _rows(conn, Participant, "participants",
                                    where=("first_run = ? AND first_round = ?", (r.run_id, r.round)))
-                digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures, run, first_seen)
+                digest = chain_hash(prev_hash, round_row, entry.rewards, entry.failures, run, first_seen,
+                                    entry.settlements)
                 conn.execute("INSERT INTO rounds (run_id, round, status, seed, categorical_world, valid_replies, "
                              "failed_replies, recorded_at, package_version, settings, layout, task_sha256, signs_kept, "
                              "global_sha256, prev_hash, chain_hash, undetermined, reference_sha256) "
@@ -267,6 +277,11 @@ class Ledger:
                 for f in entry.failures:
                     conn.execute("INSERT INTO failures VALUES (?, ?, ?, ?, ?)",
                                  (f.run_id, f.round, f.node_id, f.participant, f.reason))
+                # Inserted after the round's row: the foreign key names it.
+                for t in entry.settlements:
+                    conn.execute("INSERT INTO settlements VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 (t.run_id, t.round, t.participant, t.settled_in, t.reward, json.dumps(list(t.peers)),
+                                  t.unadjusted_reward))
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
@@ -291,6 +306,10 @@ def _check_same_settings(interrupted: Mapping[str, Any], resumed: Mapping[str, A
 def _rows(conn: sqlite3.Connection, cls: type, table: str, columns: Mapping[str, str] = {},
           where: tuple[str, tuple] | None = None, bad: list[str] | None = None) -> list:
     return typed_rows(conn, cls, table, columns=columns, where=where, bad=bad)
+
+
+def _has_table(conn: sqlite3.Connection, table: str) -> bool:
+    return conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()[0] > 0
 
 
 def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
@@ -329,6 +348,7 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
                                                           if not _has_column(conn, "rounds", c)}, bad=bad)
                 runs = _rows(conn, RunRow, "runs", runs_columns, bad=bad)
                 participants = _rows(conn, Participant, "participants", bad=bad)
+                settlements = _rows(conn, SettlementRow, "settlements", bad=bad) if _has_table(conn, "settlements") else []
             else:
                 rewards = _rows(conn, RewardRow, "rewards", {
                     **_OLD_REWARDS, **({"unadjusted_reward": "reward", "duplicate_group": "NULL"} if version == 1
@@ -338,9 +358,9 @@ def read_ledger(path: str | os.PathLike) -> LedgerContents:
                 has_runs = conn.execute("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
                 settings = _OLD_ROUNDS["settings"].format(duplicates=duplicates) if has_runs.fetchone()[0] else "'{}'"
                 rounds = _rows(conn, RoundRow, "rounds", {**_OLD_ROUNDS, "settings": settings}, bad=bad)
-                runs, participants = [], []
+                runs, participants, settlements = [], [], []
     except sqlite3.DatabaseError as exc:
         raise InputError(f"cannot read the reward ledger {str(path)!r}: {exc}") from exc
     except OSError as exc:
         raise InputError(f"cannot read the reward ledger {str(path)!r}: {exc}") from exc
-    return LedgerContents(rewards, failures, rounds, runs, participants, version, bad)
+    return LedgerContents(rewards, failures, rounds, runs, participants, version, bad, settlements)

@@ -42,6 +42,21 @@ class RewardRow:
 
 
 @dataclass(frozen=True)
+class SettlementRow:
+    """A participant of an earlier, undetermined round, paid at the end of a later round (``fl.pool_settle``)."""
+
+    run_id: str
+    round: int
+    """The round whose submission is paid (its ``rewards`` row holds 0 and the score it had then)."""
+    participant: str
+    settled_in: int
+    """The round whose transaction (and chain hash) holds this row."""
+    reward: float
+    peers: tuple[str, ...]
+    unadjusted_reward: float
+
+
+@dataclass(frozen=True)
 class FailureRow:
     run_id: str
     round: int
@@ -113,12 +128,18 @@ class LedgerContents:
     schema_version: int = SCHEMA_VERSION
     bad_rows: list[str] = field(default_factory=list)
     """Rows left out because a cell is not of its field's type, one line each (table, rowid, column, why)."""
+    settlements: list[SettlementRow] = field(default_factory=list)
+
+    def paid(self) -> list[tuple[RewardRow, float]]:
+        """Each reward row with what it pays: its settlement's reward where a later round settled it, else its own."""
+        settled = {(s.run_id, s.round, s.participant): s.reward for s in self.settlements}
+        return [(row, settled.get((row.run_id, row.round, row.participant), row.reward)) for row in self.rewards]
 
     def totals(self) -> dict[str, float]:
-        """Total reward per participant over every run and round (sorted by identity)."""
+        """Total reward per participant over every run and round, settlements included (sorted by identity)."""
         out: dict[str, float] = {}
-        for row in self.rewards:
-            out[row.participant] = out.get(row.participant, 0.0) + row.reward
+        for row, reward in self.paid():
+            out[row.participant] = out.get(row.participant, 0.0) + reward
         return dict(sorted(out.items()))
 
 
@@ -143,6 +164,8 @@ class RoundEntry:
     undetermined: Sequence[str] | None = None
     reference_sha256: str | None = None
     """SHA-256 of the reference's sign words (its bytes in ``signs`` when kept); None: no reference."""
+    settlements: Sequence[SettlementRow] = ()
+    """Earlier undetermined rounds' participants this round settled (``fl.pool_settle``)."""
 
 
 def canonical_json(value: Any) -> str:
@@ -155,9 +178,11 @@ def sha256_hex(data: bytes) -> str:
 
 
 def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow], failures: Sequence[FailureRow],
-               run: RunRow | None = None, participants: Sequence[Participant] | None = None) -> str:
+               run: RunRow | None = None, participants: Sequence[Participant] | None = None,
+               settlements: Sequence[SettlementRow] = ()) -> str:
     """SHA-256 over the previous round's hash and every field of this round, its rewards and failures, and
-    (schema 4) of its run's row and the participants first seen in it (None: a version 3 chain)."""
+    (schema 4) of its run's row, the participants first seen in it (None: a version 3 chain) and the settlements it
+    made (hashed only where there are some: rounds before settlements keep their hash)."""
     # A field added later is hashed only where it is recorded: rounds written before it keep their hash.
     body = {"round": {f.name: getattr(round_row, f.name) for f in fields(RoundRow)
                       if f.name not in ("prev_hash", "chain_hash")
@@ -168,6 +193,8 @@ def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow]
         body["run"] = _plain(run)
     if participants is not None:
         body["participants"] = [_plain(p) for p in sorted(participants, key=lambda p: p.participant)]
+    if settlements:
+        body["settlements"] = [_plain(t) for t in sorted(settlements, key=lambda t: (t.round, t.participant))]
     return sha256_hex((prev_hash + canonical_json(body)).encode())
 
 
@@ -189,6 +216,9 @@ def chain_hasher(contents: LedgerContents):
         failures.setdefault((f.run_id, f.round), []).append(f)
     for p in contents.participants:
         first_seen.setdefault((p.first_run, p.first_round), []).append(p)
+    settled: dict[tuple[str, int], list[SettlementRow]] = {}
+    for t in contents.settlements:
+        settled.setdefault((t.run_id, t.settled_in), []).append(t)
     runs = {r.run_id: r for r in contents.runs}
     full = contents.schema_version >= FULL_CHAIN_VERSION
 
@@ -199,7 +229,7 @@ def chain_hasher(contents: LedgerContents):
         if round_row.run_id not in runs:  # its run's row is gone: nothing it could hash to
             return ""
         return chain_hash(prev_hash, round_row, rewards.get(key, []), failures.get(key, []), runs[round_row.run_id],
-                          first_seen.get(key, []))
+                          first_seen.get(key, []), settled.get(key, []))
 
     return hash_round
 
@@ -215,19 +245,24 @@ DISTINGUISHABLE_Z = 1.96
 def ledger_summary(contents: LedgerContents) -> list[dict]:
     """Per participant: label, the node ids it used, total reward, rounds paid, mean per paid round, the mean's
     standard error (sample standard deviation / sqrt(rounds); None below 2 rounds), whether the mean lies
-    ``DISTINGUISHABLE_Z`` standard errors from zero (None below 2 rounds), and the paid rounds that were
-    undetermined (``RoundRow.undetermined``)."""
+    ``DISTINGUISHABLE_Z`` standard errors from zero (None below 2 rounds), the rounds that were undetermined
+    (``RoundRow.undetermined``) and, of those, the ones a later round settled (``SettlementRow``); a settled round
+    counts with its settled reward."""
     paid: dict[str, list[float]] = {}
     nodes: dict[str, list[str]] = {}
     undetermined = {(r.run_id, r.round): set(r.undetermined or ()) for r in contents.rounds}
+    settled_keys = {(s.run_id, s.round, s.participant) for s in contents.settlements}
     unsure: dict[str, int] = {}
-    for row in contents.rewards:
-        paid.setdefault(row.participant, []).append(row.reward)
+    settled: dict[str, int] = {}
+    for row, reward in contents.paid():
+        paid.setdefault(row.participant, []).append(reward)
         used = nodes.setdefault(row.participant, [])
         if row.node_id not in used:
             used.append(row.node_id)
         if row.participant in undetermined.get((row.run_id, row.round), ()):
             unsure[row.participant] = unsure.get(row.participant, 0) + 1
+            if (row.run_id, row.round, row.participant) in settled_keys:
+                settled[row.participant] = settled.get(row.participant, 0) + 1
     labels = {p.participant: p.label for p in contents.participants}
     out = []
     for who, total in contents.totals().items():
@@ -240,5 +275,5 @@ def ledger_summary(contents: LedgerContents) -> list[dict]:
         distinguishable = None if se is None else (abs(mean) > DISTINGUISHABLE_Z * se if se > 0 else mean != 0)
         out.append({"participant": who, "label": labels.get(who), "node_ids": nodes[who], "total": total,
                     "rounds": n, "mean": mean, "std_error": se, "distinguishable_from_zero": distinguishable,
-                    "undetermined_rounds": unsure.get(who, 0)})
+                    "undetermined_rounds": unsure.get(who, 0), "settled_rounds": settled.get(who, 0)})
     return out

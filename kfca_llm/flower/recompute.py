@@ -28,7 +28,7 @@ from ..engine.layout import Layout
 from ..errors import InputError
 from ..report import printable
 from .ledger import store_dir
-from .ledger_rows import SCORED, RewardRow, RoundRow, sha256_hex
+from .ledger_rows import SCORED, RewardRow, RoundRow, SettlementRow, sha256_hex
 
 MATCH, MISMATCH, UNVERIFIABLE, DAMAGED = "match", "mismatch", "unverifiable", "damaged"
 STATUSES = (MATCH, MISMATCH, UNVERIFIABLE, DAMAGED)
@@ -99,21 +99,27 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
             reference = _read_words(ledger, round_row.reference_sha256, n_bytes)
         if "pool" in round_row.settings and pools is None:
             raise _Unverifiable("a round scored with a peer pool needs the earlier rounds to rebuild it")
-        pool = None if pools is None else pools.before(round_row, lambda sha: _read_words(ledger, sha, n_bytes))
+        def read(sha: str) -> np.ndarray:
+            return _read_words(ledger, sha, n_bytes)
+
+        pool = None if pools is None else pools.before(round_row, read)
         try:
             report = _rescore(round_row, words, task, backend, pool, reference)
         except (InputError, ValueError, TypeError, KeyError) as exc:  # hostile settings the chain still covers
             raise _Unverifiable(f"this version cannot score the round with its recorded settings "
                                 f"({printable(str(exc))[:160]})") from None
+        settled = [] if pools is None else pools.check_settlements(round_row, read)
     except _Damaged as exc:
         return dataclasses.replace(check, status=DAMAGED, detail=str(exc))
     except _Unverifiable as exc:
         return dataclasses.replace(check, detail=str(exc))
-    mismatched = _compare(report, rows)
+    mismatched = _compare(report, rows) + settled
     if mismatched:
         return dataclasses.replace(check, status=MISMATCH, detail=f"{len(mismatched)} row(s) differ",
                                    rows=tuple(mismatched))
-    return dataclasses.replace(check, status=MATCH, detail=f"{len(rows)} rewards recomputed")
+    done = pools.settled_in(round_row) if pools is not None else 0
+    return dataclasses.replace(check, status=MATCH, detail=f"{len(rows)} rewards recomputed"
+                               + (f", {done} settlement(s) of earlier rounds" if done else ""))
 
 
 class _Unverifiable(Exception):
@@ -172,55 +178,133 @@ def updates_from_words(layout: Sequence[tuple[str, tuple[int, ...]]], words: np.
     return out
 
 
-def pool_from_rows(settings: Mapping[str, Any], run_id: str, round_: int,
-                   earlier: Mapping[tuple[str, int], Sequence[RewardRow]], read_words) -> Any:
-    """The peer pool a run had at ``round_``, from its rounds 1 to ``round_ - 1``: each participant not in a group
-    of copies, with the words ``read_words(sha256)`` gives (None: a round recorded without a pool)."""
-    from ..fl.peer_pool import PeerPool, recorded_pool_settings
+def pending_from_rows(round_row: RoundRow, rows: Sequence[RewardRow], read_words) -> Any:
+    """The ``fl.pool_settle.PendingRound`` a live run kept after ``round_row`` (undetermined participants waiting), from
+    its rows and kept words (None: nobody waited)."""
+    from ..fl.pool_settle import PendingRound
 
-    if "pool" not in settings:
+    settings = round_row.settings
+    if round_row.status != SCORED or not round_row.undetermined or round_row.layout is None:
         return None
-    pool = PeerPool(recorded_pool_settings(settings["pool"]))
-    for t in range(1, round_):
-        rows = [r for r in earlier.get((run_id, t), []) if r.duplicate_group is None]
-        pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows},
-                       {r.participant: r.unadjusted_reward for r in rows})
-    return pool
+    words = {r.participant: np.ascontiguousarray(read_words(r.sign_sha256), dtype=np.int32)
+             for r in sorted(rows, key=lambda r: r.participant)}
+    pairs = tuple((r.participant, p) for r in sorted(rows, key=lambda r: r.participant) for p in r.peers if p in words)
+    return PendingRound(round_row.round, round_row.seed, tuple(round_row.layout), words,
+                        np.ascontiguousarray(read_words(round_row.task_sha256), dtype=np.int32), pairs,
+                        tuple(round_row.undetermined), settings["penalty"], float(settings["bonus_fraction"]),
+                        settings["duplicates"], DuplicateRule(**settings["duplicate_rule"]))
+
+
+def _settlement(row: SettlementRow):
+    from ..fl.pool_settle import Settlement
+
+    return Settlement(row.round, row.settled_in, row.participant, row.reward, row.unadjusted_reward, tuple(row.peers))
 
 
 class PoolTracker:
-    """Each run's peer pool as ``verify_ledger`` walks the rounds in commit order: built once, round by round, from
-    the earlier rounds' kept signs (as ``KFCAStrategy`` built it), so a run of T rounds reads each file once."""
+    """Each run's peer pool as ``verify_ledger`` walks the rounds in commit order, and as a resumed ``KFCAStrategy``
+    rebuilds it: built once, round by round, from the rounds' kept signs (as the live run built it: each round added,
+    its undetermined participants kept pending, the settlements it recorded applied), so a run of T rounds reads each
+    file once."""
 
-    def __init__(self, by_round: Mapping[tuple[str, int], Sequence[RewardRow]]):
+    def __init__(self, by_round: Mapping[tuple[str, int], Sequence[RewardRow]],
+                 rounds: Mapping[tuple[str, int], RoundRow] | None = None,
+                 settlements: Mapping[tuple[str, int], Sequence[SettlementRow]] | None = None):
         self._by_round = by_round
+        self._rounds = rounds or {}
+        self._settled = settlements or {}
         self._pools: dict[str, tuple[Any, int]] = {}
         self._broken: dict[str, str] = {}
 
     def before(self, round_row: RoundRow, read_words) -> Any:
         """The pool ``round_row``'s run had before it (None: scored without one); ``_Unverifiable`` when an earlier
         round's signs cannot be read."""
+        if "pool" not in round_row.settings:
+            return None
+        return self._advance(round_row.run_id, round_row.settings, round_row.round - 1, read_words)
+
+    def rebuilt(self, run: str, settings: Mapping[str, Any], last_round: int, read_words) -> Any:
+        """The pool a run recorded with ``settings`` had after ``last_round`` (a resumed ``KFCAStrategy`` goes on with
+        it); ``InputError`` when it cannot be rebuilt."""
         from ..fl.peer_pool import PeerPool, recorded_pool_settings
 
-        settings, run = round_row.settings, round_row.run_id
-        if "pool" not in settings:
-            return None
+        if last_round < 1:
+            return PeerPool(recorded_pool_settings(settings["pool"]))
+        try:
+            return self._advance(run, settings, last_round, read_words)
+        except _Unverifiable as exc:
+            raise InputError(str(exc)) from None
+
+    def settled_in(self, round_row: RoundRow) -> int:
+        return len(self._settled.get((round_row.run_id, round_row.round), []))
+
+    def check_settlements(self, round_row: RoundRow, read_words) -> list[str]:
+        """The settlements ``round_row`` recorded, each scored again on the pool as it stood after the round was added
+        (before any of them applied): one line per row that differs."""
+        rows = self._settled.get((round_row.run_id, round_row.round), [])
+        if not rows:
+            return []
+        if "pool" not in round_row.settings:
+            return [f"{len(rows)} settlement(s) in a round scored without a peer pool"]
+        self.before(round_row, read_words)
+        return self._advance(round_row.run_id, round_row.settings, round_row.round, read_words, check=rows)
+
+    def _advance(self, run: str, settings: Mapping[str, Any], upto: int, read_words, check=None) -> Any:
+        from ..fl.peer_pool import PeerPool, recorded_pool_settings
+        from ..fl.pool_settle import apply_settlements
+
         if run in self._broken:
             raise _Unverifiable(self._broken[run])
         try:
             pool, done = self._pools.get(run) or (PeerPool(recorded_pool_settings(settings["pool"])), 1)
         except (TypeError, AttributeError, InputError) as exc:
             raise _Unverifiable(f"this version cannot rebuild the round's peer pool ({exc})") from None
+        found = None
         try:
-            for t in range(done, round_row.round):
-                rows = [r for r in self._by_round.get((run, t), []) if r.duplicate_group is None]
-                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows},
-                               {r.participant: r.unadjusted_reward for r in rows})
-        except (_Damaged, _Unverifiable, InputError) as exc:
-            self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs ({exc})"
+            for t in range(done, upto + 1):
+                rows = self._by_round.get((run, t), [])
+                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows if r.duplicate_group is None},
+                               {r.participant: r.unadjusted_reward for r in rows if r.duplicate_group is None})
+                round_row = self._rounds.get((run, t))
+                pending = None if round_row is None or not pool.settings.enabled else pending_from_rows(
+                    round_row, rows, read_words)
+                if pending is not None:
+                    pool.pending[t] = pending
+                recorded = self._settled.get((run, t), [])
+                if check is not None and t == upto:
+                    found = _settlement_mismatches(pool, t, check)
+                apply_settlements(pool, t, [_settlement(r) for r in recorded])
+        except (_Damaged, _Unverifiable, InputError, KeyError, TypeError, ValueError) as exc:
+            self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs or records ({exc})"
             raise _Unverifiable(self._broken[run]) from None
-        self._pools[run] = (pool, round_row.round)
-        return pool
+        self._pools[run] = (pool, max(done, upto + 1))
+        return pool if check is None else found
+
+
+def _settlement_mismatches(pool, horizon: int, rows: Sequence[SettlementRow]) -> list[str]:
+    from ..fl.pool_settle import score_pending, settles
+
+    out = []
+    for row in rows:
+        pending = pool.pending.get(row.round)
+        if pending is None or row.participant not in pending.waiting:
+            out.append(f"{row.participant}: settlement of round {row.round} at round {horizon}, which was not waiting "
+                       f"to be settled then")
+            continue
+        pooled = score_pending(pool, pending, horizon)
+        if row.participant not in settles(pool, pending, pooled, horizon):
+            out.append(f"{row.participant}: round {row.round} settled at round {horizon}, where the pool could not "
+                       f"settle it yet")
+            continue
+        report = pooled.report
+        expected = (report.rewards[row.participant], report.unadjusted_rewards[row.participant],
+                    tuple(report.peers[row.participant]))
+        stored = (row.reward, row.unadjusted_reward, tuple(row.peers))
+        if expected != stored:
+            names = ("reward", "unadjusted_reward", "peers")
+            out.append(f"{row.participant} (round {row.round}, settled): " + ", ".join(
+                f"{n} {s!r} (recomputed {e!r})" for n, s, e in zip(names, stored, expected) if s != e))
+    return out
 
 
 def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None,

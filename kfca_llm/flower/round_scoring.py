@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from logging import WARNING
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -20,11 +20,12 @@ from flwr.common import log
 from ..engine.duplicates import DuplicateRule
 from ..errors import InputError
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
+from ..fl.pool_settle import Settlement, keep_pending, settle_due
 from ..packer import SignPacker
 from ..report import RewardReport
 from .ledger import global_path, read_ledger, signs_path
 from .ledger_rows import sha256_hex
-from .recompute import pool_from_rows, words_bytes
+from .recompute import PoolTracker, words_bytes
 
 REWARD_METRIC_PREFIX = "kfca.reward."
 
@@ -40,6 +41,8 @@ class ScoredRound:
     """The words to keep beside the ledger, by SHA-256 (empty: not kept)."""
     reference_sha256: str | None = None
     """SHA-256 of the reference's sign words the round was scored against (None: none); kept in ``signs``."""
+    settlements: list[Settlement] = field(default_factory=list)
+    """Participants of earlier undetermined rounds this round's pool settled (``fl.pool_settle``)."""
 
     @property
     def report(self) -> RewardReport:
@@ -59,6 +62,7 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
     out["kfca.failed-replies"] = sum(node is not None for node, _ in failures)
     out["kfca.copies"] = 0 if report is None else sum(len(g.clients) for g in report.duplicates)
     out["kfca.own-resubmissions"] = 0 if scored is None else len(scored.pooled.own_resubmissions)
+    out["kfca.settled"] = 0 if scored is None else len(scored.settlements)
     if report is not None:
         for node, reward in report.rewards.items():
             out[REWARD_METRIC_PREFIX + node] = float(reward)
@@ -77,10 +81,17 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
     copies = {c for g in pooled.report.duplicates for c in g.clients}
     pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies},
                    pooled.report.unadjusted_rewards)
+    keep_pending(pool, packer, server_round, pooled, seed=seed, participants=packer.clients, penalty=penalty,
+                 bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule)
+    settlements = settle_due(pool, server_round)
+    for settled in settlements:
+        log(INFO, "KFCA: round %s settles %s's undetermined round %s: paid %+.4f (the pool on both sides of it "
+            "tells who deviated now)", server_round, settled.participant, settled.round, settled.reward)
     if pooled.undetermined:
         log(WARNING, "KFCA: round %s is undetermined for %s: fewer than min_peers=%s distinct peers (in this "
             "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted and their "
-            "rewards cannot tell who deviated. Raise the clients per round (fraction_train / min_train_nodes), "
+            "rewards cannot tell who deviated yet: not paid now, settled by a later round once the pool on both sides "
+            "of it can tell (within the window). Raise the clients per round (fraction_train / min_train_nodes), "
             "lower min_peers, or widen pool_window", server_round, ", ".join(pooled.undetermined),
             pool.settings.min_peers, pool.settings.window)
     if own := pooled.own_resubmissions:
@@ -101,17 +112,24 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
         if keep_signs:
             kept[reference_sha] = reference_bytes
     layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
-    return ScoredRound(pooled, digests, layout, task_sha, kept, reference_sha)
+    return ScoredRound(pooled, digests, layout, task_sha, kept, reference_sha, settlements)
 
 
 def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id: str, round_offset: int,
                  pool_settings: PoolSettings) -> PeerPool:
-    """The pool the interrupted run had, from the ledger's kept signs (an empty one, with a warning, when the
-    signs were not kept: the next rounds then borrow fewer peers than an uninterrupted run would)."""
+    """The pool the interrupted run had (its undetermined rounds still waiting included), from the ledger's kept signs
+    (an empty one, with a warning, when the signs were not kept: the next rounds then borrow fewer peers, and settle
+    nothing of the rounds before the resume)."""
+    contents = read_ledger(ledger)
     earlier: dict[tuple[str, int], list] = {}
-    for row in read_ledger(ledger).rewards:
+    for row in contents.rewards:
         if row.run_id == run_id:
             earlier.setdefault((row.run_id, row.round), []).append(row)
+    settled: dict[tuple[str, int], list] = {}
+    for row in contents.settlements:
+        if row.run_id == run_id:
+            settled.setdefault((row.run_id, row.settled_in), []).append(row)
+    rounds = {(r.run_id, r.round): r for r in contents.rounds if r.run_id == run_id}
 
     def read(sha: str) -> np.ndarray:
         path = signs_path(ledger, sha)
@@ -121,8 +139,8 @@ def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id:
         return np.frombuffer(data, dtype="<i4")
 
     try:
-        return pool_from_rows(settings, run_id, round_offset + 1, earlier, read)
-    except InputError as exc:
+        return PoolTracker(earlier, rounds, settled).rebuilt(run_id, settings, round_offset, read)
+    except (InputError, ValueError) as exc:
         log(WARNING, "KFCA: the peer pool restarts empty after the resume (%s)", exc)
         return PeerPool(pool_settings)
 

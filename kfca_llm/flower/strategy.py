@@ -36,6 +36,7 @@ from ..engine.duplicates import DuplicateRule, check_duplicate_policy
 from ..errors import InputError, NoTasksError
 from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation_weights, check_weak_verdict
 from ..fl.peer_pool import PeerPool, PoolSettings
+from ..fl.pool_settle import Settlement
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
@@ -45,7 +46,7 @@ from ..tensors import is_float
 from .audit import update_sha256
 from .identity import Claim, Identity, check_identity_mode
 from .ledger import Ledger, global_path
-from .ledger_rows import FailureRow, Participant, RewardRow, RoundEntry, sha256_hex
+from .ledger_rows import FailureRow, Participant, RewardRow, RoundEntry, SettlementRow, sha256_hex
 from .logs import ledger_round_numbers
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 from .recompute import scoring_settings
@@ -183,6 +184,8 @@ class KFCAStrategy(Strategy):
         self.node_ids: dict[int, dict[str, str]] = {}
         self.reports: dict[int, RewardReport] = {}
         self.undetermined: dict[int, tuple[str, ...]] = {}
+        self.settlements: dict[int, list[Settlement]] = {}
+        """Round -> the earlier undetermined rounds' participants it settled (``fl.pool_settle``)."""
         """Round -> participants paid with fewer than ``min_peers`` distinct peers (scored rounds only)."""
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
@@ -358,6 +361,7 @@ class KFCAStrategy(Strategy):
             self.node_ids[server_round] = {p: node_of[p] for p in report.rewards}
             self.reports[server_round] = report
             self.undetermined[server_round] = scored.pooled.undetermined
+            self.settlements[server_round] = list(scored.settlements)
             peers = report.peers
             group_of = {c: g.clients for g in report.duplicates for c in g.clients}
             rows = [RewardRow(self.run_id, server_round, who, node_of[who], float(reward), tuple(peers[who]),
@@ -383,7 +387,10 @@ class KFCAStrategy(Strategy):
                 signs=scored.signs if scored is not None and self.keep_signs else None,
                 global_arrays=global_arrays, new_participants=new,
                 undetermined=None if scored is None else scored.pooled.undetermined,
-                reference_sha256=None if scored is None else scored.reference_sha256))
+                reference_sha256=None if scored is None else scored.reference_sha256,
+                settlements=[] if scored is None else [
+                    SettlementRow(self.run_id, t.round, t.participant, t.settled_in, t.reward, t.peers,
+                                  t.unadjusted_reward) for t in scored.settlements]))
             if self._post is not None:
                 self._post.issue(rows, digest)
             if global_arrays is not None and previous not in (None, global_arrays[0]):

@@ -61,6 +61,21 @@ def test_the_log_line_is_the_one_the_strategy_writes(caplog):
     assert logged == shown.replace("A, B", ", ".join(strategy.undetermined[1]))
 
 
+def test_the_settlement_log_line_is_the_one_the_strategy_writes(caplog):
+    shown = one_block(PAGE, "text", "undetermined round 1: paid").strip()
+    random.seed(0)
+    strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=None)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        strategy.start(grid=LocalGrid({n: numpy_node("honest") for n in range(1, 21)}), initial_arrays=initial_arrays(),
+                       num_rounds=12)
+    settled = [s for ss in strategy.settlements.values() for s in ss if s.round == 1]
+    assert settled
+    first = settled[0]
+    expected = (shown.replace("round 7", f"round {first.settled_in}").replace("A's", f"{first.participant}'s")
+                .replace("+0.1008", f"{first.reward:+.4f}"))
+    assert expected in [r.getMessage() for r in caplog.records]
+
+
 def test_the_csv_header_is_the_one_kfca_llm_ledger_prints(tmp_path, capsys):
     ledger = tmp_path / "rewards.sqlite"
     random.seed(0)

@@ -151,7 +151,7 @@ def test_ledger_command_prints_balances_as_table_and_csv(tmp_path, capsys):
     assert main(["ledger", str(ledger), "--csv"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == ("participant,label,node_ids,total,rounds,mean,std_error,distinguishable_from_zero,"
-                        "undetermined_rounds")
+                        "undetermined_rounds,settled_rounds")
     rows = {line.split(",")[0]: line.split(",")[1:] for line in lines[1:]}
     assert {n: float(v[2]) for n, v in rows.items()} == totals  # repr: the exact float
     # Two rounds: the standard error of the mean is half their difference; distinguishable beyond 1.96 of them.

@@ -27,7 +27,7 @@ from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
 from kfca_llm.fl.peer_pool import PoolSettings  # noqa: E402
 from kfca_llm.flower.ledger_rows import ledger_summary  # noqa: E402
 
-NODES, ROUNDS, FLIPPER = 20, 24, 4
+NODES, ROUNDS, FLIPPER = 20, 24, 2  # node 2 trains in rounds 2 (undetermined), 5, 7, 11, 14, 16, 17
 PERSISTENT = {k: np.random.default_rng(5).standard_normal(s) for k, s in SHAPES.items()}
 
 
@@ -64,7 +64,7 @@ def test_two_per_round_and_the_flippers_honest_partners_are_paid_more_than_zero_
     flipper, met = pid(FLIPPER), 0
     for t, rewards in strategy.rewards.items():
         assert len(rewards) == 2
-        if flipper in rewards and t > 1:
+        if flipper in rewards and t > 2:
             (partner,) = set(rewards) - {flipper}
             assert rewards[partner] > 0 and rewards[partner] > rewards[flipper], (t, rewards)
             met += 1
@@ -79,18 +79,20 @@ def test_round_peers_only_pay_the_partner_what_the_flipper_is_paid(tmp_path):
     assert strategy.undetermined == {t: () for t in strategy.rewards}
 
 
-def test_rounds_one_and_two_are_undetermined_in_the_ledger_and_the_metrics_and_later_rounds_are_not(pooled):
-    # Round 2 borrows round 1's entries, but a lag's weight needs pool entries of two rounds: none yet.
+def test_the_first_rounds_are_undetermined_in_the_ledger_and_the_metrics_and_later_rounds_are_not(pooled):
+    # Round 2 borrows round 1's entries, but a lag's weight needs pool entries of two rounds: none yet; round 3's pool
+    # holds round 2's, where the flipper trained, and round 1's, too few vetted participants to outvote it.
     strategy, result, ledger = pooled
     rounds = read_ledger(ledger).rounds
-    assert [r.undetermined for r in rounds[:2]] == [tuple(sorted(strategy.rewards[t])) for t in (1, 2)]
-    assert all(r.undetermined == () for r in rounds[2:])
+    assert [r.undetermined for r in rounds[:3]] == [tuple(sorted(strategy.rewards[t])) for t in (1, 2, 3)]
+    assert all(r.undetermined == () for r in rounds[3:])
     metrics = result.train_metrics_clientapp
     assert metrics[1]["kfca.undetermined"] == 2 and metrics[1]["kfca.pool-peers"] == 0
-    assert metrics[2]["kfca.undetermined"] == 2
-    assert all(metrics[t]["kfca.undetermined"] == 0 and metrics[t]["kfca.pool-peers"] > 0 for t in range(3, ROUNDS + 1))
+    assert metrics[2]["kfca.undetermined"] == 2 and metrics[3]["kfca.undetermined"] == 2
+    assert all(metrics[t]["kfca.undetermined"] == 0 and metrics[t]["kfca.pool-peers"] > 0 for t in range(4, ROUNDS + 1))
+    assert sum(metrics[t]["kfca.settled"] for t in range(1, ROUNDS + 1)) == 6
     summary = {s["participant"]: s for s in ledger_summary(read_ledger(ledger))}
-    assert sum(s["undetermined_rounds"] for s in summary.values()) == 4
+    assert sum(s["undetermined_rounds"] for s in summary.values()) == 6
 
 
 def test_a_resumed_run_rebuilds_the_pool_from_the_ledger_with_its_scores_and_records(pooled):
@@ -125,12 +127,38 @@ def test_the_pools_scores_survive_its_saved_state():
     assert back.record("c0", 3) == pool.record("c0", 3) == 0.2 and back.record("c3", 3) is None
 
 
-def test_undetermined_rewards_are_recorded_but_not_paid(pooled):
-    _, _, ledger = pooled
-    rows = [r for r in read_ledger(ledger).rewards if r.round in (1, 2)]
-    assert len(rows) == 4 and all(r.reward == 0.0 for r in rows) and all(r.unadjusted_reward != 0.0 for r in rows)
-    summary = ledger_summary(read_ledger(ledger))
-    assert sum(s["total"] for s in summary) == pytest.approx(sum(r.reward for r in read_ledger(ledger).rewards))
+def paid(strategy) -> dict[int, dict[str, float]]:
+    """Each round's rewards with the later settlements of its undetermined participants."""
+    out = {t: dict(r) for t, r in strategy.rewards.items()}
+    for settlements in strategy.settlements.values():
+        for s in settlements:
+            out[s.round][s.participant] = s.reward
+    return out
+
+
+def test_undetermined_rewards_are_not_paid_in_their_round_and_settled_by_a_later_one(pooled):
+    strategy, _, ledger = pooled
+    contents = read_ledger(ledger)
+    rows = [r for r in contents.rewards if r.round in (1, 2, 3)]
+    assert len(rows) == 6 and all(r.reward == 0.0 for r in rows) and all(r.unadjusted_reward != 0.0 for r in rows)
+    # Every undetermined participant is settled within the window, by a later round, as the ledger records it.
+    settled = [s for ss in strategy.settlements.values() for s in ss]
+    assert sorted((s.round, s.participant) for s in settled) == sorted((r.round, r.participant) for r in rows)
+    assert all(s.round < s.settled_in <= s.round + strategy.pool.settings.window for s in settled)
+    assert sorted((s.round, s.participant, s.settled_in, s.reward) for s in contents.settlements) == sorted(
+        (s.round, s.participant, s.settled_in, s.reward) for s in settled)
+    assert strategy.pool.pending == {}
+    # The flipper's honest partners are paid more than zero and more than the flipper, in every round, settled ones too.
+    flipper, met = pid(FLIPPER), 0
+    for t, rewards in paid(strategy).items():
+        if flipper in rewards:
+            (partner,) = set(rewards) - {flipper}
+            assert rewards[partner] > 0 and rewards[partner] > rewards[flipper], (t, rewards)
+            met += t == 2
+    assert met == 1  # the flipper trained in an undetermined round (random.seed(7)'s draw)
+    summary = ledger_summary(contents)
+    assert sum(s["total"] for s in summary) == pytest.approx(sum(r for rs in paid(strategy).values() for r in rs.values()))
+    assert sum(s["settled_rounds"] for s in summary) == 6
 
 
 def test_a_ledger_of_the_earlier_pool_rule_is_unverifiable_where_the_pool_paid_never_a_false_mismatch(pooled, tmp_path):
@@ -196,7 +224,7 @@ def test_ledger_cli_shows_rounds_mean_standard_error_and_whether_distinguishable
     assert main(["ledger", str(ledger), "--csv"]) == 0
     header = capsys.readouterr().out.splitlines()[0]
     assert header == ("participant,label,node_ids,total,rounds,mean,std_error,distinguishable_from_zero,"
-                      "undetermined_rounds")
+                      "undetermined_rounds,settled_rounds")
 
 
 def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_logged(tmp_path, caplog):
@@ -239,3 +267,70 @@ def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_lo
     shown = one_block("docs/few-peers.md", "text", "resubmitted an earlier update").strip()
     assert resubmitted[0] == 5 and shown.replace(" A", " " + pid(stale)) in caplog.text
     assert main(["verify", str(ledger)]) == 0
+
+
+def _copy_ledger(ledger, target):
+    import shutil
+
+    shutil.copy(ledger, target)
+    shutil.copytree(f"{ledger}.d", f"{target}.d")
+    return target
+
+
+def test_settlements_verify_and_a_forged_moved_or_deleted_one_is_caught(pooled, tmp_path):
+    import sqlite3
+
+    from kfca_llm.flower.audit import verify_ledger
+
+    _, _, ledger = pooled
+    check = verify_ledger(ledger)
+    assert check.ok and {r.status for r in check.rounds} == {"match"}
+    settled_in = sorted({s.settled_in for s in read_ledger(ledger).settlements})
+    assert all("settlement(s) of earlier rounds" in check.rounds[t - 1].detail for t in settled_in)
+
+    # A settlement's pay raised and the chain resealed (an operator with write access): the recomputation disagrees.
+    raised = _copy_ledger(ledger, tmp_path / "raised.sqlite")
+    with sqlite3.connect(raised) as conn:
+        conn.execute("UPDATE settlements SET reward = reward + 0.5 WHERE round = 1")
+    reseal(raised)
+    check = verify_ledger(raised)
+    assert not check.chain_errors and not check.ok
+    bad = [r for r in check.rounds if r.status == "mismatch"]
+    assert [r.round for r in bad] == [settled_in[-1]] and all("settled" in line for line in bad[0].rows)
+
+    # Settled earlier than the pool could (round 1 paid at round 2, resealed): the pool at round 2 cannot settle it.
+    early = _copy_ledger(ledger, tmp_path / "early.sqlite")
+    with sqlite3.connect(early) as conn:
+        conn.execute("UPDATE settlements SET settled_in = 2 WHERE round = 1")
+    reseal(early)
+    check = verify_ledger(early)
+    assert any(r.round == 2 and r.status == "mismatch" and "could not settle it yet" in " ".join(r.rows)
+               for r in check.rounds)
+
+    # Deleted without resealing: the chain breaks; added for a round that was never recorded: listed.
+    deleted = _copy_ledger(ledger, tmp_path / "deleted.sqlite")
+    with sqlite3.connect(deleted) as conn:
+        conn.execute("DELETE FROM settlements WHERE round = 2")
+    assert any("do not hash" in e for e in verify_ledger(deleted).chain_errors)
+    forged = _copy_ledger(ledger, tmp_path / "forged.sqlite")
+    with sqlite3.connect(forged) as conn:
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("INSERT INTO settlements SELECT run_id, round, participant, 99, 1.0, '[]', 1.0 FROM rewards "
+                     "WHERE round = 4")
+    assert any("settled in round 99" in e for e in verify_ledger(forged).chain_errors)
+
+
+def test_a_resumed_run_keeps_the_undetermined_rounds_waiting_to_be_settled(pooled):
+    from kfca_llm.flower.round_scoring import resumed_pool
+
+    strategy, _, ledger = pooled
+    rebuilt = resumed_pool(ledger, strategy.settings, strategy.run_id, 3, strategy.pool.settings)
+    assert sorted(rebuilt.pending) == [1, 2, 3]
+    for t in (1, 2, 3):
+        assert rebuilt.pending[t].waiting == tuple(sorted(strategy.rewards[t]))
+        assert sorted(rebuilt.pending[t].words) == sorted(strategy.rewards[t])
+    # After the round that settled round 2 (and none of round 1 or 3 yet), only those wait.
+    first = min(s.settled_in for ss in strategy.settlements.values() for s in ss)
+    later = resumed_pool(ledger, strategy.settings, strategy.run_id, first, strategy.pool.settings)
+    still = {s.round for ss in strategy.settlements.values() for s in ss if s.settled_in > first}
+    assert sorted(later.pending) == sorted(still)
