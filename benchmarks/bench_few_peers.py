@@ -14,7 +14,8 @@ Per (deviation, setting): the honest partner's fine over the deviator's (sum ove
 trained beside an honest client of max(-reward, 0), honest over deviator; 1.0: fined alike; "-": the deviator
 was not fined), the honest partners paid > 0 and more than the deviator there, the share of honest participations paid < 0, the AUROC of per-client mean reward separating
 deviators from honest clients after T rounds (T = 10, 50, ... up to --rounds), the first round from which the
-AUROC stays 1.0, and the undetermined rounds. Deviations: the attack registry's flip, zero, random, stale
+AUROC stays 1.0, and the undetermined rounds never settled (the pool settles undetermined participants later, once
+the rounds on both sides of theirs can tell: ``fl.pool_settle``; a settled reward counts in its round). Deviations: the attack registry's flip, zero, random, stale
 (its first honest update, resubmitted), sparse:0.5, copy:0 (the partner's update of the round) and copy-pool
 (another client's update from an earlier round: a copy of a pool member).
 
@@ -54,11 +55,11 @@ REFERENCE_SETTING, FLTRUST_SETTING = "reference (no pool)", "FLTrust trust score
 class RandomDrawPool(PeerPool):
     """The pool drawing its peers at random among the window's distinct participants (seeded by round)."""
 
-    def candidates(self, before_round, participant, exclude):
+    def candidates(self, before_round, participant, exclude, horizon=None):
         everyone = PoolSettings(**{**self.settings.to_dict(), "pool_peers": 10**6})
         pool = PeerPool(everyone)
-        pool._rounds = self._rounds
-        entries = pool.candidates(before_round, participant, exclude)
+        pool._rounds, pool._scores = self._rounds, self._scores
+        entries = pool.candidates(before_round, participant, exclude, horizon)
         rng = np.random.default_rng([before_round, sum(map(ord, participant))])
         order = rng.permutation(len(entries))[:self.settings.pool_peers]
         return [entries[k] for k in sorted(order)]
@@ -215,19 +216,25 @@ def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake
                 rows.append({"deviation": deviation, "setting": name, **measure(trust, 0, len(updates))})
                 continue
             pool = None if settings is None else pool_class(settings)
-            rewards, undetermined = {}, 0
+            rewards, unsure = {}, {}
             for t, packer in packers.items():
                 reference = reference_signs(packer, updates[t][REFERENCE]) if name == REFERENCE_SETTING else None
-                scored = score_with_pool(packer, pool, t, seed=derive_seed(0, KFCA, t), reference=reference,
+                seed = derive_seed(0, KFCA, t)
+                scored = score_with_pool(packer, pool, t, seed=seed, reference=reference,
                                          reference_weight=DEFAULT_REFERENCE_WEIGHT)
-                rewards[t] = scored.report.rewards
-                undetermined += bool(scored.undetermined)
+                rewards[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
                 if pool is not None:
                     copies = {c for g in scored.report.duplicates for c in g.clients}
                     signs, _ = packer.words()
                     pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
                                    scored.report.unadjusted_rewards)
-            rows.append({"deviation": deviation, "setting": name, **measure(rewards, undetermined, len(updates))})
+                    keep_pending(pool, packer, t, scored, seed=seed, participants=packer.clients, penalty="expected",
+                                 bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
+                    for done in settle_due(pool, t):  # paid in its round from then on; no longer undetermined
+                        rewards[done.round][done.participant] = done.reward
+                        unsure[done.round].discard(done.participant)
+            rows.append({"deviation": deviation, "setting": name,
+                         **measure(rewards, sum(bool(u) for u in unsure.values()), len(updates))})
     return rows
 
 
@@ -304,7 +311,7 @@ def done_when_table(updates, seeds: int, length: int = 60) -> str:
 def markdown(rows: list[dict]) -> str:
     checkpoints = sorted({t for r in rows for t in r["auroc"]})
     lines = ["| deviation | setting | partner's fine / deviator's | partners paid > 0 and > deviator | honest paid < 0 | "
-             + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds |",
+             + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds never settled |",
              "|---|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
     for r in rows:
         ratio = "-" if r["partner_fine_ratio"] is None else f"{r['partner_fine_ratio']:.2f}"
