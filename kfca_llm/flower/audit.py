@@ -147,12 +147,9 @@ def check_chain(contents: LedgerContents) -> tuple[list[str], str | None]:
     scored = {(r.run_id, r.round): r.status for r in contents.rounds}
     for x in contents.settlements:
         where = f"run {x.run_id[:8]} round {x.round}"
-        if (x.run_id, x.settled_in) not in keys:
-            problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, which the ledger does not "
-                            "list (a settlement added or its round deleted)")
-        elif scored.get((x.run_id, x.settled_in)) != SCORED:
-            problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, which was not scored "
-                            "(only a scored round's pool settles)")
+        if scored.get((x.run_id, x.settled_in)) != SCORED:  # only a scored round's pool settles
+            why = "was not scored" if (x.run_id, x.settled_in) in keys else "the ledger does not list (added, or deleted)"
+            problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, which {why}")
         elif (x.run_id, x.round, x.participant) not in paid_rows or x.settled_in <= x.round:
             problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, but has no reward row "
                             "in that earlier round to settle (added)")
