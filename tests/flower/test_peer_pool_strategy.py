@@ -318,6 +318,14 @@ def test_settlements_verify_and_a_forged_moved_or_deleted_one_is_caught(pooled, 
         conn.execute("INSERT INTO settlements SELECT run_id, round, participant, 99, 1.0, '[]', 1.0 FROM rewards "
                      "WHERE round = 4")
     assert any("settled in round 99" in e for e in verify_ledger(forged).chain_errors)
+    # A settlement of a round its participant did not train in (a pay added for nothing): listed.
+    stray = _copy_ledger(ledger, tmp_path / "stray.sqlite")
+    with sqlite3.connect(stray) as conn:
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("INSERT INTO settlements SELECT run_id, 5, participant, 9, 1.0, '[]', 1.0 FROM rewards "
+                     "WHERE round = 4 AND participant NOT IN (SELECT participant FROM rewards WHERE round = 5)")
+    reseal(stray)
+    assert any("has no reward row" in e for e in verify_ledger(stray).chain_errors)
 
 
 def test_a_resumed_run_keeps_the_undetermined_rounds_waiting_to_be_settled(pooled):
