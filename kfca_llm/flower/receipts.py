@@ -2,7 +2,9 @@
 
 The ledger's hash chain is unkeyed: whoever can write the ledger can edit a row and recompute every hash
 after it. A receipt fixes the history at the time it was paid: the server signs, for every reward row, the
-round, the participant, its reward, the SHA-256 of the signs it was scored on and the round's chain hash,
+round, the participant, its reward, the SHA-256 of the signs it was scored on and the round's chain hash (and, for
+a later round's settlement of an undetermined round, the settled round, the settling round, the settled reward and
+the settling round's chain hash),
 with an Ed25519 key whose public half the operator publishes (``<key>.pub``). ``KFCAStrategy(receipt_key=
 PATH)`` signs them and sends each participant its receipts in the next message to its node (the evaluate
 round's, or the next round's training message; ``RECEIPTS_RECORD``); a node keeps them with
@@ -24,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import InputError
-from .ledger_rows import LedgerContents, RewardRow, canonical_json, sha256_hex
+from .ledger_rows import LedgerContents, RewardRow, SettlementRow, canonical_json, sha256_hex
 
 RECEIPTS_RECORD = "kfca.receipts"
 """The ``ConfigRecord`` of a train or evaluate message that carries the node's receipts (key ``receipts``)."""
@@ -36,6 +38,11 @@ MAX_RECEIPTS = 100_000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _FIELDS = {"version": int, "run_id": str, "round": int, "participant": str, "node_id": str, "reward": float,
            "unadjusted_reward": float, "sign_sha256": str, "chain_hash": str, "server_key": str}
+SETTLEMENT = "settlement"
+_SETTLEMENT_FIELDS = {"version": int, "kind": str, "run_id": str, "round": int, "settled_in": int, "participant": str,
+                      "reward": float, "unadjusted_reward": float, "chain_hash": str, "server_key": str}
+"""A settlement's receipt (``kind`` ``settlement``): the pay of an earlier, undetermined ``round``, made by the round
+``settled_in``, whose chain hash it carries."""
 
 
 def _crypto():
@@ -101,12 +108,18 @@ def read_public_key(spec: str | os.PathLike):
     return key
 
 
-def make_receipt(private_key, row: RewardRow, chain_hash: str) -> str:
-    """One participant's signed receipt for one round (JSON text)."""
-    body = {"version": RECEIPT_VERSION, "run_id": row.run_id, "round": row.round, "participant": row.participant,
-            "node_id": row.node_id, "reward": row.reward, "unadjusted_reward": row.unadjusted_reward,
-            "sign_sha256": row.sign_sha256, "chain_hash": chain_hash,
-            "server_key": public_hex(private_key.public_key())}
+def make_receipt(private_key, row: RewardRow | SettlementRow, chain_hash: str) -> str:
+    """One participant's signed receipt for one round, or for a later round's settlement of it (JSON text)."""
+    if isinstance(row, SettlementRow):
+        body = {"version": RECEIPT_VERSION, "kind": SETTLEMENT, "run_id": row.run_id, "round": row.round,
+                "settled_in": row.settled_in, "participant": row.participant, "reward": row.reward,
+                "unadjusted_reward": row.unadjusted_reward, "chain_hash": chain_hash,
+                "server_key": public_hex(private_key.public_key())}
+    else:
+        body = {"version": RECEIPT_VERSION, "run_id": row.run_id, "round": row.round, "participant": row.participant,
+                "node_id": row.node_id, "reward": row.reward, "unadjusted_reward": row.unadjusted_reward,
+                "sign_sha256": row.sign_sha256, "chain_hash": chain_hash,
+                "server_key": public_hex(private_key.public_key())}
     signature = private_key.sign(canonical_json(body).encode()).hex()
     return canonical_json({"receipt": body, "signature": signature})
 
@@ -122,9 +135,10 @@ def _parse(text: str | bytes) -> tuple[dict, bytes]:
     if not isinstance(item, dict) or set(item) != {"receipt", "signature"} or not isinstance(item["receipt"], dict):
         raise ValueError("not a receipt (keys 'receipt' and 'signature')")
     body, signature = item["receipt"], item["signature"]
-    if set(body) != set(_FIELDS):
-        raise ValueError(f"receipt fields {sorted(body)[:12]} are not {sorted(_FIELDS)}")
-    for name, kind in _FIELDS.items():
+    fields = _SETTLEMENT_FIELDS if body.get("kind") == SETTLEMENT else _FIELDS
+    if set(body) != set(fields):
+        raise ValueError(f"receipt fields {sorted(body)[:12]} are not {sorted(fields)}")
+    for name, kind in fields.items():
         value = body[name]
         ok = isinstance(value, (int, float) if kind is float else kind) and not isinstance(value, bool)
         if not ok:
@@ -187,6 +201,7 @@ def check_receipts(contents: LedgerContents, folder: str | os.PathLike, public_k
     key_hex = public_hex(public_key)
     rounds = {(r.run_id, r.round): r for r in contents.rounds}
     rows = {(r.run_id, r.round, r.participant): r for r in contents.rewards}
+    settled = {(r.run_id, r.round, r.participant): r for r in contents.settlements}
     files, problems = _receipt_files(Path(folder))
     problems += [f"run {r.run_id[:8]}: the ledger says its receipts were signed with the key {r.receipt_key[:16]}..., "
                  f"not the key given ({key_hex[:16]}...)" for r in contents.runs
@@ -205,14 +220,26 @@ def check_receipts(contents: LedgerContents, folder: str | os.PathLike, public_k
                             f"(signed by another key, or altered)")
             continue
         checked += 1
-        where = f"{path.name[:16]}...: run {body['run_id'][:8]} round {body['round']} ({body['participant'][:40]})"
-        round_row = rounds.get((body["run_id"], body["round"]))
+        settlement = body.get("kind") == SETTLEMENT
+        where = (f"{path.name[:16]}...: run {body['run_id'][:8]} round {body['round']}"
+                 + (f" settled in round {body['settled_in']}" if settlement else "") + f" ({body['participant'][:40]})")
+        round_row = rounds.get((body["run_id"], body["settled_in"] if settlement else body["round"]))
         if round_row is None:
             problems.append(f"{where}: the ledger has no such round (deleted)")
             continue
         if round_row.chain_hash != body["chain_hash"]:
             problems.append(f"{where}: the ledger's round hashes to {str(round_row.chain_hash)[:16]}..., the signed "
                             f"receipt to {body['chain_hash'][:16]}... (the round was rewritten after it was paid)")
+        if settlement:
+            row = settled.get((body["run_id"], body["round"], body["participant"]))
+            if row is None:
+                problems.append(f"{where}: the ledger has no settlement for this participant (deleted or relabelled)")
+                continue
+            signed = (body["reward"], body["unadjusted_reward"], body["settled_in"])
+            stored = (row.reward, row.unadjusted_reward, row.settled_in)
+            problems += [f"{where}: {n} is {s!r} in the ledger, {r!r} in the signed receipt"
+                         for n, s, r in zip(("reward", "unadjusted_reward", "settled_in"), stored, signed) if s != r]
+            continue
         row = rows.get((body["run_id"], body["round"], body["participant"]))
         if row is None:
             problems.append(f"{where}: the ledger has no reward row for this participant (deleted or relabelled)")
@@ -234,7 +261,7 @@ class ReceiptPost:
         """Participant -> receipts not yet in a message its node replied to."""
         self._attached: dict[int, list[str]] = {}
 
-    def issue(self, rows: Iterable[RewardRow], chain_hash: str) -> None:
+    def issue(self, rows: Iterable[RewardRow | SettlementRow], chain_hash: str) -> None:
         for row in rows:
             self.due.setdefault(row.participant, []).append(make_receipt(self.key, row, chain_hash))
 

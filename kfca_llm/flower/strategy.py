@@ -373,6 +373,9 @@ class KFCAStrategy(Strategy):
                         for node, reason in failures]
         new = [Participant(i.participant, i.label, i.key_fingerprint, self.run_id, server_round, node, "")
                for node, i in identities.items() if i.participant not in self._pins]
+        settled = [] if scored is None else [
+            SettlementRow(self.run_id, t.round, t.participant, t.settled_in, t.reward, t.peers, t.unadjusted_reward)
+            for t in scored.settlements]
         if self.ledger is not None:
             global_arrays = None
             if arrays is not None:
@@ -388,11 +391,9 @@ class KFCAStrategy(Strategy):
                 global_arrays=global_arrays, new_participants=new,
                 undetermined=None if scored is None else scored.pooled.undetermined,
                 reference_sha256=None if scored is None else scored.reference_sha256,
-                settlements=[] if scored is None else [
-                    SettlementRow(self.run_id, t.round, t.participant, t.settled_in, t.reward, t.peers,
-                                  t.unadjusted_reward) for t in scored.settlements]))
+                settlements=settled))
             if self._post is not None:
-                self._post.issue(rows, digest)
+                self._post.issue([*rows, *settled], digest)
             if global_arrays is not None and previous not in (None, global_arrays[0]):
                 # Only the newest round's arrays are needed to resume (they are not part of the audit).
                 global_path(self.ledger.path, previous).unlink(missing_ok=True)

@@ -5,6 +5,7 @@ per-round one and each node's noise. The strategy's defaults borrow pool peers; 
 (two participants, nothing pooled yet) undetermined, and ``kfca-llm verify`` recomputes the pooled rounds.
 """
 
+import json
 import logging
 import random
 import sys
@@ -342,3 +343,30 @@ def test_a_resumed_run_keeps_the_undetermined_rounds_waiting_to_be_settled(poole
     later = resumed_pool(ledger, strategy.settings, strategy.run_id, first, strategy.pool.settings)
     still = {s.round for ss in strategy.settlements.values() for s in ss if s.settled_in > first}
     assert sorted(later.pending) == sorted(still)
+
+
+def test_each_settlement_gets_a_signed_receipt_that_catches_a_resealed_settlement(tmp_path, monkeypatch):
+    import sqlite3
+
+    from kfca_llm.flower import receipts
+
+    issued = []
+    make = receipts.make_receipt
+    monkeypatch.setattr(receipts, "make_receipt", lambda *a: issued.append(make(*a)) or issued[-1])
+    ledger = tmp_path / "rewards.sqlite"
+    run(ledger, receipt_key=tmp_path / "server.key")
+    folder = tmp_path / "receipts"
+    receipts.save_receipts(issued, folder)
+    contents = read_ledger(ledger)
+    bodies = [json.loads(t)["receipt"] for t in issued]
+    settled = sorted((b["round"], b["participant"], b["settled_in"], b["reward"]) for b in bodies if "kind" in b)
+    assert settled and settled == sorted((s.round, s.participant, s.settled_in, s.reward) for s in contents.settlements)
+    key = receipts.read_public_key(tmp_path / "server.key.pub")
+    assert receipts.check_receipts(contents, folder, key) == ([], len(issued))
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("UPDATE settlements SET reward = reward + 1 WHERE round = 2")
+    reseal(ledger)
+    problems, _ = receipts.check_receipts(read_ledger(ledger), folder, key)
+    # The settlement's own receipt names the raised reward; every receipt from the resealed round on, the new hash.
+    assert [p for p in problems if "reward is" in p] == [p for p in problems if "settled in round" in p and "reward is" in p]
+    assert len([p for p in problems if "reward is" in p]) == 2
