@@ -85,10 +85,10 @@ def main(argv=None) -> int:
     strategy = done["strategy"]
     attacks = dict(part.split("=", 1) for part in args.attackers.split(",") if part)
     attack_of = {int(p): spec for p, spec in attacks.items()}
-    rounds, paid = [], {t: dict(r) for t, r in strategy.rewards.items()}
-    settled = {(s.round, s.participant): s.settled_in for ss in strategy.settlements.values() for s in ss}
-    for (t, who) in settled:
-        paid[t][who] = next(s.reward for s in strategy.settlements[settled[(t, who)]] if (s.round, s.participant) == (t, who))
+    rounds, paid, settled = [], {t: dict(r) for t, r in strategy.rewards.items()}, {}
+    for settlement in (s for ss in strategy.settlements.values() for s in ss):
+        paid[settlement.round][settlement.participant] = settlement.reward
+        settled[(settlement.round, settlement.participant)] = settlement.settled_in
     for t, rewards in sorted(paid.items()):
         nodes = strategy.node_ids[t]
         by_partition = {strategy.partition_of[nodes[who]]: r for who, r in rewards.items()}
