@@ -296,8 +296,8 @@ def done_when_replay(updates, seed: int, start: int, length: int, settle: bool =
 def done_when_table(updates, seeds: int, length: int = 60) -> str:
     """``done_when_replay`` over ``seeds`` draws in each window of ``length`` rounds (starts 70 rounds apart)."""
     length = min(length, len(updates))
-    lines = ["| window | replays | partners paid > 0 and > flipper (determined rounds) | meetings in undetermined "
-             "rounds | replays: every meeting right | replays: deviators below honest | replays: both |",
+    lines = ["| window | replays | partners paid > 0 and > flipper (paid rounds) | meetings never settled (neither "
+             "paid) | replays: every meeting right | replays: deviators below honest | replays: both |",
              "|---|---|---|---|---|---|---|"]
     for start in range(1, len(updates) - length + 2, 70):
         runs = [done_when_replay(updates, seed, start, length) for seed in range(seeds)]
