@@ -212,3 +212,11 @@ def test_recipe_benchmark_smoke(run_script, tmp_path):
     rewards = dict(item.split() for item in printed.split("mean rewards: ")[1].splitlines()[0].split(", "))
     assert rewards == {name: f"{entry['mean_reward']:+.4f}" for name, entry in report["strategies"].items()}
     assert float(rewards["honest"]) > 0 > float(rewards["flip"])
+
+
+def test_settle_benchmark_smoke(run_script):
+    """bench_settle.py --smoke: a pooled round and a settled pending round scored on one pool, their ratio printed."""
+    printed = run_script(["benchmarks/bench_settle.py", "--smoke", "--repeats", "1"])
+    line = next(line for line in printed.splitlines() if line.startswith("pooled round scored:"))
+    round_s, settle_s, ratio = (float(x) for x in re.findall(r"([0-9.]+)(?: s|$)", line))
+    assert round_s > 0 and settle_s > 0 and ratio == pytest.approx(settle_s / round_s, abs=0.006 + 1e-6 / round_s)
