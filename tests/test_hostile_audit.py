@@ -383,3 +383,16 @@ def test_a_ledger_path_that_is_not_a_ledger_is_one_error_line(tmp_path, capsys, 
         path.write_bytes(b"SQLite format 2\x00" + b"\x00" * 200)
     code, _, err = run_main(capsys, "verify", path)
     assert code == 2 and ("not a regular file" in err or "cannot read the reward ledger" in err)
+
+
+def test_a_type_confused_settlement_is_named_and_never_paid(kept, tmp_path, capsys):
+    """A settlement row (a later round's pay of an undetermined one) is read as hostile as any other row."""
+    ledger = copy_of(kept, tmp_path)
+    from kfca_llm.flower import read_ledger
+
+    before = read_ledger(ledger).totals()
+    edit(ledger, "INSERT INTO settlements SELECT run_id, round, participant, 2, 'abc', '[]', 0.0 FROM rewards "
+                 "WHERE rowid = 1")
+    code, out = verify(capsys, ledger)
+    assert code == 1 and "unreadable: settlements row 1: column 'reward' holds text where real or integer" in out
+    assert read_ledger(ledger).totals() == before
