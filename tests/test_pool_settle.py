@@ -103,14 +103,19 @@ def test_a_later_submission_matching_a_settled_one_does_not_make_it_a_copy():
 
 def test_pending_rounds_survive_their_arrays_and_a_misshapen_record_is_refused(settled_run):
     pool = PeerPool()
-    packer = pack_updates(round_updates(1, (0, 1), {1: "flip"}))
-    scored = score_with_pool(packer, pool, 1, seed=1)
-    keep_pending(pool, packer, 1, scored, seed=1, participants=packer.clients, penalty="expected",
-                 bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
+    updates = round_updates(1, (0, 1), {1: "flip"})
+    updates["c00/flip"] = {"w": -updates["c00"]["w"]}  # the attack analysis' side-by-side submission of c00
+    packer = pack_updates(updates)
+    owners = {"c00/flip": "c00"}
+    scored = score_with_pool(packer, pool, 1, seed=1, copy_candidates=["c00", "c01"], owners=owners,
+                             pairs=[("c00", "c01"), ("c01", "c00"), ("c00/flip", "c01")])
+    keep_pending(pool, packer, 1, scored, seed=1, participants=["c00", "c01"], penalty="expected",
+                 bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(), owners=owners)
     arrays, records = pending_to_arrays(pool)
     (back,) = pending_from_arrays(arrays, records).values()
     kept = pool.pending[1]
-    assert back.metadata() == kept.metadata() and back.waiting == ("c00", "c01")
+    assert back.metadata() == kept.metadata() and back.waiting == ("c00", "c00/flip", "c01")
+    assert back.owners == owners and back.pairs == (("c00", "c01"), ("c00/flip", "c01"), ("c01", "c00"))
     assert all(np.array_equal(back.words[c], kept.words[c]) for c in kept.words)
     assert np.array_equal(back.task, kept.task)
     bad = records.replace('"shapes": [["w", [48, 64]]]', '"shapes": [["w", [48, -64]]]')

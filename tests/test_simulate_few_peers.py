@@ -75,10 +75,17 @@ def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_s
     records = report["round_records"]
     assert report["undetermined_rounds"] == [1, 2]
     settled = {(s["round"], s["participant"]): (r["round"], s["reward"]) for r in records for s in r["settlements"]}
-    assert sorted(settled) == sorted((t, c) for t in (1, 2) for c in records[t - 1]["undetermined"])
+    real = {key: value for key, value in settled.items() if "/" not in key[1]}
+    assert sorted(real) == sorted((t, c) for t in (1, 2) for c in records[t - 1]["undetermined"])
     assert {at for at, _ in settled.values()} == {11, 12}
-    for (t, client), (_, reward) in settled.items():  # the settled round's record pays the settled reward
+    for (t, client), (_, reward) in real.items():  # the settled round's record pays the settled reward
         assert records[t - 1]["honest_rewards"][client] == reward and reward > 0
+    # The analysis client's side-by-side flip is settled too, in its strategy's column: fined, where it had 0.
+    assert sorted(k for k in settled if "/" in k[1]) == [(1, "client-000/flip"), (2, "client-000/flip")]
+    for t in (1, 2):
+        strategies = records[t - 1]["strategy_rewards"]
+        assert strategies["flip"] == settled[(t, "client-000/flip")][1] < 0 < strategies["honest"]
+        assert strategies["honest"] == records[t - 1]["honest_rewards"]["client-000"]
     # Stopped after round 6 (rounds 1-2 still waiting), resumed: the same settlements, the same rewards.
     shutil.copytree(whole, resumed)
     for t in range(7, 14):
@@ -88,3 +95,4 @@ def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_s
     again = json.loads((resumed / "report.json").read_text())["round_records"]
     assert [r["settlements"] for r in again] == [r["settlements"] for r in records]
     assert [r["honest_rewards"] for r in again] == [r["honest_rewards"] for r in records]
+    assert [r["strategy_rewards"] for r in again] == [r["strategy_rewards"] for r in records]

@@ -91,6 +91,9 @@ class PooledRound:
     beside its pool payments), for the scorers the pool has a verdict on: what the aggregation also asks of it."""
     warming: tuple[str, ...] = ()
     """Of ``short``, those the pool is still warming up for (see the module docstring)."""
+    unpaid: tuple[str, ...] = ()
+    """Every scorer paid 0 for want of ``min_peers`` distinct peers: ``undetermined`` and the attack analysis' owned
+    scorers alike (``fl.pool_settle`` settles them later)."""
 
     @property
     def used_pool(self) -> bool:
@@ -161,7 +164,8 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
         undetermined = tuple(c for c in short if c in real)
         report = dataclasses.replace(report, rewards={c: 0.0 if c in short else r for c, r in report.rewards.items()})
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined, in_round_rewards=in_round_rewards,
-                           short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings))
+                           short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings),
+                           unpaid=tuple(short))
     return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                          reference=reference, reference_weight=reference_weight, horizon=horizon)
@@ -252,7 +256,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     return PooledRound(report, {c: [] if c in own else [e.name for e in chosen.get(c, [])] for c in report.rewards},
                        undetermined, pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards),
                        short=tuple(chosen), warming=warming,
-                       cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict))
+                       cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict),
+                       unpaid=tuple(sorted(unsure)))
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],

@@ -55,6 +55,9 @@ class PendingRound:
     bonus_fraction: float = 0.5
     duplicates: str = "zero"
     duplicate_rule: DuplicateRule = DuplicateRule()
+    owners: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """Scorer -> its participant, for the attack analysis' side-by-side submissions (``score_with_pool``'s ``owners``):
+    settled as their owner's pool would pay them, never pool entries."""
 
     def packer(self) -> SignPacker:
         return SignPacker.from_words(dict(self.shapes), self.words, self.task)
@@ -64,7 +67,7 @@ class PendingRound:
         return {"round": self.round, "seed": self.seed, "shapes": [[n, list(s)] for n, s in self.shapes],
                 "clients": sorted(self.words), "pairs": [list(p) for p in self.pairs], "waiting": list(self.waiting),
                 "penalty": self.penalty, "bonus_fraction": self.bonus_fraction, "duplicates": self.duplicates,
-                "duplicate_rule": dataclasses.asdict(self.duplicate_rule)}
+                "duplicate_rule": dataclasses.asdict(self.duplicate_rule), "owners": dict(self.owners)}
 
     @classmethod
     def from_metadata(cls, meta: Mapping, words: Mapping[str, np.ndarray], task: np.ndarray) -> PendingRound:
@@ -72,7 +75,8 @@ class PendingRound:
             return cls(int(meta["round"]), int(meta["seed"]), tuple((str(n), tuple(map(int, s))) for n, s in meta["shapes"]),
                        dict(words), np.asarray(task, dtype=np.int32), tuple((str(a), str(b)) for a, b in meta["pairs"]),
                        tuple(map(str, meta["waiting"])), str(meta["penalty"]), float(meta["bonus_fraction"]),
-                       str(meta["duplicates"]), DuplicateRule(**meta["duplicate_rule"]))
+                       str(meta["duplicates"]), DuplicateRule(**meta["duplicate_rule"]),
+                       {str(k): str(v) for k, v in meta.get("owners", {}).items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"a pending round's record is not one this version reads ({exc})") from None
 
@@ -98,21 +102,23 @@ class Settlement:
 
 def keep_pending(pool: PeerPool, packer: SignPacker, round_: int, pooled: PooledRound, *, seed: int,
                  participants: Sequence[str], penalty: str, bonus_fraction: float, duplicates: str,
-                 duplicate_rule: DuplicateRule) -> None:
-    """Keep a scored round whose real participants are undetermined, to settle it later (nothing when none is)."""
-    if not pooled.undetermined or not pool.settings.enabled:
+                 duplicate_rule: DuplicateRule, owners: Mapping[str, str] | None = None) -> None:
+    """Keep a scored round whose scorers went unpaid for want of peers, to settle it later (nothing when none did);
+    ``owners``: the attack analysis' scorers and their participants, as ``score_with_pool`` took them."""
+    owners = {scorer: owner for scorer, owner in (owners or {}).items() if scorer not in set(participants)}
+    kept = set(participants) | set(owners)
+    waiting = tuple(c for c in pooled.unpaid if c in kept)
+    if not waiting or not pool.settings.enabled:
         return
-    real = set(participants)
     signs, task = packer.words()
-    words = {c: np.ascontiguousarray(signs[k], dtype=np.int32).copy() for k, c in enumerate(packer.clients) if c in real}
-    if len(words) < 2:
+    words = {c: np.ascontiguousarray(signs[k], dtype=np.int32).copy() for k, c in enumerate(packer.clients) if c in kept}
+    if len(words) - len(owners) < 2:
         return
     pairs = tuple((c, p) for c, peers in sorted(pooled.report.peers.items()) if c in words for p in peers
                   if p in words and p != REFERENCE and parse_pool_name(p) is None)
     shapes = tuple((slot.name, tuple(slot.shape)) for slot in packer.layout.slots)
     pool.pending[round_] = PendingRound(round_, seed, shapes, words, np.ascontiguousarray(task, dtype=np.int32).copy(),
-                                        pairs, tuple(pooled.undetermined), penalty, bonus_fraction, duplicates,
-                                        duplicate_rule)
+                                        pairs, waiting, penalty, bonus_fraction, duplicates, duplicate_rule, owners)
 
 
 def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> PooledRound:
@@ -120,7 +126,8 @@ def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> Pooled
     return score_with_pool(pending.packer(), pool, pending.round, pairs=pending.pairs, seed=pending.seed,
                            penalty=pending.penalty, bonus_fraction=pending.bonus_fraction,
                            duplicates=pending.duplicates, duplicate_rule=pending.duplicate_rule,
-                           copy_candidates=sorted(pending.words), horizon=horizon)
+                           copy_candidates=sorted(c for c in pending.words if c not in pending.owners),
+                           owners=pending.owners, horizon=horizon)
 
 
 def settle_due(pool: PeerPool, horizon: int) -> list[Settlement]:
@@ -143,7 +150,7 @@ def settles(pool: PeerPool, pending: PendingRound, pooled: PooledRound, horizon:
     """The waiting participants ``pooled`` (the pending round scored at ``horizon``) settles: determined, and the pool
     no longer warming up for them or the window's last chance."""
     last = horizon - pending.round >= pool.settings.window
-    return [c for c in pending.waiting if c not in pooled.undetermined and (last or c not in pooled.warming)]
+    return [c for c in pending.waiting if c not in pooled.unpaid and (last or c not in pooled.warming)]
 
 
 def apply_settlements(pool: PeerPool, horizon: int, settlements: Sequence[Settlement]) -> None:

@@ -98,10 +98,14 @@ def submission_rewards(submissions: list[Submission], scores: RoundScores) -> di
 
 
 def settle_earlier_rounds(records: list[RoundRecord], settlements) -> None:
-    """Pay the settled clients of earlier undetermined rounds (``fl.pool_settle``) in those rounds' records."""
+    """Pay the settled submissions of earlier undetermined rounds (``fl.pool_settle``) in those rounds' records: a
+    client's reward, and the analysis client's strategies (its honest update is its real submission)."""
     by_round = {r.round: r for r in records}
     for settled in settlements:
         record = by_round[settled.round]
+        client, _, strategy = settled.participant.partition("/")  # Submission.id of a side-by-side submission
+        if client == record.analysis_client:
+            record.strategy_rewards[strategy or "honest"] = settled.reward
         for rewards in (record.honest_rewards, record.fixed_attacker_rewards):
             if settled.participant in rewards:
                 rewards[settled.participant] = settled.reward

@@ -149,7 +149,8 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in participants and c not in copies},
                        report.unadjusted_rewards)
         keep_pending(pool, packer, round_, pooled, seed=kfca_seed, participants=ids, penalty=kfca.penalty,
-                     bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule())
+                     bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule(),
+                     owners={s.id: s.client for s in analysed})
     settlements = settle_due(pool, round_) if pool is not None else []
     # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
