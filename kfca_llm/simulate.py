@@ -78,10 +78,13 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
                      f"over the {rounds} rounds it was sampled")
     if undetermined := report.get("undetermined_rounds"):
         kfca = report.get("config", {}).get("kfca", {})
+        settled = {(s["round"], s["participant"]) for r in report.get("round_records", []) for s in r.get("settlements", [])}
+        unsettled = sorted({r["round"] for r in report.get("round_records", [])
+                            for c in r.get("undetermined", []) if (r["round"], c) not in settled})
         notes.append(f"undetermined: {len(undetermined)}/{report['rounds']} round(s) paid a client with fewer than "
                      f"kfca.min-peers = {kfca.get('min-peers', '?')} distinct peers (first: round {undetermined[0]}); "
-                     "their rewards cannot tell who deviated: raise strategy.fraction-train, kfca.pool-window or "
-                     "run more rounds")
+                     f"settled by later rounds: {len(undetermined) - len(unsettled)}, never paid: {len(unsettled)} "
+                     "(raise strategy.fraction-train or kfca.pool-window, or run more rounds)")
     duplicates = report.get("duplicates", {})
     for client, rounds in duplicates.get("flagged", {}).items():
         notes.append(f"copies: {client} flagged in round(s) {', '.join(map(str, rounds))} "

@@ -60,17 +60,20 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
     # Hypothetical copies are not listed among the flagged clients (the zero node's repeated zeros are).
     assert not [c for r in records for g in r["duplicates"] for c in g["clients"] if "/" in c]
     assert "undetermined: 3/4 round(s)" in printed and "kfca.min-peers = 2" in printed
+    assert "settled by later rounds: 0, never paid: 3" in printed  # 4 rounds: the pool never warms up for them
 
 
 TWENTY = ["--attacks", "honest,flip", "--set", "num-clients=20", "--set", "strategy.fraction-train=0.1", "--set",
           'kfca.attackers=["3=flip"]', "--set", "train.save-every-round=1", *FAST]
 
 
-def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_settles_them_alike(tmp_path):
+def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_settles_them_alike(tmp_path, capsys):
     """At 20 x 0.1 the analysis client trains every round: one new pool participant a round, so the pool warms up for
     rounds 1-2 only at the window's end (round 11 and 12 settle them, ``fl.pool_settle``)."""
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert main(["simulate", "--rounds", "13", *TWENTY, "--out", str(whole)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "undetermined: 2/13 round(s)" in printed and "settled by later rounds: 2, never paid: 0" in printed
     report = json.loads((whole / "report.json").read_text())
     records = report["round_records"]
     assert report["undetermined_rounds"] == [1, 2]
