@@ -21,7 +21,9 @@ Tables (schema version 4):
 * ``failures``: bad or refused replies, and round-level failures (``node_id`` NULL);
 * ``settlements``: participants of an earlier, undetermined round paid at the end of a later one (``settled_in``,
   whose transaction writes them and whose chain hash covers them; ``fl.pool_settle``); a settled round pays the
-  settlement's reward instead of its own row's. Added to version 4 later: a ledger without the table has none.
+  settlement's reward instead of its own row's. Added to version 4 later: a ledger without the table has none; a
+  kfca-llm from before it reads the settling rounds of a ledger with settlements as edited (their hash covers rows it
+  does not know), so audit a ledger with this version or a later one.
 
 Beside the ledger, ``<ledger>.d/`` holds content-addressed files (named by their SHA-256): ``signs/`` the
 packed sign words of each participant of a round and the round's task words (``keep_signs``), ``global/``
