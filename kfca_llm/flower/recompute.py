@@ -221,7 +221,7 @@ class PoolTracker:
         round's signs cannot be read."""
         if "pool" not in round_row.settings:
             return None
-        return self._advance(round_row.run_id, round_row.settings, round_row.round - 1, read_words)
+        return self._advance(round_row.run_id, round_row.settings, round_row.round - 1, read_words)[0]
 
     def rebuilt(self, run: str, settings: Mapping[str, Any], last_round: int, read_words) -> Any:
         """The pool a run recorded with ``settings`` had after ``last_round`` (a resumed ``KFCAStrategy`` goes on with
@@ -231,7 +231,7 @@ class PoolTracker:
         if last_round < 1:
             return PeerPool(recorded_pool_settings(settings["pool"]))
         try:
-            return self._advance(run, settings, last_round, read_words)
+            return self._advance(run, settings, last_round, read_words)[0]
         except _Unverifiable as exc:
             raise InputError(str(exc)) from None
 
@@ -247,9 +247,12 @@ class PoolTracker:
         if "pool" not in round_row.settings:
             return [f"{len(rows)} settlement(s) in a round scored without a peer pool"]
         self.before(round_row, read_words)
-        return self._advance(round_row.run_id, round_row.settings, round_row.round, read_words, check=rows)
+        return self._advance(round_row.run_id, round_row.settings, round_row.round, read_words, check=rows)[1]
 
-    def _advance(self, run: str, settings: Mapping[str, Any], upto: int, read_words, check=None) -> Any:
+    def _advance(self, run: str, settings: Mapping[str, Any], upto: int, read_words,
+                 check: Sequence[SettlementRow] = ()) -> tuple[Any, list[str]]:
+        """(the run's pool after round ``upto``, the mismatches of ``check``: round ``upto``'s settlements scored again
+        on the pool as it stood after that round was added, before they applied)."""
         from ..fl.peer_pool import PeerPool, recorded_pool_settings
         from ..fl.pool_settle import apply_settlements
 
@@ -259,7 +262,10 @@ class PoolTracker:
             pool, done = self._pools.get(run) or (PeerPool(recorded_pool_settings(settings["pool"])), 1)
         except (TypeError, AttributeError, InputError) as exc:
             raise _Unverifiable(f"this version cannot rebuild the round's peer pool ({exc})") from None
-        found = None
+        if check and done > upto:
+            raise _Unverifiable(f"round {upto}'s settlements were applied before the round was checked (its row comes "
+                                "after a later round's: rows reordered)")
+        mismatches: list[str] = []
         try:
             for t in range(done, upto + 1):
                 rows = self._by_round.get((run, t), [])
@@ -271,14 +277,14 @@ class PoolTracker:
                 if pending is not None:
                     pool.pending[t] = pending
                 recorded = self._settled.get((run, t), [])
-                if check is not None and t == upto:
-                    found = _settlement_mismatches(pool, t, check)
+                if check and t == upto:
+                    mismatches = _settlement_mismatches(pool, t, check)
                 apply_settlements(pool, t, [_settlement(r) for r in recorded])
         except (_Damaged, _Unverifiable, InputError, KeyError, TypeError, ValueError) as exc:
             self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs or records ({exc})"
             raise _Unverifiable(self._broken[run]) from None
         self._pools[run] = (pool, max(done, upto + 1))
-        return pool if check is None else found
+        return pool, mismatches
 
 
 def _settlement_mismatches(pool, horizon: int, rows: Sequence[SettlementRow]) -> list[str]:

@@ -370,3 +370,23 @@ def test_each_settlement_gets_a_signed_receipt_that_catches_a_resealed_settlemen
     # The settlement's own receipt names the raised reward; every receipt from the resealed round on, the new hash.
     assert [p for p in problems if "reward is" in p] == [p for p in problems if "settled in round" in p and "reward is" in p]
     assert len([p for p in problems if "reward is" in p]) == 2
+
+
+def test_a_settling_round_moved_after_a_later_one_is_never_a_match(pooled, tmp_path):
+    """Rows reordered: the pool reaches the later round first and applies the settlements on its way; the settling
+    round, checked after, cannot be recomputed (never a match, never a crash), and the chain says why."""
+    import sqlite3
+
+    from kfca_llm.flower.audit import verify_ledger
+
+    _, _, ledger = pooled
+    moved = _copy_ledger(ledger, tmp_path / "moved.sqlite")
+    at = min(s.settled_in for s in read_ledger(ledger).settlements)
+    with sqlite3.connect(moved) as conn:
+        conn.execute("CREATE TEMP TABLE kept AS SELECT * FROM rounds WHERE round = ?", (at,))
+        conn.execute("DELETE FROM rounds WHERE round = ?", (at,))
+        conn.execute("INSERT INTO rounds SELECT * FROM kept")
+    check = verify_ledger(moved)
+    assert any("reordered" in e for e in check.chain_errors) and not check.ok
+    (settling,) = [r for r in check.rounds if r.round == at]
+    assert settling.status == "unverifiable" and "reordered" in settling.detail
