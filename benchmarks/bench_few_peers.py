@@ -12,12 +12,13 @@ they are sampled, and every scoring setting scores the same submissions.
 
 Per (deviation, setting): the honest partner's fine over the deviator's (sum over the rounds where a deviator
 trained beside an honest client of max(-reward, 0), honest over deviator; 1.0: fined alike; "-": the deviator
-was not fined), the honest partners paid > 0 and more than the deviator there, the share of honest participations paid < 0, the AUROC of per-client mean reward separating
-deviators from honest clients after T rounds (T = 10, 50, ... up to --rounds), the first round from which the
-AUROC stays 1.0, and the undetermined rounds never settled (the pool settles undetermined participants later, once
-the rounds on both sides of theirs can tell: ``fl.pool_settle``; a settled reward counts in its round). Deviations: the attack registry's flip, zero, random, stale
-(its first honest update, resubmitted), sparse:0.5, copy:0 (the partner's update of the round) and copy-pool
-(another client's update from an earlier round: a copy of a pool member).
+was not fined), the honest partners paid > 0 and more than the deviator there, the share of honest participations
+paid < 0, the AUROC of per-client mean reward separating deviators from honest clients after T rounds (T = 10, 50,
+... up to --rounds), the first round from which the AUROC stays 1.0, and the undetermined rounds never settled (the
+pool settles undetermined participants later, once the rounds on both sides of theirs can tell: ``fl.pool_settle``;
+a settled reward counts in its round). Deviations: the attack registry's flip, zero, random, stale (its first
+honest update, resubmitted), sparse:0.5, copy:0 (the partner's update of the round) and copy-pool (another client's
+update from an earlier round: a copy of a pool member).
 
 The two settings that need a clean data set on the server use the same reference update each round: the tiny
 recipe's training from the round's global on ``REFERENCE_ROWS`` rows no client has (``kfca.reference-rows``).
@@ -40,7 +41,7 @@ from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
-from kfca_llm.fl.pool_settle import keep_pending, settle_due
+from kfca_llm.fl.pool_settle import close_round
 from kfca_llm.fl.reference import DEFAULT_REFERENCE_WEIGHT, REFERENCE, reference_signs
 from kfca_llm.fl.rounds import attack_context
 from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
@@ -204,6 +205,13 @@ def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, roun
             "separated_from_round": separated, "undetermined_rounds": undetermined, "curve": curve}
 
 
+def close_defaults(pool: PeerPool, packer, t: int, scored, seed: int) -> list:
+    """``close_round`` with the default scoring settings every setting here scores with: the round joins the pool, is
+    kept pending where undetermined, and what the pool can settle is returned."""
+    return close_round(pool, packer, t, scored, words=packer.words(), participants=packer.clients, seed=seed,
+                       penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
+
+
 def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake: bool = False) -> list[dict]:
     updates = synthetic(rounds) if fake else capture(rounds, cache)
     rows = []
@@ -223,16 +231,9 @@ def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake
                 scored = score_with_pool(packer, pool, t, seed=seed, reference=reference,
                                          reference_weight=DEFAULT_REFERENCE_WEIGHT)
                 rewards[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
-                if pool is not None:
-                    copies = {c for g in scored.report.duplicates for c in g.clients}
-                    signs, _ = packer.words()
-                    pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
-                                   scored.report.unadjusted_rewards)
-                    keep_pending(pool, packer, t, scored, seed=seed, participants=packer.clients, penalty="expected",
-                                 bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
-                    for done in settle_due(pool, t):  # paid in its round from then on; no longer undetermined
-                        rewards[done.round][done.participant] = done.reward
-                        unsure[done.round].discard(done.participant)
+                for done in [] if pool is None else close_defaults(pool, packer, t, scored, seed):
+                    rewards[done.round][done.participant] = done.reward  # paid in its round from then on
+                    unsure[done.round].discard(done.participant)
             rows.append({"deviation": deviation, "setting": name,
                          **measure(rewards, sum(bool(u) for u in unsure.values()), len(updates))})
     return rows
@@ -242,7 +243,7 @@ DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}
 """The issue's done-when run: four deviating nodes of 20 (flower_few_peers.py's default attackers)."""
 
 
-def done_when_replay(updates, seed: int, start: int, length: int, settle: bool = True) -> dict:
+def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
     """One replay of the done-when run on captured honest updates: each round's updates go to two nodes drawn
     uniformly (as Flower samples; the capture's own sampling keeps its analysis client in every round), nodes 3, 7,
     11, 15 deviate, and the default pool scores the round. Returns the meeting counts and whether every deviator's
@@ -266,17 +267,10 @@ def done_when_replay(updates, seed: int, start: int, length: int, settle: bool =
                 submitted[c] = u
         packer = pack_updates(submitted)
         scored = score_with_pool(packer, pool, t, seed=derive_seed(0, KFCA, t))
-        copies = {c for g in scored.report.duplicates for c in g.clients}
-        signs, _ = packer.words()
-        pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
-                       scored.report.unadjusted_rewards)
         paid[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
-        if settle:
-            keep_pending(pool, packer, t, scored, seed=derive_seed(0, KFCA, t), participants=list(submitted),
-                         penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
-            for done in settle_due(pool, t):
-                paid[done.round][done.participant] = done.reward
-                settled.add((done.round, done.participant))
+        for done in close_defaults(pool, packer, t, scored, derive_seed(0, KFCA, t)):
+            paid[done.round][done.participant] = done.reward
+            settled.add((done.round, done.participant))
         flipper = next((c for c in paid[t] if deviating.get(c) == "flip"), None)
         meetings += [(t, c, flipper) for c in paid[t] if flipper and c not in deviating]
     # A meeting whose partner was never paid (undetermined, not settled) is counted apart: neither side was paid.

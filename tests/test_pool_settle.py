@@ -12,7 +12,7 @@ from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.errors import InputError
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
-from kfca_llm.fl.pool_settle import keep_pending, pending_from_arrays, pending_to_arrays, settle_due
+from kfca_llm.fl.pool_settle import close_round, pending_from_arrays, pending_to_arrays
 from kfca_llm.packer import SignPacker
 
 # Round t trains clients (2t - 2) % 20 and (2t - 1) % 20; client 1 flips. Round 1: clients 0 and 1.
@@ -23,18 +23,21 @@ def pair(t: int) -> tuple[int, int]:
     return (2 * t - 2) % 20, (2 * t - 1) % 20
 
 
+def close(pool, packer, t, scored, *, participants, owners=None):
+    """``close_round`` with the default scoring settings (seed t, as each round here is scored)."""
+    return close_round(pool, packer, t, scored, words=packer.words(), participants=participants, seed=t,
+                       penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(),
+                       owners=owners)
+
+
 def run(rounds: int, settings: PoolSettings = PoolSettings()):
     """Each round scored with the pool, added, kept pending where undetermined, then settled where due."""
     pool, paid, settled, candidates = PeerPool(settings), {}, [], {}
     for t in range(1, rounds + 1):
         packer = pack_updates(round_updates(t, pair(t), {FLIPPER: "flip"}))
         scored = score_with_pool(packer, pool, t, seed=t)
-        signs, _ = packer.words()
-        pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients)}, scored.report.unadjusted_rewards)
-        keep_pending(pool, packer, t, scored, seed=t, participants=packer.clients, penalty="expected",
-                     bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
         paid[t] = dict(scored.report.rewards)
-        done = settle_due(pool, t)
+        done = close(pool, packer, t, scored, participants=packer.clients)
         settled += done
         for s in done:
             paid[s.round][s.participant] = s.reward
@@ -109,8 +112,7 @@ def test_pending_rounds_survive_their_arrays_and_a_misshapen_record_is_refused(s
     owners = {"c00/flip": "c00"}
     scored = score_with_pool(packer, pool, 1, seed=1, copy_candidates=["c00", "c01"], owners=owners,
                              pairs=[("c00", "c01"), ("c01", "c00"), ("c00/flip", "c01")])
-    keep_pending(pool, packer, 1, scored, seed=1, participants=["c00", "c01"], penalty="expected",
-                 bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(), owners=owners)
+    assert close(pool, packer, 1, scored, participants=["c00", "c01"], owners=owners) == []
     arrays, records = pending_to_arrays(pool)
     (back,) = pending_from_arrays(arrays, records).values()
     kept = pool.pending[1]

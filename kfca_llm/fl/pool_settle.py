@@ -63,7 +63,7 @@ class PendingRound:
         return SignPacker.from_words(dict(self.shapes), self.words, self.task)
 
     def metadata(self) -> dict:
-        """The JSON-able fields (``words`` and ``task`` travel as arrays: ``PeerPool.to_arrays``)."""
+        """The JSON-able fields (``words`` and ``task`` travel as arrays: ``pending_to_arrays``)."""
         return {"round": self.round, "seed": self.seed, "shapes": [[n, list(s)] for n, s in self.shapes],
                 "clients": sorted(self.words), "pairs": [list(p) for p in self.pairs], "waiting": list(self.waiting),
                 "penalty": self.penalty, "bonus_fraction": self.bonus_fraction, "duplicates": self.duplicates,
@@ -100,17 +100,33 @@ class Settlement:
         return {**dataclasses.asdict(self), "peers": list(self.peers)}
 
 
-def keep_pending(pool: PeerPool, packer: SignPacker, round_: int, pooled: PooledRound, *, seed: int,
-                 participants: Sequence[str], penalty: str, bonus_fraction: float, duplicates: str,
-                 duplicate_rule: DuplicateRule, owners: Mapping[str, str] | None = None) -> None:
-    """Keep a scored round whose scorers went unpaid for want of peers, to settle it later (nothing when none did);
-    ``owners``: the attack analysis' scorers and their participants, as ``score_with_pool`` took them."""
-    owners = {scorer: owner for scorer, owner in (owners or {}).items() if scorer not in set(participants)}
-    kept = set(participants) | set(owners)
+def close_round(pool: PeerPool, packer: SignPacker, round_: int, pooled: PooledRound, *,
+                words: tuple[np.ndarray, np.ndarray], participants: Sequence[str], seed: int, penalty: str,
+                bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
+                owners: Mapping[str, str] | None = None) -> list[Settlement]:
+    """What the pool does once a round is scored: its participants join it (copies left out), the round is kept
+    pending where scorers went unpaid for want of peers, and what the pool can now settle is settled (returned).
+    ``words``: the round's ``packer.words()`` (fetched once by the caller); ``owners``: the attack analysis' scorers and
+    their participants, as ``score_with_pool`` took them."""
+    signs, task = words
+    joining = set(participants) - {c for g in pooled.report.duplicates for c in g.clients}
+    pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in joining},
+                   pooled.report.unadjusted_rewards)
+    _keep_pending(pool, packer, signs, task, round_, pooled, seed=seed, participants=participants, penalty=penalty,
+                  bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, owners=owners)
+    return settle_due(pool, round_)
+
+
+def _keep_pending(pool: PeerPool, packer: SignPacker, signs: np.ndarray, task: np.ndarray, round_: int,
+                  pooled: PooledRound, *, seed: int, participants: Sequence[str], penalty: str, bonus_fraction: float,
+                  duplicates: str, duplicate_rule: DuplicateRule, owners: Mapping[str, str] | None) -> None:
+    """Keep a scored round whose scorers went unpaid for want of peers, to settle it later (nothing when none did)."""
+    real = set(participants)
+    owners = {scorer: owner for scorer, owner in (owners or {}).items() if scorer not in real}
+    kept = real | set(owners)
     waiting = tuple(c for c in pooled.unpaid if c in kept)
     if not waiting or not pool.settings.enabled:
         return
-    signs, task = packer.words()
     words = {c: np.ascontiguousarray(signs[k], dtype=np.int32).copy() for k, c in enumerate(packer.clients) if c in kept}
     if len(words) - len(owners) < 2:
         return
@@ -171,7 +187,8 @@ def apply_settlements(pool: PeerPool, horizon: int, settlements: Sequence[Settle
 
 
 def pending_to_arrays(pool: PeerPool) -> tuple[dict[str, np.ndarray], str]:
-    """The pool's pending rounds as arrays and one JSON string (``PeerPool.to_arrays`` stores them)."""
+    """The pool's pending rounds as arrays and one JSON string (``fl.state.save_pool`` stores them beside the pool's
+    own ``to_arrays``)."""
     arrays, records = {}, []
     for k, pending in enumerate(pool.pending[t] for t in sorted(pool.pending)):
         arrays[f"pending.{k}.task"] = pending.task

@@ -28,7 +28,7 @@ from ..api import pack_updates
 from ..engine.duplicates import DuplicateRule
 from .aggregate import WeakVerdicts
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
-from .pool_settle import Settlement, keep_pending, settle_due
+from .pool_settle import Settlement, close_round
 from .reference import reference_signs
 from ..errors import InputError, NoTasksError
 from ..recipe import KfcaConfig
@@ -143,15 +143,10 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     except NoTasksError as exc:
         return _unscorable(round_, exc, analysed, participants, pack_s)
     report = pooled.report
-    if pool is not None:
-        copies = {c for g in report.duplicates for c in g.clients}
-        signs, _ = packer.words()
-        pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in participants and c not in copies},
-                       report.unadjusted_rewards)
-        keep_pending(pool, packer, round_, pooled, seed=kfca_seed, participants=ids, penalty=kfca.penalty,
-                     bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule(),
-                     owners={s.id: s.client for s in analysed})
-    settlements = settle_due(pool, round_) if pool is not None else []
+    settlements = [] if pool is None else close_round(
+        pool, packer, round_, pooled, words=packer.words(), participants=ids, seed=kfca_seed, penalty=kfca.penalty,
+        bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule(),
+        owners={s.id: s.client for s in analysed})
     # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),

@@ -89,15 +89,8 @@ def verify_ledger(path: str | os.PathLike, *, expect_head: str | None = None, re
             raise InputError("receipts are checked against the server's published public key: give --server-key")
         key = read_public_key(server_key) if isinstance(server_key, (str, os.PathLike)) else server_key
         receipt_errors, receipts_checked = check_receipts(contents, receipts, key)
-    by_round: dict[tuple[str, int], list[RewardRow]] = {}
-    for row in contents.rewards:
-        by_round.setdefault((row.run_id, row.round), []).append(row)
-    settled: dict[tuple[str, int], list] = {}
-    for row in contents.settlements:
-        settled.setdefault((row.run_id, row.settled_in), []).append(row)
-    pools = PoolTracker(by_round, {(r.run_id, r.round): r for r in contents.rounds}, settled)
-    checks = [recompute_round(path, r, by_round.get((r.run_id, r.round), []), backend, pools)
-              for r in contents.rounds]
+    pools = PoolTracker.of(contents)
+    checks = [recompute_round(path, r, pools.rows(r), backend, pools) for r in contents.rounds]
     notes = schema_notes(contents.schema_version)
     if chained and receipts is None and expect_head is None:
         notes.append("no receipts and no published head given: an intact chain shows only that no row was edited "

@@ -216,6 +216,25 @@ class PoolTracker:
         self._pools: dict[str, tuple[Any, int]] = {}
         self._broken: dict[str, str] = {}
 
+    @classmethod
+    def of(cls, contents, run: str | None = None) -> PoolTracker:
+        """The tracker of a ledger's rows (``read_ledger``'s ``LedgerContents``), of one run's alone when ``run`` is
+        given."""
+        def mine(row) -> bool:
+            return run is None or row.run_id == run
+
+        by_round: dict[tuple[str, int], list[RewardRow]] = {}
+        for row in filter(mine, contents.rewards):
+            by_round.setdefault((row.run_id, row.round), []).append(row)
+        settled: dict[tuple[str, int], list[SettlementRow]] = {}
+        for row in filter(mine, contents.settlements):
+            settled.setdefault((row.run_id, row.settled_in), []).append(row)
+        return cls(by_round, {(r.run_id, r.round): r for r in filter(mine, contents.rounds)}, settled)
+
+    def rows(self, round_row: RoundRow) -> Sequence[RewardRow]:
+        """The reward rows of ``round_row``'s round."""
+        return self._by_round.get((round_row.run_id, round_row.round), [])
+
     def before(self, round_row: RoundRow, read_words) -> Any:
         """The pool ``round_row``'s run had before it (None: scored without one); ``_Unverifiable`` when an earlier
         round's signs cannot be read."""

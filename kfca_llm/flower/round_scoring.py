@@ -20,7 +20,7 @@ from flwr.common import log
 from ..engine.duplicates import DuplicateRule
 from ..errors import InputError
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
-from ..fl.pool_settle import Settlement, keep_pending, settle_due
+from ..fl.pool_settle import Settlement, close_round
 from ..packer import SignPacker
 from ..report import RewardReport
 from .ledger import global_path, read_ledger, signs_path
@@ -78,12 +78,9 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
                              bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                              reference=reference, reference_weight=reference_weight)
     signs, task = packer.words()
-    copies = {c for g in pooled.report.duplicates for c in g.clients}
-    pool.add_round(server_round, {p: signs[k] for k, p in enumerate(packer.clients) if p not in copies},
-                   pooled.report.unadjusted_rewards)
-    keep_pending(pool, packer, server_round, pooled, seed=seed, participants=packer.clients, penalty=penalty,
-                 bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule)
-    settlements = settle_due(pool, server_round)
+    settlements = close_round(pool, packer, server_round, pooled, words=(signs, task), participants=packer.clients,
+                              seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, duplicates=duplicates,
+                              duplicate_rule=duplicate_rule)
     for settled in settlements:
         log(INFO, "KFCA: round %s settles %s's undetermined round %s: paid %+.4f (the pool on both sides of it "
             "tells who deviated now)", server_round, settled.participant, settled.round, settled.reward)
@@ -120,16 +117,7 @@ def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id:
     """The pool the interrupted run had (its undetermined rounds still waiting included), from the ledger's kept signs
     (an empty one, with a warning, when the signs were not kept: the next rounds then borrow fewer peers, and settle
     nothing of the rounds before the resume)."""
-    contents = read_ledger(ledger)
-    earlier: dict[tuple[str, int], list] = {}
-    for row in contents.rewards:
-        if row.run_id == run_id:
-            earlier.setdefault((row.run_id, row.round), []).append(row)
-    settled: dict[tuple[str, int], list] = {}
-    for row in contents.settlements:
-        if row.run_id == run_id:
-            settled.setdefault((row.run_id, row.settled_in), []).append(row)
-    rounds = {(r.run_id, r.round): r for r in contents.rounds if r.run_id == run_id}
+    tracker = PoolTracker.of(read_ledger(ledger), run_id)
 
     def read(sha: str) -> np.ndarray:
         path = signs_path(ledger, sha)
@@ -139,8 +127,8 @@ def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id:
         return np.frombuffer(data, dtype="<i4")
 
     try:
-        return PoolTracker(earlier, rounds, settled).rebuilt(run_id, settings, round_offset, read)
-    except (InputError, ValueError) as exc:
+        return tracker.rebuilt(run_id, settings, round_offset, read)
+    except ValueError as exc:  # InputError among them
         log(WARNING, "KFCA: the peer pool restarts empty after the resume (%s)", exc)
         return PeerPool(pool_settings)
 

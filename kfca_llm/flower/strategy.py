@@ -184,9 +184,9 @@ class KFCAStrategy(Strategy):
         self.node_ids: dict[int, dict[str, str]] = {}
         self.reports: dict[int, RewardReport] = {}
         self.undetermined: dict[int, tuple[str, ...]] = {}
+        """Round -> participants paid with fewer than ``min_peers`` distinct peers (scored rounds only)."""
         self.settlements: dict[int, list[Settlement]] = {}
         """Round -> the earlier undetermined rounds' participants it settled (``fl.pool_settle``)."""
-        """Round -> participants paid with fewer than ``min_peers`` distinct peers (scored rounds only)."""
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
             ledger, run_id=uuid.uuid4().hex, strategy=type(strategy).__name__, package_version=__version__,

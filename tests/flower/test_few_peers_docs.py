@@ -50,24 +50,26 @@ def test_reference_table_is_the_strategys_and_the_recipes_defaults():
     assert rows[1][2] == str(signature["reference_weight"].default) == str(recipe_fields["reference-weight"])
 
 
-def test_the_log_line_is_the_one_the_strategy_writes(caplog):
-    shown = one_block(PAGE, "text", "is undetermined").strip()
+def twenty_honest_nodes(caplog, level: int, rounds: int) -> KFCAStrategy:
+    """The default strategy at 20 x 0.1 over honest numpy nodes, its log captured at ``level``."""
     random.seed(0)
     strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=None)
-    with caplog.at_level(logging.WARNING, logger="flwr"):
+    with caplog.at_level(level, logger="flwr"):
         strategy.start(grid=LocalGrid({n: numpy_node("honest") for n in range(1, 21)}), initial_arrays=initial_arrays(),
-                       num_rounds=1)
+                       num_rounds=rounds)
+    return strategy
+
+
+def test_the_log_line_is_the_one_the_strategy_writes(caplog):
+    shown = one_block(PAGE, "text", "is undetermined").strip()
+    strategy = twenty_honest_nodes(caplog, logging.WARNING, rounds=1)
     (logged,) = [r.getMessage() for r in caplog.records if "is undetermined" in r.getMessage()]
     assert logged == shown.replace("A, B", ", ".join(strategy.undetermined[1]))
 
 
 def test_the_settlement_log_line_is_the_one_the_strategy_writes(caplog):
     shown = one_block(PAGE, "text", "undetermined round 1: paid").strip()
-    random.seed(0)
-    strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=None)
-    with caplog.at_level(logging.INFO, logger="flwr"):
-        strategy.start(grid=LocalGrid({n: numpy_node("honest") for n in range(1, 21)}), initial_arrays=initial_arrays(),
-                       num_rounds=12)
+    strategy = twenty_honest_nodes(caplog, logging.INFO, rounds=12)
     settled = [s for ss in strategy.settlements.values() for s in ss if s.round == 1]
     assert settled
     first = settled[0]

@@ -289,44 +289,37 @@ def test_settlements_verify_and_a_forged_moved_or_deleted_one_is_caught(pooled, 
     settled_in = sorted({s.settled_in for s in read_ledger(ledger).settlements})
     assert all("settlement(s) of earlier rounds" in check.rounds[t - 1].detail for t in settled_in)
 
+    def edited(name: str, sql: str, resealed: bool = True):
+        """A copy of the ledger with ``sql`` run on it (foreign keys off, as a forger's tool would leave them)."""
+        copy = _copy_ledger(ledger, tmp_path / f"{name}.sqlite")
+        with sqlite3.connect(copy) as conn:
+            conn.execute("PRAGMA foreign_keys=OFF")
+            conn.execute(sql)
+        if resealed:
+            reseal(copy)
+        return verify_ledger(copy)
+
     # A settlement's pay raised and the chain resealed (an operator with write access): the recomputation disagrees.
-    raised = _copy_ledger(ledger, tmp_path / "raised.sqlite")
-    with sqlite3.connect(raised) as conn:
-        conn.execute("UPDATE settlements SET reward = reward + 0.5 WHERE round = 1")
-    reseal(raised)
-    check = verify_ledger(raised)
+    check = edited("raised", "UPDATE settlements SET reward = reward + 0.5 WHERE round = 1")
     assert not check.chain_errors and not check.ok
     bad = [r for r in check.rounds if r.status == "mismatch"]
     assert [r.round for r in bad] == [settled_in[-1]] and all("settled" in line for line in bad[0].rows)
 
     # Settled earlier than the pool could (round 1 paid at round 2, resealed): the pool at round 2 cannot settle it.
-    early = _copy_ledger(ledger, tmp_path / "early.sqlite")
-    with sqlite3.connect(early) as conn:
-        conn.execute("UPDATE settlements SET settled_in = 2 WHERE round = 1")
-    reseal(early)
-    check = verify_ledger(early)
+    check = edited("early", "UPDATE settlements SET settled_in = 2 WHERE round = 1")
     assert any(r.round == 2 and r.status == "mismatch" and "could not settle it yet" in " ".join(r.rows)
                for r in check.rounds)
 
     # Deleted without resealing: the chain breaks; added for a round that was never recorded: listed.
-    deleted = _copy_ledger(ledger, tmp_path / "deleted.sqlite")
-    with sqlite3.connect(deleted) as conn:
-        conn.execute("DELETE FROM settlements WHERE round = 2")
-    assert any("do not hash" in e for e in verify_ledger(deleted).chain_errors)
-    forged = _copy_ledger(ledger, tmp_path / "forged.sqlite")
-    with sqlite3.connect(forged) as conn:
-        conn.execute("PRAGMA foreign_keys=OFF")
-        conn.execute("INSERT INTO settlements SELECT run_id, round, participant, 99, 1.0, '[]', 1.0 FROM rewards "
-                     "WHERE round = 4")
-    assert any("settled in round 99" in e for e in verify_ledger(forged).chain_errors)
+    check = edited("deleted", "DELETE FROM settlements WHERE round = 2", resealed=False)
+    assert any("do not hash" in e for e in check.chain_errors)
+    check = edited("forged", "INSERT INTO settlements SELECT run_id, round, participant, 99, 1.0, '[]', 1.0 FROM "
+                             "rewards WHERE round = 4", resealed=False)
+    assert any("settled in round 99" in e for e in check.chain_errors)
     # A settlement of a round its participant did not train in (a pay added for nothing): listed.
-    stray = _copy_ledger(ledger, tmp_path / "stray.sqlite")
-    with sqlite3.connect(stray) as conn:
-        conn.execute("PRAGMA foreign_keys=OFF")
-        conn.execute("INSERT INTO settlements SELECT run_id, 5, participant, 9, 1.0, '[]', 1.0 FROM rewards "
-                     "WHERE round = 4 AND participant NOT IN (SELECT participant FROM rewards WHERE round = 5)")
-    reseal(stray)
-    assert any("has no reward row" in e for e in verify_ledger(stray).chain_errors)
+    check = edited("stray", "INSERT INTO settlements SELECT run_id, 5, participant, 9, 1.0, '[]', 1.0 FROM rewards "
+                            "WHERE round = 4 AND participant NOT IN (SELECT participant FROM rewards WHERE round = 5)")
+    assert any("has no reward row" in e for e in check.chain_errors)
 
 
 def test_a_resumed_run_keeps_the_undetermined_rounds_waiting_to_be_settled(pooled):
