@@ -126,7 +126,7 @@ def pool_verdict(pooled, t, client):
     return sum(w * v for w, v in terms) / sum(abs(w) for w, _ in terms)
 
 
-def test_an_own_resubmission_is_a_copy_paid_its_rounds_agreement_beside_a_pool_of_weight_zero():
+def test_an_own_resubmission_is_a_copy_scored_on_its_rounds_agreement_beside_a_pool_of_weight_zero_paid_at_most_0():
     first = honest(3, 1)
     scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (3, 7)}, deviations={3: lambda t: first})  # c03 resubmits round 1's
     r3 = scored[3]
@@ -137,8 +137,11 @@ def test_an_own_resubmission_is_a_copy_paid_its_rounds_agreement_beside_a_pool_o
     # participant's in-round peer earns it, never the pool's support.
     alone = score_updates(round_updates(3, (3, 7), {3: lambda t: first}), seed=3)
     weight = PoolSettings().weight
-    assert r3.report.rewards["c03"] == pytest.approx(alone.rewards["c03"] / (1 + weight), rel=1e-12)
-    assert alone.rewards["c03"] > 0.0 and r3.report.unadjusted_rewards["c03"] == r3.report.rewards["c03"]
+    assert r3.report.unadjusted_rewards["c03"] == pytest.approx(alone.rewards["c03"] / (1 + weight), rel=1e-12)
+    # A copy: paid at most 0 (its round's agreement is > 0), and the copied entry's payment charged back (this pool
+    # recorded none: nothing to charge).
+    assert alone.rewards["c03"] > 0.0 and r3.report.rewards["c03"] == 0.0
+    assert r3.resubmitted == {"c03": ("c03@1",)} and r3.charged_back == {"c03": 0.0}
     assert r3.pool_peers["c03"] == [] and r3.report.peers["c03"] == ["c07"]
     # Its partner borrows the pool, and the resubmission counts for nothing in its reward: the pool's verdict alone.
     assert r3.pool_peers["c07"] and r3.report.rewards["c07"] == r3.report.unadjusted_rewards["c07"]
@@ -146,7 +149,7 @@ def test_an_own_resubmission_is_a_copy_paid_its_rounds_agreement_beside_a_pool_o
     assert r3.undetermined == ()
 
 
-def test_an_own_resubmission_with_many_in_round_peers_is_paid_its_rounds_agreement_beside_the_pools_weight():
+def test_an_own_resubmission_with_many_in_round_peers_is_scored_on_its_rounds_agreement_beside_the_pools_weight():
     # 16 in-round peers, fewer than min_peers=20: short, so the pool is consulted.
     first = honest(3, 1)
     pool = PeerPool(PoolSettings(min_peers=20))
@@ -158,8 +161,9 @@ def test_an_own_resubmission_with_many_in_round_peers_is_paid_its_rounds_agreeme
     assert pooled.own_resubmissions == ("c03",) and pooled.pool_peers["c30"]
     in_round = sum(v for (c, _), v in alone.pairwise.items() if c == "c03")
     assert pooled.report.unadjusted_rewards["c03"] == pytest.approx(in_round / (16 + PoolSettings().weight), rel=1e-12)
-    # 16 in-round peers and the pool's term are 17 distinct peers, fewer than min_peers: not paid
-    assert pooled.undetermined == ("c03",) and pooled.report.rewards["c03"] == 0.0
+    # 16 in-round peers and the pool's term are 17 distinct peers, fewer than min_peers, yet a copy's payment is known:
+    # at most 0, never undetermined
+    assert pooled.undetermined == () and pooled.report.rewards["c03"] == min(pooled.report.unadjusted_rewards["c03"], 0.0)
 
 
 def test_with_a_reference_an_own_resubmission_gets_what_the_round_without_a_pool_and_with_the_reference_pays():
@@ -176,8 +180,10 @@ def test_with_a_reference_an_own_resubmission_gets_what_the_round_without_a_pool
     # The round's peer (1), the reference (4) and the pool's term, 0 at the pool's weight: never the pool's support.
     pays = pooled.report.pairwise
     expected = (pays[("c03", "c07")] + 4.0 * pays[("c03", "(reference)")]) / (1 + 4.0 + PoolSettings().weight)
-    assert pooled.report.rewards["c03"] == pytest.approx(expected, rel=1e-12)
-    assert no_pool.report.rewards["c03"] != pooled.report.rewards["c03"]
+    assert pooled.report.unadjusted_rewards["c03"] == pytest.approx(expected, rel=1e-12)
+    assert no_pool.report.rewards["c03"] != pooled.report.unadjusted_rewards["c03"]
+    # and, a copy of its own entry, paid at most 0
+    assert expected > 0 and pooled.report.rewards["c03"] == 0.0
     assert pooled.report.peers["c03"] == ["c07", "(reference)"] and pooled.pool_peers["c07"]
 
 
@@ -339,7 +345,8 @@ def test_a_stale_resubmission_older_than_the_window_is_caught_on_the_sketch():
     assert [g.clients for g in r5.pool_copies] == [("c03", "c03@1")]  # round 1 is outside the window of 2
     assert r5.pool_copies[0].pairs[0].agreement == 1.0 and r5.own_resubmissions == ("c03",)
     alone = score_updates(round_updates(5, (3, 7), {3: lambda t: first}), seed=5).rewards["c03"]
-    assert r5.report.rewards["c03"] == pytest.approx(alone / (1 + PoolSettings().weight), rel=1e-12)
+    assert r5.report.unadjusted_rewards["c03"] == pytest.approx(alone / (1 + PoolSettings().weight), rel=1e-12)
+    assert r5.resubmitted == {"c03": ("c03@1",)} and r5.report.rewards["c03"] == min(alone, 0.0)
     assert r5.report.rewards["c07"] == r5.report.unadjusted_rewards["c07"]
 
 

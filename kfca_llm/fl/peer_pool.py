@@ -94,6 +94,12 @@ class PooledRound:
     unpaid: tuple[str, ...] = ()
     """Every scorer paid 0 for want of ``min_peers`` distinct peers: ``undetermined`` and the attack analysis' owned
     scorers alike (``fl.pool_settle`` settles them later)."""
+    resubmitted: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """Participant -> the pool entries of its own it resubmitted (a copy: paid at most 0; ``PeerPool.mark_resubmitted``
+    records them once the round is closed)."""
+    charged_back: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Participant of ``resubmitted`` -> what those entries had been paid and its reward was charged (0: nothing to
+    charge, or charged by an earlier resubmission)."""
 
     @property
     def used_pool(self) -> bool:
@@ -203,8 +209,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
             words, task, round_, duplicate_rule.max_disagreement))
         lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), pool.settings.window)
     own = _own_resubmissions(pool_copies, owner)
-    pool_copies = tuple(dataclasses.replace(g, note=OWN_RESUBMISSION) if own & set(g.clients) else g
-                        for g in pool_copies)
+    pool_copies = _one_group_each(pool_copies, own)
     in_round_keys = list(round_report.pairwise)
     pool_keys = [(client, e.name) for client, entries in chosen.items() if client not in own for e in entries]
     lag_of = {e.name: lag_weights.get(abs(round_ - e.round), 0.0) for e in rows.values()}
@@ -244,8 +249,19 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
             weighted.setdefault(client, set()).add(named[0] if named else peer)
     # Fewer distinct peers than min_peers: no majority that could outvote a deviator, so the reward is not paid.
     # A trusted reference tells an honest participant from a deviator at any round size.
-    unsure = set() if reference is not None else {c for c in chosen if len(weighted.get(c, ())) < pool.settings.min_peers}
+    # A participant's resubmission of its own earlier submission is a copy of it (never an analysis scorer's replay:
+    # that answers what such an update earns in its round): paid at most 0, and what the copied submission was paid is
+    # charged back, once. Its reward is then known, never undetermined.
+    resubmitted = {} if duplicates == "flag" else {
+        c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
+    unsure = set() if reference is not None else {
+        c for c in chosen if len(weighted.get(c, ())) < pool.settings.min_peers and c not in resubmitted}
     paid |= {c: 0.0 for c in unsure}
+    charged_back = {c: pool.charge_of(names) for c, names in resubmitted.items()}
+    paid |= {c: min(paid[c], 0.0) - charged_back[c] for c in resubmitted}
+    # A submission its participant resubmitted since (settled late, ``fl.pool_settle``) is paid at most 0 too.
+    paid |= {c: min(paid[c], 0.0) for c in paid
+             if pool is not None and c in real and pool.resubmitted([pool_name(c, round_)])}
     report = dataclasses.replace(report, unadjusted_rewards=unadjusted, rewards=paid)
     undetermined = tuple(sorted(c for c in unsure if c in real))
     # An own resubmission never meets the pool: nothing stands behind its reward but its round.
@@ -257,7 +273,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                        undetermined, pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards),
                        short=tuple(chosen), warming=warming,
                        cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict),
-                       unpaid=tuple(sorted(unsure)))
+                       unpaid=tuple(sorted(unsure)), resubmitted=resubmitted, charged_back=charged_back)
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],
@@ -265,6 +281,25 @@ def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Seq
     """The short scorers the pool is still warming up for: undetermined, or fewer than ``pool_peers`` distinct
     pool participants of non-zero weight (``support``) behind the reward."""
     return tuple(c for c in short if c in undetermined or support.get(c, 0) < settings.pool_peers)
+
+
+def _one_group_each(pool_copies: Sequence[DuplicateGroup], own: set[str]) -> tuple[DuplicateGroup, ...]:
+    """The pool copies with each own resubmitter's groups (window and sketch) as one, noted ``OWN_RESUBMISSION``: the
+    ledger keeps one group a participant (``resubmitted_entries`` reads it back)."""
+    out = [g for g in pool_copies if not own & set(g.clients)]
+    for client in sorted(own):
+        mine = [g for g in pool_copies if client in g.clients]
+        out.append(DuplicateGroup(tuple(sorted({m for g in mine for m in g.clients})),
+                                  tuple(p for g in mine for p in g.pairs), OWN_RESUBMISSION))
+    return tuple(out)
+
+
+def resubmitted_entries(participant: str, group: Sequence[str] | None) -> tuple[str, ...]:
+    """The pool entries of a participant's own that its copy group (a ledger row's ``duplicate_group``) names, when it
+    names nothing else: an own resubmission's (else ())."""
+    others = sorted(set(group or ()) - {participant})
+    named = [parse_pool_name(m) for m in others]
+    return tuple(others) if others and all(n is not None and n[0] == participant for n in named) else ()
 
 
 def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str, str]) -> set[str]:
@@ -279,4 +314,4 @@ def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str
 
 
 __all__ = ["OWN_RESUBMISSION", "POOL_RULE", "POOL_SEPARATOR", "PeerPool", "PoolEntry", "PoolSettings", "PooledRound",
-           "parse_pool_name", "pool_name", "recorded_pool_settings", "score_with_pool"]
+           "parse_pool_name", "pool_name", "recorded_pool_settings", "resubmitted_entries", "score_with_pool"]

@@ -104,14 +104,16 @@ def close_round(pool: PeerPool, packer: SignPacker, round_: int, pooled: PooledR
                 words: tuple[np.ndarray, np.ndarray], participants: Sequence[str], seed: int, penalty: str,
                 bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                 owners: Mapping[str, str] | None = None) -> list[Settlement]:
-    """What the pool does once a round is scored: its participants join it (copies left out), the round is kept
-    pending where scorers went unpaid for want of peers, and what the pool can now settle is settled (returned).
+    """What the pool does once a round is scored: its participants join it (copies left out) with what they were paid,
+    the own submissions its participants resubmitted are marked (charged back), the round is kept pending where
+    scorers went unpaid for want of peers, and what the pool can now settle is settled (returned).
     ``words``: the round's ``packer.words()`` (fetched once by the caller); ``owners``: the attack analysis' scorers and
     their participants, as ``score_with_pool`` took them."""
     signs, task = words
     joining = set(participants) - {c for g in pooled.report.duplicates for c in g.clients}
     pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in joining},
-                   pooled.report.unadjusted_rewards)
+                   pooled.report.unadjusted_rewards, pooled.report.rewards)
+    pool.mark_resubmitted([name for names in pooled.resubmitted.values() for name in names])
     _keep_pending(pool, packer, signs, task, round_, pooled, seed=seed, participants=participants, penalty=penalty,
                   bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, owners=owners)
     return settle_due(pool, round_)
@@ -184,6 +186,7 @@ def apply_settlements(pool: PeerPool, horizon: int, settlements: Sequence[Settle
             del pool.pending[t]
     for settled in settlements:
         pool.rescore(pool_name(settled.participant, settled.round), settled.unadjusted_reward)
+        pool.settle_paid(pool_name(settled.participant, settled.round), settled.reward)
 
 
 def pending_to_arrays(pool: PeerPool) -> tuple[dict[str, np.ndarray], str]:

@@ -100,6 +100,11 @@ class PeerPool:
         for copy detection and lag weights only."""
         self.pending: dict[int, object] = {}
         """Round -> its ``fl.pool_settle.PendingRound``: undetermined rounds waiting to be settled."""
+        self._paid: dict[str, float] = {}
+        """Pool name -> what its submission was paid, net of a charge-back (run-long, as the sketches): what a
+        participant resubmitting it forfeits (``charge_back``)."""
+        self._resubmitted: set[str] = set()
+        """Pool names of submissions their participant resubmitted: charged back once, settled at most 0."""
 
     def entries(self, before_round: int, extra: int = 0, horizon: int | None = None) -> list[PoolEntry]:
         """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name;
@@ -125,9 +130,10 @@ class PeerPool:
         return out[:self.settings.pool_peers]
 
     def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
-                  scores: Mapping[str, float] | None = None) -> None:
-        """Keep a round's sign words (call after scoring it, leaving out copies) and its scores of them (the report's
-        ``unadjusted_rewards``; missing: not recorded); old rounds drop out."""
+                  scores: Mapping[str, float] | None = None, paid: Mapping[str, float] | None = None) -> None:
+        """Keep a round's sign words (call after scoring it, leaving out copies), its scores of them (the report's
+        ``unadjusted_rewards``; missing: not recorded) and what they were paid (``rewards``; missing: 0); old rounds
+        drop out."""
         if not signs:
             return
         widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
@@ -136,10 +142,13 @@ class PeerPool:
             self.pending.clear()
             self._sketches.clear()
             self._scores.clear()
+            self._paid.clear()
+            self._resubmitted.clear()
         self._words = widths.pop()
         self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
         self._scores.update({pool_name(who, round_): (scores or {}).get(who) for who in signs})
         self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
+        self._paid.update({pool_name(who, round_): float((paid or {}).get(who, 0.0)) for who in signs})
         # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
         for t in [t for t in self._rounds if t < round_ - self.settings.window]:
             for who in self._rounds.pop(t):
@@ -149,6 +158,26 @@ class PeerPool:
         """Record a later score of an entry still in the window (a settled round's, ``fl.pool_settle``)."""
         if name in self._scores:
             self._scores[name] = float(score)
+
+    def settle_paid(self, name: str, reward: float) -> None:
+        """Record what a settlement paid an entry (``fl.pool_settle``)."""
+        if name in self._paid:
+            self._paid[name] = float(reward)
+
+    def charge_of(self, names: Sequence[str]) -> float:
+        """What resubmitting ``names`` (earlier submissions of one participant) charges back: what each was paid, if
+        more than 0, unless a resubmission charged it already."""
+        return sum(max(self._paid.get(n, 0.0), 0.0) for n in sorted(set(names)) if n not in self._resubmitted)
+
+    def resubmitted(self, names: Sequence[str]) -> bool:
+        """Whether any of ``names`` was resubmitted by its participant (a settlement of it is paid at most 0)."""
+        return any(n in self._resubmitted for n in names)
+
+    def mark_resubmitted(self, names: Sequence[str]) -> None:
+        """``names`` were resubmitted and charged back (``charge_of``): their net payment is at most 0 from now on."""
+        for name in names:
+            self._paid[name] = min(self._paid.get(name, 0.0), 0.0)
+            self._resubmitted.add(name)
 
     def record(self, participant: str, before_round: int, horizon: int | None = None) -> float | None:
         """The mean score of ``participant``'s entries of the window (and the round before it; with a ``horizon``, the
@@ -187,7 +216,8 @@ class PeerPool:
         for k, (name, bits) in enumerate(self._sketches):
             arrays[f"sketch.{k}"] = bits
         return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches]),
-                        "scores": json.dumps(self._scores)}
+                        "scores": json.dumps(self._scores), "paid": json.dumps(self._paid),
+                        "resubmitted": json.dumps(sorted(self._resubmitted))}
 
     @classmethod
     def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
@@ -199,6 +229,8 @@ class PeerPool:
             pool._words = words.shape[-1]
         pool._rounds = OrderedDict(sorted(pool._rounds.items()))
         pool._scores = {str(k): None if v is None else float(v) for k, v in json.loads(metadata.get("scores", "{}")).items()}
+        pool._paid = {str(k): float(v) for k, v in json.loads(metadata.get("paid", "{}")).items()}
+        pool._resubmitted = set(map(str, json.loads(metadata.get("resubmitted", "[]"))))
         pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
                           for k, name in enumerate(json.loads(metadata["sketches"]))]
         return pool

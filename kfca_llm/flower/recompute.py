@@ -272,7 +272,7 @@ class PoolTracker:
                  check: Sequence[SettlementRow] = ()) -> tuple[Any, list[str]]:
         """(the run's pool after round ``upto``, the mismatches of ``check``: round ``upto``'s settlements scored again
         on the pool as it stood after that round was added, before they applied)."""
-        from ..fl.peer_pool import PeerPool, recorded_pool_settings
+        from ..fl.peer_pool import PeerPool, recorded_pool_settings, resubmitted_entries
         from ..fl.pool_settle import apply_settlements
 
         if run in self._broken:
@@ -288,9 +288,12 @@ class PoolTracker:
         try:
             for t in range(done, upto + 1):
                 rows = self._by_round.get((run, t), [])
-                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in rows if r.duplicate_group is None},
-                               {r.participant: r.unadjusted_reward for r in rows if r.duplicate_group is None})
+                joined = [r for r in rows if r.duplicate_group is None]
+                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in joined},
+                               {r.participant: r.unadjusted_reward for r in joined}, {r.participant: r.reward for r in joined})
                 round_row = self._rounds.get((run, t))
+                if round_row is not None and round_row.settings.get("duplicates") != "flag":
+                    pool.mark_resubmitted([name for r in rows for name in resubmitted_entries(r.participant, r.duplicate_group)])
                 pending = None if round_row is None or not pool.settings.enabled else pending_from_rows(
                     round_row, rows, read_words)
                 if pending is not None:

@@ -52,8 +52,8 @@ class ScoredRound:
 def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
                   failures: list[tuple[str | None, str]]) -> MetricRecord:
     """The round's aggregated train metrics (the wrapped strategy's, if any) with KFCA's: scored, undetermined,
-    pool peers, failed replies, copies (own resubmissions among them), and ``kfca.reward.<participant>`` per paid
-    participant."""
+    pool peers, failed replies, copies (own resubmissions among them), settlements, the sum charged back for
+    resubmitted updates, and ``kfca.reward.<participant>`` per paid participant."""
     report = None if scored is None else scored.report
     out = MetricRecord(dict(metrics.items())) if metrics is not None else MetricRecord()
     out["kfca.scored"] = int(report is not None)
@@ -63,6 +63,7 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
     out["kfca.copies"] = 0 if report is None else sum(len(g.clients) for g in report.duplicates)
     out["kfca.own-resubmissions"] = 0 if scored is None else len(scored.pooled.own_resubmissions)
     out["kfca.settled"] = 0 if scored is None else len(scored.settlements)
+    out["kfca.charged-back"] = 0.0 if scored is None else float(sum(scored.pooled.charged_back.values()))
     if report is not None:
         for node, reward in report.rewards.items():
             out[REWARD_METRIC_PREFIX + node] = float(reward)
@@ -91,11 +92,18 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
             "of it can tell (within the window). Raise the clients per round (fraction_train / min_train_nodes), "
             "lower min_peers, or widen pool_window", server_round, ", ".join(pooled.undetermined),
             pool.settings.min_peers, pool.settings.window)
-    if own := pooled.own_resubmissions:
-        alone = [c for c in own if c in pooled.undetermined]
-        log(WARNING, "KFCA: round %s: %s resubmitted an earlier update of their own (own resubmission: scored without "
-            "the pool, on this round's peers, the pool's term counted as 0%s)", server_round, ", ".join(own),
-            f"; undetermined for {', '.join(alone)}: no lag the pool can weigh yet, so not paid" if alone else "")
+    for who in pooled.own_resubmissions:
+        if who in pooled.resubmitted:
+            charged = pooled.charged_back[who]
+            log(WARNING, "KFCA: round %s: %s resubmitted an earlier update of their own (%s): a copy, scored on this "
+                "round's peers without the pool and paid at most 0 (%+.4f); %s", server_round, who,
+                ", ".join(pooled.resubmitted[who]), pooled.report.rewards[who] + charged,
+                f"charged back {charged:.4f}, what that update was paid" if charged else
+                "nothing to charge back (charged already, or not paid)")
+        else:
+            log(WARNING, "KFCA: round %s: %s resubmitted an earlier update of their own (own resubmission: scored "
+                "without the pool, on this round's peers, the pool's term counted as 0%s)", server_round, who,
+                "; undetermined: no lag the pool can weigh yet, so not paid" if who in pooled.undetermined else "")
     stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
     digests = {participant: sha256_hex(data) for participant, data in stored.items()}
     task_bytes = words_bytes(task)

@@ -8,6 +8,7 @@ per-round one and each node's noise. The strategy's defaults borrow pool peers; 
 import json
 import logging
 import random
+import re
 import sys
 
 import numpy as np
@@ -228,11 +229,12 @@ def test_ledger_cli_shows_rounds_mean_standard_error_and_whether_distinguishable
                       "undetermined_rounds,settled_rounds")
 
 
-def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_logged(tmp_path, caplog):
-    """Node 2 resubmits the update it trained the first time it was sampled: from then on a copy of its own pool
-    entry, scored without the pool (its one in-round peer, the pool's term at 0), never a pool entry, reported in the
-    ledger, the metrics and the log, and `kfca-llm verify` recomputes it."""
-    stale, first = 2, {}
+def test_a_stale_node_is_an_own_resubmission_charged_back_verified_and_logged(tmp_path, caplog):
+    """Node 4 resubmits the update it trained the first time it was sampled (round 4, paid > 0): from then on a copy of
+    its own pool entry, scored without the pool (its one in-round peer, the pool's term at 0) and paid at most 0; its
+    first resubmission is charged what round 4 paid, once. Never a pool entry, reported in the ledger, the metrics and
+    the log, and `kfca-llm verify` recomputes it (the rebuilt pool must know what round 4 paid)."""
+    stale, first = 4, {}
 
     def nodes(message):
         n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
@@ -249,24 +251,33 @@ def test_a_stale_node_is_an_own_resubmission_scored_on_its_round_verified_and_lo
         result = strategy.start(grid=LocalGrid({n: nodes for n in range(1, NODES + 1)}),
                                 initial_arrays=initial_arrays(), num_rounds=ROUNDS)
     rounds = sorted(t for t, r in strategy.rewards.items() if pid(stale) in r)
-    resubmitted = [t for t in rounds[1:] if t > 2]  # rounds 1-2 borrow no pool: nothing to copy from
-    assert resubmitted, rounds
+    assert rounds == [4, 12, 20, 23]
     rows = {r.round: r for r in read_ledger(ledger).rewards if r.participant == pid(stale)}
-    for t in resubmitted:
+    honest_first = rows[4].reward
+    assert honest_first > 0 and rows[4].duplicate_group is None
+    for t in rounds[1:]:
         report, row = strategy.reports[t], rows[t]
         assert report.peers[pid(stale)] == list(set(report.rewards) - {pid(stale)})  # no pool peer
-        assert row.duplicate_group == (pid(stale), f"{pid(stale)}@{rounds[0]}")
-        # its one peer's agreement beside the pool's term (0 at the pool's weight): determined, paid that
+        assert row.duplicate_group == (pid(stale), f"{pid(stale)}@4")
+        # scored on its one peer beside the pool's term (0 at the pool's weight), determined; a copy: paid at most
+        # that and 0, and the first resubmission charged what round 4 paid
         assert pid(stale) not in strategy.undetermined.get(t, ())
         peer = next(p for p in report.peers[pid(stale)])
-        assert row.reward == pytest.approx(report.pairwise[(pid(stale), peer)] / (1 + PoolSettings().weight), rel=1e-12)
+        assert row.unadjusted_reward == pytest.approx(report.pairwise[(pid(stale), peer)] / (1 + PoolSettings().weight),
+                                                      rel=1e-12)
+        charged = honest_first if t == 12 else 0.0
+        assert row.reward == min(row.unadjusted_reward, 0.0) - charged
         assert result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 1
+        assert result.train_metrics_clientapp[t]["kfca.charged-back"] == charged
         assert f"round {t}: {pid(stale)} resubmitted an earlier update of their own" in caplog.text
     assert all(result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 0 for t in strategy.rewards
-               if t not in resubmitted)
-    # docs/few-peers.md shows the line of the first resubmission (round 5)
+               if t not in rounds[1:])
+    # The stale node's balance: its one honest update paid, then charged back: at most 0, below every honest node's.
+    totals = read_ledger(ledger).totals()
+    assert totals[pid(stale)] <= 0 < min(v for who, v in totals.items() if who not in (pid(stale), pid(FLIPPER)))
+    # docs/few-peers.md shows the line of the first resubmission (round 12)
     shown = one_block("docs/few-peers.md", "text", "resubmitted an earlier update").strip()
-    assert resubmitted[0] == 5 and shown.replace(" A", " " + pid(stale)) in caplog.text
+    assert re.sub(r"\bA\b", pid(stale), shown) in caplog.text
     assert main(["verify", str(ledger)]) == 0
 
 

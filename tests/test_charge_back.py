@@ -1,0 +1,70 @@
+"""A participant resubmitting an update of its own (``stale``, a ``lagged:K`` replay of its first update) is a copy:
+paid at most 0, and what the resubmitted update was paid is charged back, once (``fl.peer_pool``, ``fl.pool_settle``).
+
+Two clients a round of 20, as in test_pool_settle.py: client 4 trains in rounds 3, 13 and 23.
+"""
+
+import numpy as np
+from test_peer_pool import honest, round_updates
+from test_pool_settle import close, pair
+
+from kfca_llm.api import pack_updates
+from kfca_llm.fl.peer_pool import PeerPool, score_with_pool
+
+STALE = 4
+
+
+def run(rounds: int, schedule=pair, pool: PeerPool | None = None):
+    """Client 4 resubmits its first update whenever it trains; (pool, round -> PooledRound, round -> paid, settled)."""
+    first: dict[str, np.ndarray] = {}
+    stale = {STALE: lambda t: first.setdefault("w", honest(STALE, t))}
+    pool = pool or PeerPool()
+    scored, paid, settled = {}, {}, []
+    for t in range(1, rounds + 1):
+        packer = pack_updates(round_updates(t, schedule(t), stale))
+        scored[t] = score_with_pool(packer, pool, t, seed=t)
+        paid[t] = dict(scored[t].report.rewards)
+        done = close(pool, packer, t, scored[t], participants=packer.clients)
+        settled += done
+        for s in done:
+            paid[s.round][s.participant] = s.reward
+    return pool, scored, paid, settled
+
+
+def test_the_first_resubmission_is_charged_what_the_update_was_paid_the_next_nothing_more():
+    _, scored, paid, settled = run(23)
+    who = f"c{STALE:02d}"
+    assert [t for t in paid if who in paid[t]] == [3, 13, 23]
+    honest_paid = paid[3][who]
+    # round 3 was paid (on time or settled) before round 13 resubmitted it
+    assert honest_paid > 0 and all(s.settled_in < 13 for s in settled if s.round == 3)
+    for t, charged in ((13, honest_paid), (23, 0.0)):
+        pooled = scored[t]
+        assert pooled.resubmitted == {who: (f"{who}@3",)} and pooled.charged_back == {who: charged}
+        assert who not in pooled.undetermined
+        assert pooled.report.rewards[who] == min(pooled.report.unadjusted_rewards[who], 0.0) - charged
+    # its balance: at most 0; every honest client that trained is paid more
+    total = sum(paid[t][who] for t in (3, 13, 23))
+    honest_totals = {c: sum(p.get(c, 0.0) for p in paid.values()) for p in paid.values() for c in p if c != who}
+    assert total <= 0 < min(honest_totals.values())
+
+
+def test_an_update_resubmitted_while_its_round_waits_is_settled_at_most_0():
+    """Client 4 trains in round 2 (undetermined: nothing to weigh yet) and resubmits it in round 4, before round 2 is
+    settled: nothing was paid to charge back then, so the settlement pays it at most 0."""
+    schedule = {1: (0, 1), 2: (4, 5), 3: (2, 3), 4: (4, 7)}
+    _, scored, paid, settled = run(12, lambda t: schedule.get(t, pair(t + 2)))
+    assert scored[2].undetermined == ("c04", "c05")
+    assert scored[4].resubmitted == {"c04": ("c04@2",)} and scored[4].charged_back == {"c04": 0.0}
+    (late,) = [s for s in settled if (s.round, s.participant) == (2, "c04")]
+    assert late.settled_in > 4 and late.reward == min(late.unadjusted_reward, 0.0)
+    partner = next(s for s in settled if (s.round, s.participant) == (2, "c05"))
+    assert partner.reward == partner.unadjusted_reward  # its partner is settled as it would be
+
+
+def test_a_resumed_pool_knows_what_was_paid_and_charged():
+    pool, *_ = run(13)
+    again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
+    assert again.charge_of(["c04@3"]) == pool.charge_of(["c04@3"]) == 0.0  # charged in round 13
+    assert again.resubmitted(["c04@3"]) and not again.resubmitted(["c05@3"])
+    assert again.charge_of(["c05@3"]) == pool.charge_of(["c05@3"]) > 0
