@@ -74,8 +74,12 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
              f"categorical-world condition held in {sum(cat)}/{len(cat)} rounds"]
     for client, entry in report.get("fixed_attackers", {}).items():
         rounds = sum(v is not None for v in entry["per_round"])
+        charged = {r["round"]: r["charged_back"][client] for r in report.get("round_records", [])
+                   if client in r.get("charged_back", {})}
         notes.append(f"fixed attacker {client} ({entry['spec']}): mean reward {entry['mean_reward']:+.4f} "
-                     f"over the {rounds} rounds it was sampled")
+                     f"over the {rounds} rounds it was sampled" + (
+                         f"; resubmitted its own update in round(s) {', '.join(map(str, charged))}: paid at most 0, "
+                         f"{sum(charged.values()):.4f} charged back" if charged else ""))
     if undetermined := report.get("undetermined_rounds"):
         kfca = report.get("config", {}).get("kfca", {})
         settled = {(s["round"], s["participant"]) for r in report.get("round_records", []) for s in r.get("settlements", [])}

@@ -41,6 +41,12 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
     (group,) = records[3]["duplicates"]
     assert group["clients"] == ["client-002", "client-002@3"] and group["note"] == "own resubmission: scored without the pool"
     assert "client-002" not in records[3]["pool_peers"] and report["duplicates"]["flagged"] == {"client-002": [4]}
+    # A real participant's own resubmission is a copy: paid at most 0, less what its round-3 zeros were paid.
+    charged = max(records[2]["fixed_attacker_rewards"]["client-002"], 0.0)
+    assert records[3]["charged_back"] == {"client-002": charged}
+    assert records[3]["fixed_attacker_rewards"]["client-002"] == min(group["unadjusted_rewards"]["client-002"], 0.0) - charged
+    assert (f"resubmitted its own update in round(s) 4: paid at most 0, {charged:.4f} charged back"
+            in " ".join(printed.split()))
     # The analysis client's side-by-side strategies borrow the same pool peers as its honest update.
     assert records[3]["pool_peers"]["client-000/flip"] == records[3]["pool_peers"]["client-000"]
     # Round 1 is a replay of the round itself (no earlier update); from round 2 the replayed update is the analysis

@@ -27,8 +27,12 @@ also against ``pool_peers`` pool entries:
   the run, is a copy and is not added to the pool. A copy of another participant's entry (or of several
   participants' entries, its own among them) is paid under the round's duplicate policy (at most 0 under
   ``zero`` and ``split``). An **own resubmission** (every entry it copies is its own participant's: ``stale``,
-  ``lagged:K``) never meets the pool: its pool term is 0 at the pool's weight, so it is paid its in-round
-  agreement (and the trusted reference's, if any) on the footing of everyone else, never the pool's support;
+  ``lagged:K``) never meets the pool: its pool term is 0 at the pool's weight, so it is scored on its in-round
+  agreement (and the trusted reference's, if any) on the footing of everyone else, never the pool's support. A real
+  participant's is a copy under ``zero`` and ``split`` as well: paid at most 0, and what the resubmitted update was
+  paid is **charged back**, once (``PeerPool.charge_of``; an update resubmitted while its round waits to be settled is
+  settled at most 0): a group of one participant's own copies earns nothing, as ``zero`` pays any group. The attack
+  analysis' replays are not charged: they answer what such an update earns in its round;
 * **undetermined**: a participant with fewer than ``min_peers`` distinct peers (in-round and pool) has no
   majority of independent peers that could outvote one deviator; the round is marked undetermined and its
   reward is not paid (0; the score stays in ``unadjusted_rewards``).

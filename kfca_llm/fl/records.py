@@ -76,6 +76,9 @@ class RoundRecord:
     settlements: list[dict[str, Any]] = field(default_factory=list)
     """Clients of earlier undetermined rounds this round's pool settled (``fl.pool_settle.Settlement.to_dict``); the
     settled round's ``honest_rewards`` / ``fixed_attacker_rewards`` hold the settled reward from then on."""
+    charged_back: dict[str, float] = field(default_factory=dict)
+    """Client -> what was charged back from its reward for resubmitting an update of its own (``fl.peer_pool``: paid
+    at most 0, less what the resubmitted update had been paid; 0: charged already, or not paid)."""
 
     def honest_delta(self) -> list[list[float]] | None:
         """Mean empirical delta matrix over the round's pairs of honest updates (None: no such pair, e.g. one

@@ -262,7 +262,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
             num_examples={c: r.num_examples for c, r in trained.items()}, duplicates=scores.duplicates,
             undetermined=scores.undetermined, pool_peers=scores.pool_peers, strategy_copies=scores.strategy_copies,
             strategy_own_resubmissions=scores.strategy_own_resubmissions,
-            settlements=[settled.to_dict() for settled in scores.settlements],
+            settlements=[settled.to_dict() for settled in scores.settlements], charged_back=scores.charged_back,
             aggregated=aggregated_shares(weights), heldout=heldout_scores))
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:

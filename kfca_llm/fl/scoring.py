@@ -87,6 +87,8 @@ class RoundScores:
     """The submissions (by id) paid with the peer pool, for the aggregation's weak-verdict rule (``fl.aggregate``)."""
     settlements: list[Settlement] = field(default_factory=list)
     """Clients of earlier undetermined rounds this round's pool settled (``fl.pool_settle``)."""
+    charged_back: dict[str, float] = field(default_factory=dict)
+    """Fixed attacker -> what its reward was charged for resubmitting an update of its own (``fl.peer_pool``)."""
 
 
 def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> list[str]:
@@ -169,7 +171,7 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         strategy_copies=[s.strategy for s in analysed if any(s.id in g.clients for g in pooled.pool_copies)],
         strategy_own_resubmissions=[s.strategy for s in analysed if s.id in pooled.own_resubmissions],
         pool_peers={c: peers for c, peers in pooled.pool_peers.items() if peers}, verdicts=pooled.verdicts,
-        settlements=settlements)
+        settlements=settlements, charged_back=dict(pooled.charged_back))
 
 
 def _unscorable(round_: int, reason: NoTasksError, analysed: Sequence[Submission],
