@@ -68,3 +68,14 @@ def test_a_resumed_pool_knows_what_was_paid_and_charged():
     assert again.charge_of(["c04@3"]) == pool.charge_of(["c04@3"]) == 0.0  # charged in round 13
     assert again.resubmitted(["c04@3"]) and not again.resubmitted(["c05@3"])
     assert again.charge_of(["c05@3"]) == pool.charge_of(["c05@3"]) > 0
+
+
+def test_an_update_settled_before_it_is_resubmitted_is_charged_its_settled_reward():
+    """Client 4 trains in round 2 (undetermined), is settled later (paid > 0), and resubmits it in round 11."""
+    schedule = {1: (0, 1), 2: (4, 5), 3: (2, 3)}
+    _, scored, paid, settled = run(11, lambda t: schedule.get(t, pair(t + 2)))
+    assert [t for t in paid if "c04" in paid[t]] == [2, 11]
+    (first,) = [s for s in settled if (s.round, s.participant) == (2, "c04")]
+    assert first.settled_in < 11 and first.reward > 0
+    assert scored[11].charged_back == {"c04": first.reward}
+    assert paid[11]["c04"] == min(scored[11].report.unadjusted_rewards["c04"], 0.0) - first.reward
