@@ -6,15 +6,17 @@ Two clients a round of 20, as in test_pool_settle.py: client 4 trains in rounds 
 
 import numpy as np
 from test_peer_pool import honest, round_updates
-from test_pool_settle import close, pair
+from test_pool_settle import pair
 
 from kfca_llm.api import pack_updates
+from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, score_with_pool
+from kfca_llm.fl.pool_settle import close_round
 
 STALE = 4
 
 
-def run(rounds: int, schedule=pair, pool: PeerPool | None = None):
+def run(rounds: int, schedule=pair, pool: PeerPool | None = None, duplicates: str = "zero"):
     """Client 4 resubmits its first update whenever it trains; (pool, round -> PooledRound, round -> paid, settled)."""
     first: dict[str, np.ndarray] = {}
     stale = {STALE: lambda t: first.setdefault("w", honest(STALE, t))}
@@ -22,9 +24,10 @@ def run(rounds: int, schedule=pair, pool: PeerPool | None = None):
     scored, paid, settled = {}, {}, []
     for t in range(1, rounds + 1):
         packer = pack_updates(round_updates(t, schedule(t), stale))
-        scored[t] = score_with_pool(packer, pool, t, seed=t)
+        scored[t] = score_with_pool(packer, pool, t, seed=t, duplicates=duplicates)
         paid[t] = dict(scored[t].report.rewards)
-        done = close(pool, packer, t, scored[t], participants=packer.clients)
+        done = close_round(pool, packer, t, scored[t], words=packer.words(), participants=packer.clients, seed=t,
+                           penalty="expected", bonus_fraction=0.5, duplicates=duplicates, duplicate_rule=DuplicateRule())
         settled += done
         for s in done:
             paid[s.round][s.participant] = s.reward
@@ -79,3 +82,9 @@ def test_an_update_settled_before_it_is_resubmitted_is_charged_its_settled_rewar
     assert first.settled_in < 11 and first.reward > 0
     assert scored[11].charged_back == {"c04": first.reward}
     assert paid[11]["c04"] == min(scored[11].report.unadjusted_rewards["c04"], 0.0) - first.reward
+
+
+def test_under_flag_a_resubmission_is_listed_never_charged():
+    _, scored, paid, _ = run(13, duplicates="flag")
+    assert scored[13].own_resubmissions == ("c04",) and scored[13].resubmitted == {} == scored[13].charged_back
+    assert paid[13]["c04"] == scored[13].report.unadjusted_rewards["c04"] > 0
