@@ -17,10 +17,12 @@ from .pool_copies import sketch
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
-POOL_RULE = 2
-"""1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2 (this version): in-round peers read
-the way the pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards
-not paid; pool peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``)."""
+POOL_RULE = 3
+"""1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2: in-round peers read the way the
+pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards not paid; pool
+peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``); 3 (this version): as 2, and
+a participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged back
+(``fl.peer_pool``)."""
 
 
 @dataclass(frozen=True)

@@ -163,28 +163,34 @@ def test_undetermined_rewards_are_not_paid_in_their_round_and_settled_by_a_later
     assert sum(s["settled_rounds"] for s in summary) == 6
 
 
-def test_a_ledger_of_the_earlier_pool_rule_is_unverifiable_where_the_pool_paid_never_a_false_mismatch(pooled, tmp_path):
-    """Rounds paid under pool rule 1 (one weighted mean of in-round and pool peers) recorded no ``rule``: this
-    version's rule would pay them differently, which must not read as tampering."""
+@pytest.mark.parametrize("rule", [1, 2])
+def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_never_a_false_mismatch(pooled, tmp_path,
+                                                                                                    rule):
+    """Rounds paid under pool rule 1 (one weighted mean of in-round and pool peers; recorded no ``rule``) or rule 2
+    (own resubmissions paid their agreement, never charged back): this version's rule would pay them differently,
+    which must not read as tampering."""
     import json
     import shutil
     import sqlite3
 
+    from kfca_llm.fl.pool_store import POOL_RULE
     from kfca_llm.flower.audit import verify_ledger
 
     _, _, ledger = pooled
-    old = tmp_path / "rule1.sqlite"
+    old = tmp_path / f"rule{rule}.sqlite"
     shutil.copy(ledger, old)
     shutil.copytree(f"{ledger}.d", f"{old}.d")
     with sqlite3.connect(old) as conn:
         for run_id, t, settings in conn.execute("SELECT run_id, round, settings FROM rounds").fetchall():
             settings = json.loads(settings)
-            assert settings["pool"].pop("rule") == 2
+            assert settings["pool"].pop("rule") == POOL_RULE == 3
+            if rule > 1:
+                settings["pool"]["rule"] = rule
             conn.execute("UPDATE rounds SET settings = ? WHERE run_id = ? AND round = ?", (json.dumps(settings), run_id, t))
     reseal(old)
     check = verify_ledger(old)
     assert check.chain_errors == [] and len(check.rounds) == ROUNDS
-    assert all(r.status == "unverifiable" and "peer-pool rule 1" in r.detail for r in check.rounds)
+    assert all(r.status == "unverifiable" and f"peer-pool rule {rule}" in r.detail for r in check.rounds)
 
 
 def test_the_log_says_why_a_round_is_undetermined_and_what_to_change(caplog):
