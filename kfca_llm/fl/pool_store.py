@@ -20,9 +20,9 @@ POOL_SEPARATOR = "@"
 POOL_RULE = 3
 """1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2: in-round peers read the way the
 pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards not paid; pool
-peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``); 3 (this version): as 2, and
-a participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged back
-(``fl.peer_pool``)."""
+peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``: the window's); 3 (this
+version): as 2, a participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged
+back (``fl.peer_pool``), and a participant's record is the lower of its window's and its run's."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,9 @@ class PeerPool:
         self._words: int | None = None
         self._scores: dict[str, float | None] = {}
         """Pool name -> its round's score of it before copies and the undetermined rule (``unadjusted_rewards``;
-        None: not recorded): only entries scored > 0 (or not recorded) become pool peers; a deviator's entries stay
-        for copy detection and lag weights only."""
+        None: not recorded), run-long (a float a submission, as the sketches): only entries of the window scored > 0
+        (or not recorded) become pool peers, a deviator's entries stay for copy detection and lag weights only; every
+        scored submission counts in its participant's ``record``."""
         self.pending: dict[int, object] = {}
         """Round -> its ``fl.pool_settle.PendingRound``: undetermined rounds waiting to be settled."""
         self._paid: dict[str, float] = {}
@@ -153,11 +154,10 @@ class PeerPool:
         self._paid.update({pool_name(who, round_): float((paid or {}).get(who, 0.0)) for who in signs})
         # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
         for t in [t for t in self._rounds if t < round_ - self.settings.window]:
-            for who in self._rounds.pop(t):
-                self._scores.pop(pool_name(who, t), None)
+            del self._rounds[t]
 
     def rescore(self, name: str, score: float) -> None:
-        """Record a later score of an entry still in the window (a settled round's, ``fl.pool_settle``)."""
+        """Record a later score of an entry (a settled round's, ``fl.pool_settle``)."""
         if name in self._scores:
             self._scores[name] = float(score)
 
@@ -182,13 +182,20 @@ class PeerPool:
             self._resubmitted.add(name)
 
     def record(self, participant: str, before_round: int, horizon: int | None = None) -> float | None:
-        """The mean score of ``participant``'s entries of the window (and the round before it; with a ``horizon``, the
-        rounds after ``before_round`` up to it too) that their rounds scored, or None: its recent record, which settles
-        who deviated in a disagreeing pair with its current verdict."""
-        scores = [self._scores.get(e.name) for e in self.entries(before_round, extra=1, horizon=horizon)
+        """``participant``'s record, which settles who deviated in a disagreeing pair with its current verdict: the lower
+        of its recent record (the mean score of its entries of the window and the round before it; with a ``horizon``,
+        the rounds after ``before_round`` up to it too) and its run's (the mean score of every submission of the run
+        but ``before_round``'s), or the one it has; None: nothing of it was scored. Late in training a round's verdicts
+        fade while a persistent deviator's run record does not; a participant that turns deviator is caught by its
+        recent record before its run record has moved."""
+        recent = [self._scores.get(e.name) for e in self.entries(before_round, extra=1, horizon=horizon)
                   if e.participant == participant]
-        scores = [s for s in scores if s is not None]
-        return sum(scores) / len(scores) if scores else None
+        whole = [score for name, score in self._scores.items()
+                 if (entry := parse_pool_name(name)) is not None and entry[0] == participant
+                 and entry[1] != before_round and entry[1] <= (before_round - 1 if horizon is None else horizon)]
+        means = [sum(found) / len(found) for found in ([s for s in recent if s is not None],
+                                                       [s for s in whole if s is not None]) if found]
+        return min(means) if means else None
 
     def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
                       ) -> list[tuple[str, float]]:
