@@ -287,18 +287,21 @@ def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair
 
 
 def test_a_record_is_the_lower_of_the_windows_and_the_runs():
-    """A flipper back after the window (late in training, when a round's verdicts fade) is still ranked by its run; one
-    that turned deviator is ranked by its recent record while its run's is still good; an honest participant with one
-    noisy round in the window keeps its run's weight only as far as the window allows (the lower of the two)."""
+    """A flipper back after the window (late in training, when a round's verdicts fade) is still ranked by its run, and
+    so is one whose window holds a read-back it was paid by mistake; one that turned deviator is ranked by its recent
+    record while its run's is still good; an honest participant with one noisy round in the window keeps its run's
+    weight only as far as the window allows (the lower of the two)."""
     pool, words = PeerPool(PoolSettings(window=3)), np.zeros(4, np.int32)
     scores = {"flipper": {1: -0.2, 2: -0.1}, "turncoat": {1: 0.3, 2: 0.3, 3: 0.3, 14: -0.1},
-              "honest": {1: 0.2, 14: -0.01}}
+              "honest": {1: 0.2, 14: -0.01}, "misranked": {1: -0.2, 2: -0.2, 3: -0.2, 14: 0.1}}
     for t in range(1, 16):
         pool.add_round(t, {who: words for who, s in scores.items() if t in s} | {"other": words},
                        {who: s[t] for who, s in scores.items() if t in s})
     assert pool.record("flipper", 16) == pytest.approx(-0.15)  # nothing in the window: its run's
     assert pool.record("turncoat", 16) == pytest.approx(-0.1)  # its window's, below its run's +0.2
     assert pool.record("honest", 16) == pytest.approx(-0.01)
+    # a flipper paid the read-back once by mistake (recent +0.1) is ranked by its run: the mistake does not repeat
+    assert pool.record("misranked", 16) == pytest.approx(-0.125)
     assert pool.record("flipper", 2) == -0.2 and pool.record("flipper", 2, horizon=15) == -0.2  # never its own round
     assert pool.record("other", 16) is None  # never recorded
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
