@@ -105,7 +105,7 @@ class PeerPool:
         """Round -> its ``fl.pool_settle.PendingRound``: undetermined rounds waiting to be settled."""
         self._paid: dict[str, float] = {}
         """Pool name -> what its submission was paid, net of a charge-back (run-long, as the sketches): what a
-        participant resubmitting it forfeits (``charge_back``)."""
+        participant resubmitting it forfeits (``charge_of``)."""
         self._resubmitted: set[str] = set()
         """Pool names of submissions their participant resubmitted: charged back once, settled at most 0."""
 
