@@ -21,6 +21,7 @@ LLM Fine-Tuning"):
 ``sparse:P``   each coordinate kept honest with probability P in (0, 1), otherwise replaced by a
                Gaussian value with the honest tensor's standard deviation
 ``flip``       the negated update
+``flip-after:K``  honest for its first K updates, then negated (a sleeper: builds a record, then spends it)
 ``zero``       all zeros
 ``scaled:F``   F times the honest update (F finite; ``scaled:-10`` is a flip ten times as large)
 ``random``     Gaussian noise with the honest tensor's standard deviation (per tensor)
@@ -204,6 +205,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _update_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"the honest updates before flipping must be >= 1, got {value}")
+    return value
+
+
 def _open_unit_fraction(text: str) -> float:
     try:
         value = float(text)
@@ -284,6 +295,12 @@ def sparse_update(honest, history, generator, keep: float):
 @register_attack("flip")
 def flipped_update(honest, history, generator):
     return {k: -v for k, v in honest.items()}
+
+
+@register_attack("flip-after", parse=_update_count, usage="flip-after:K (honest for K updates, then flipped)")
+def flip_after_update(honest, history, generator, after: int):
+    # ``history`` holds the updates this client made before this one: honest while fewer than K.
+    return flipped_update(honest, history, generator) if len(history) >= after else honest_update(honest, history, generator)
 
 
 @register_attack("zero")

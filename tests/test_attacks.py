@@ -51,6 +51,16 @@ def test_honest_flip_zero():
     assert all(torch.count_nonzero(v) == 0 for v in resolve_attack("zero")(honest, hist, _gen()).values())
 
 
+def test_flip_after_is_honest_for_its_first_k_updates_then_flipped():
+    honest, hist = _update(1), _history(3)
+    attack = resolve_attack("flip-after:2")
+    assert _same(attack(honest, hist[:0], _gen()), honest) and _same(attack(honest, hist[:1], _gen()), honest)
+    for before in (2, 3):
+        assert _same(attack(honest, hist[:before], _gen()), {k: -v for k, v in honest.items()})
+    with pytest.raises(InputError, match="must be >= 1"):
+        resolve_attack("flip-after:0")
+
+
 def test_stale_and_lagged_pick_the_right_round():
     # history[r] is the honest update of round r+1; the current round is len(history)+1.
     hist = _history(6)
