@@ -195,24 +195,17 @@ def _valid_text() -> str:
 
 # --- parameter parsers -------------------------------------------------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"lag must be >= 1, got {value}")
-    return value
-
-
-def _update_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"the honest updates before flipping must be >= 1, got {value}")
-    return value
+def _positive_int(what: str) -> Callable[[str], int]:
+    """A parser of an integer >= 1; ``what`` names it in the error."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an integer") from None
+        if value < 1:
+            raise ValueError(f"{what} must be >= 1, got {value}")
+        return value
+    return parse
 
 
 def _open_unit_fraction(text: str) -> float:
@@ -267,7 +260,7 @@ def stale_update(honest, history, generator):
     return {k: source[k].clone() for k in honest}
 
 
-@register_attack("lagged", parse=_positive_int, usage="lagged:K (K >= 1)", replays=lambda t, lag: max(1, t - lag))
+@register_attack("lagged", parse=_positive_int("lag"), usage="lagged:K (K >= 1)", replays=lambda t, lag: max(1, t - lag))
 def lagged_update(honest, history, generator, lag: int):
     # history[-1] is round t-1, so round t-K is history[-K]; before round K+1 the oldest there is.
     if not history:
@@ -297,7 +290,7 @@ def flipped_update(honest, history, generator):
     return {k: -v for k, v in honest.items()}
 
 
-@register_attack("flip-after", parse=_update_count, usage="flip-after:K (honest for K updates, then flipped)")
+@register_attack("flip-after", parse=_positive_int("the honest updates before flipping"), usage="flip-after:K (honest for K updates, then flipped)")
 def flip_after_update(honest, history, generator, after: int):
     # ``history`` holds the updates this client made before this one: honest while fewer than K.
     return flipped_update(honest, history, generator) if len(history) >= after else honest_update(honest, history, generator)

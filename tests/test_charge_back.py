@@ -69,7 +69,7 @@ def test_a_resumed_pool_knows_what_was_paid_and_charged():
     pool, *_ = run(13)
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
     assert again.charge_of(["c04@3"]) == pool.charge_of(["c04@3"]) == 0.0  # charged in round 13
-    assert again.resubmitted(["c04@3"]) and not again.resubmitted(["c05@3"])
+    assert again.resubmitted("c04@3") and not again.resubmitted("c05@3")
     assert again.charge_of(["c05@3"]) == pool.charge_of(["c05@3"]) > 0
 
 

@@ -265,7 +265,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     paid |= {c: min(paid[c], 0.0) - charged_back[c] for c in resubmitted}
     # A submission its participant resubmitted since (settled late, ``fl.pool_settle``) is paid at most 0 too.
     paid |= {c: min(paid[c], 0.0) for c in paid
-             if pool is not None and c in real and pool.resubmitted([pool_name(c, round_)])}
+             if pool is not None and c in real and pool.resubmitted(pool_name(c, round_))}
     report = dataclasses.replace(report, unadjusted_rewards=unadjusted, rewards=paid)
     undetermined = tuple(sorted(c for c in unsure if c in real))
     # An own resubmission never meets the pool: nothing stands behind its reward but its round.

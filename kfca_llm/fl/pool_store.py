@@ -171,9 +171,9 @@ class PeerPool:
         more than 0, unless a resubmission charged it already."""
         return sum(max(self._paid.get(n, 0.0), 0.0) for n in sorted(set(names)) if n not in self._resubmitted)
 
-    def resubmitted(self, names: Sequence[str]) -> bool:
-        """Whether any of ``names`` was resubmitted by its participant (a settlement of it is paid at most 0)."""
-        return any(n in self._resubmitted for n in names)
+    def resubmitted(self, name: str) -> bool:
+        """Whether its participant resubmitted entry ``name`` (a settlement of it is paid at most 0)."""
+        return name in self._resubmitted
 
     def mark_resubmitted(self, names: Sequence[str]) -> None:
         """``names`` were resubmitted and charged back (``charge_of``): their net payment is at most 0 from now on."""
