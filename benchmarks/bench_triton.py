@@ -17,13 +17,16 @@ Per float format and round size n, every figure from the same run on the same de
   (a lower bound on a naive implementation: one set of three), over ``pack + counts`` (up to
   ``--naive-max-clients``);
 * ``peak``: peak device memory allocated during the case.
-Times are the best of ``--repeats`` after a warm-up.
+Times are the best of ``--repeats`` after a warm-up. ``--runs K`` measures every case K times (its
+buffers allocated and filled anew each time) and prints each figure as ``median [min - max]`` of the K runs; ``--json`` keeps every run's figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import statistics
 import shlex
 import sys
 import time
@@ -138,9 +141,11 @@ def round_case(layout: Layout, n: int, dtype: torch.dtype, device: torch.device,
         figures["sampled_s"] = timed(lambda: backend.sampled_matches(buffers, args.seed, 0.5, pairs), device,
                                      max(1, args.repeats // 2))
         figures["sampled_over_expected"] = figures["sampled_s"] / figures["counts_s"]
-        figures.update(draw_ways(buffers, pairs, device, args))
-        figures["shared_over_expected"] = figures.get("shared_s", float("nan")) / figures["counts_s"]
-        figures["per_pair_over_expected"] = figures["per_pair_s"] / figures["counts_s"]
+        if n <= args.draw_ways_max_clients:
+            figures.update(draw_ways(buffers, pairs, device, args))
+            if "shared_s" in figures:
+                figures["shared_over_expected"] = figures["shared_s"] / figures["counts_s"]
+            figures["per_pair_over_expected"] = figures["per_pair_s"] / figures["counts_s"]
     if not streamed and n <= args.naive_max_clients:
         def naive():
             negative = data < 0
@@ -178,12 +183,32 @@ def draw_ways(buffers, pairs: np.ndarray, device: torch.device, args) -> dict:
     return figures
 
 
+def summarize(runs: list[dict]) -> dict:
+    """Each numeric figure of the runs as (min, median, max); the others as the first run has them."""
+    summary = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, float):
+            values = [run[key] for run in runs if key in run]
+            summary[key] = (min(values), statistics.median(values), max(values))
+    return summary
+
+
+def _figure(figures: dict, key: str, scale: float, digits: int) -> str:
+    if key not in figures:
+        return "-"
+    value = figures[key]
+    if not isinstance(value, tuple):
+        return f"{value * scale:.{digits}f}"
+    low, middle, high = (v * scale for v in value)
+    return f"{middle:.{digits}f}" if low == high else f"{middle:.{digits}f} [{low:.{digits}f} - {high:.{digits}f}]"
+
+
 def _ms(figures: dict, key: str) -> str:
-    return f"{figures[key] * 1e3:.3f}" if key in figures else "-"
+    return _figure(figures, key, 1e3, 3)
 
 
 def _ratio(figures: dict, key: str) -> str:
-    return f"{figures[key]:.2f}" if key in figures else "-"
+    return _figure(figures, key, 1, 2)
 
 
 def main(argv=None) -> None:
@@ -196,7 +221,11 @@ def main(argv=None) -> None:
     parser.add_argument("--resident-gb", type=float, default=40.0, help="rounds above this stream from host memory")
     parser.add_argument("--host-buffers", type=int, default=8, help="distinct pinned host buffers of a streamed round")
     parser.add_argument("--sampled-max-clients", type=int, default=100)
+    parser.add_argument("--draw-ways-max-clients", type=int, default=100,
+                        help="time the two draw ways apart (and compare their matches) up to this many clients")
     parser.add_argument("--naive-max-clients", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=1, help="measure every case this many times: median [min - max]")
+    parser.add_argument("--json", type=Path, help="write every run's figures here (a JSON list)")
     parser.add_argument("--check", action="store_true", help="compare the packed words with the CPU backend")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, a streamed case, checked; runs on the CPU "
                         "under TRITON_INTERPRET=1")
@@ -219,11 +248,16 @@ def main(argv=None) -> None:
           "| sampled / expected | shared draws / expected | per-pair draws / expected | chosen way | naive ms "
           "| pack + counts vs naive | peak GB |")
     print("|" + "---|" * 17)
+    every_run = []
     for name in args.dtypes.split(","):
         for n in (int(v) for v in args.clients.split(",")):
-            f = round_case(layout, n, DTYPES[name], device, args)
+            runs = [round_case(layout, n, DTYPES[name], device, args) for _ in range(args.runs)]
+            every_run += runs
+            if args.json:
+                args.json.write_text(json.dumps(every_run, indent=1))
+            f = summarize(runs)
             print(f"| {name} | {n} | {f['mode']} | {_ms(f, 'copy_s')} | {_ms(f, 'h2d_s')} | {_ms(f, 'pack_s')} | "
-                  f"{_ratio(f, 'pack_over_copy')} | {_ratio(f, 'pack_over_h2d')} | {f['host_ms_per_client']:.3f} | "
+                  f"{_ratio(f, 'pack_over_copy')} | {_ratio(f, 'pack_over_h2d')} | {_figure(f, 'host_ms_per_client', 1, 3)} | "
                   f"{_ms(f, 'counts_s')} | {_ratio(f, 'sampled_over_expected')} | {_ratio(f, 'shared_over_expected')} | "
                   f"{_ratio(f, 'per_pair_over_expected')} | {f.get('auto_way', '-')} | {_ms(f, 'naive_s')} | "
                   f"{_ratio(f, 'speedup_over_naive')} | {_ratio(f, 'peak_GB')} |", flush=True)

@@ -92,15 +92,17 @@ def _tails(dtype) -> Variant:
 def _variants() -> dict[str, list[Variant]]:
     import torch
 
-    gram = [Variant(f"n<={tile}", dict(N_TILES=1, TILE=tile, BLOCK_WORDS=max(4096 // (tile * tile), 16)),
-                    (2 * tile + 1) * max(4096 // (tile * tile), 16) * 32, num_warps=8) for tile in (2, 16)]
+    # counting: per pass, one word per thread of each of the 2 x TILE clients and of the 3 set planes
+    gram = [Variant(f"tile {tile}", dict(TILE=tile, BLOCK=128), (2 * tile + 3) * 128 * 32)
+            for tile in (2, 4)]
     floats = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
     return {
         "sign_pack._pack_words_kernel": [_pack_words(d) for d in floats]
         + [Variant("bfloat16 table", {**_pack_words(torch.bfloat16).constexprs, "FLAT": False, "SUBSET": True},
                    sign_pack.GPU_BLOCK_WORDS * 32, _PACK_TYPES)],
         "sign_pack._pack_tails_kernel": [_tails(d) for d in floats],
-        "pair_counts._gram_kernel": gram,
+        "pair_counts._gram_tiles_kernel": gram,
+        "pair_counts._set_planes_kernel": [Variant("", dict(BLOCK_WORDS=256), 256 * 32, _PENALTY_TYPES)],
         # sampled penalty (tile sizes of its launchers on a GPU): per pass, the task bits of a block; one
         # client's sign bits of a block; the draws of a [pairs x block] tile; the values of a tile.
         "sampled_penalty._set_sizes_kernel": [Variant("", dict(BLOCK_WORDS=32), 32 * 32, _PENALTY_TYPES)],

@@ -107,8 +107,10 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
         # Triton 3.6 (the H100/H200 image's, with torch 2.11) spills in two kernels: _gram_kernel[n<=2] 324 bytes,
         # _planes_kernel 1,364 (benchmarks/RESULTS.md); 3.9, which the suite's torch pins, spills in none.
         assert all(row["spills"] == 0 for row in rows), [row for row in rows if row["spills"]]
-    gram = [row for name, row in by_name.items() if name.startswith("pair_counts._gram_kernel")]
-    assert gram and all(row["popc"] > 0 for row in gram)
+    # one pass of the counting loop: one popcount per pair of the tile and set, nothing recomputed
+    gram = {name: row for name, row in by_name.items() if name.startswith("pair_counts._gram_tiles_kernel")}
+    assert {name: row["popc"] for name, row in gram.items()} == {"pair_counts._gram_tiles_kernel[tile 2]": 3 * 4,
+                                                                "pair_counts._gram_tiles_kernel[tile 4]": 3 * 16}
     assert by_name["sampled_penalty._planes_kernel"]["popc"] > 0  # member counts per word
     element_loads = _inspect("--element-loads")
     words = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_words_kernel")}
@@ -116,6 +118,22 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     assert all(by_name[k]["vector_loads"] >= v[0] for k, v in words.items())
     tails = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_tails_kernel")}
     assert len(tails) == 4 and all(scalar > 0 for _, scalar in tails.values())
+
+
+def test_pair_counts_benchmark_smoke(tmp_path, run_script):
+    """The floor script: every tiling counted what the default counts, torch agreed pair by pair, and each ratio is
+    the quotient of the figures it names."""
+    out = tmp_path / "pair_counts.json"
+    printed = run_script(["benchmarks/bench_pair_counts.py", "--smoke", "--json", str(out)])
+    figures = json.loads(out.read_text())
+    assert [case["clients"] for case in figures["cases"]] == [3, 5] and "counts / floor" in printed
+    for case in figures["cases"]:
+        assert case["checked_against_torch"] and len(case["sweep_s"]) == 1
+        assert case["floor_s"] == 3 * case["clients"] * (case["clients"] + 1) // 2 * case["words"] / figures["popc_per_s"]
+        assert case["counts_over_floor"]["median"] == case["counts_s"]["median"] / case["floor_s"]
+        assert case["sampled_floor_s"] == case["lookups"] / figures["lookups_per_s"]
+        # the cheaper draw way needs at most one lookup pair per ordered pair and bonus task
+        assert 0 < case["lookups"] <= 2 * case["clients"] * (case["clients"] - 1) * case["set_sizes"][0]
 
 
 def test_scaling_benchmark_smoke(tmp_path, run_script):

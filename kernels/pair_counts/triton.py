@@ -1,119 +1,178 @@
 """Binary Gram counts over packed sign words on the GPU (Triton): ``popcount(s_i & s_j & set)`` per task set.
 
-Partition: the class of coordinate ``c = 32 * w + lane`` is derived inside the kernels from the
-counter hash of ``kfca_llm.partition`` (``u = mix32(c ^ key)``, bonus if ``u < t_bonus``, M_1 if
-``u < t_m1``, else M_2), so no index array of size d is ever built; a set's member word is that
-class's lanes AND-ed with the task mask. The kernels take those integers (and the pairs' draw keys)
-as they are: ``kfca_llm.partition.partition_params`` and ``pair_keys`` derive them from a seed.
+Partition: the class of coordinate ``c = 32 * w + lane`` is derived from the counter hash of
+``kfca_llm.partition`` (``u = mix32(c ^ key)``, bonus if ``u < t_bonus``, M_1 if ``u < t_m1``, else M_2),
+so no index array of size d is ever built. The kernels take those integers as they are:
+``kfca_llm.partition.partition_params`` derives them from a seed.
 
-``binary_gram`` ("expected" penalty and everything else): each program walks a contiguous range
-of words; per chunk it loads the words of a tile of client rows and a tile of client columns once
-and counts ``popcount(s_i & s_j & set)`` for every pair of the two tiles and all three sets.
-Clients are split into tiles of at most 16 and only tile pairs with ``tj >= ti`` run (n <= 16: one
-tile, one pass over the words). Every program writes its own int64 partial counts, which torch sums
-on the device in int64: no float, no atomics, so the result is deterministic and exact.
+Two launches:
+
+* ``_set_planes_kernel`` hashes every coordinate once and writes the three set planes (a set's member word
+  is its class's lanes AND-ed with the task word: 3 words per word of signs) and each program's set sizes.
+  Hashing 32 lanes per word costs ~10x a word's popcounts, so it is done once per round, not once per pair.
+* ``_gram_tiles_kernel`` counts. A program owns one tile pair (``TILE`` row clients x ``TILE`` column
+  clients, ``ti <= tj``) and one contiguous range of words. Each thread holds one word per client of the
+  tile and the three set words, and keeps ``3 x TILE x TILE`` per-thread counters in registers across the
+  whole range (no reduction inside the loop): per word and pair, one 3-input AND, one ``popc`` and one add
+  per set, so the loop runs at the popcount unit's rate. The counters are summed across threads once, at
+  the end. Programs are numbered tile pair first, so the programs resident at one time read the same range
+  of words, which stays in L2 while every tile pair reads it.
+
+Every program writes its own int64 counts, which torch sums on the device in int64: no float, no atomics,
+deterministic and exact. Diagonal tiles count their full ``TILE x TILE`` block (both triangles); the waste
+is ``(TILE - 1) / n`` of the pairs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from ..intrinsics.triton import (as_uint32, coordinates, lanes_to_words, mix32, on_interpreter, popcount32, program_cap,
-                                 round_params)
+from ..intrinsics.triton import as_uint32, coordinates, lanes_to_words, mix32, on_interpreter, popcount32, round_params
 
-_MAX_TILE = 16
-
-
-@triton.jit
-def _count_pairs(row_words, col_words, set_words):
-    """[T, T] int64: popcount(row_i & col_j & set) summed over the chunk's words."""
-    both = row_words[:, None, :] & col_words[None, :, :] & set_words[None, None, :]
-    return tl.sum(popcount32(as_uint32(both)).to(tl.int32), axis=2).to(tl.int64)
+_SETS = 3
 
 
 @triton.jit
-def _gram_kernel(signs_ptr, task_ptr, params_ptr, partial_ptr, sizes_ptr, n_clients, n_words,
-                 blocks_per_program, N_TILES: tl.constexpr, TILE: tl.constexpr,
-                 BLOCK_WORDS: tl.constexpr):
+def _set_planes_kernel(task_ptr, params_ptr, planes_ptr, sizes_ptr, n_words, BLOCK_WORDS: tl.constexpr):
+    """planes [3, n_words]: bonus, M_1 and M_2 member words (class lanes & task); sizes [programs, 3]."""
     pid = tl.program_id(0)
-    tile_pair = tl.program_id(1)
-    ti = tile_pair // N_TILES
-    tj = tile_pair % N_TILES
-    if tj >= ti:
-        key = tl.load(params_ptr).to(tl.uint32)
-        t_bonus = tl.load(params_ptr + 1)
-        t_m1 = tl.load(params_ptr + 2)
-        rows = ti * TILE + tl.arange(0, TILE)
-        cols = tj * TILE + tl.arange(0, TILE)
-        row_base = rows.to(tl.int64) * n_words
-        col_base = cols.to(tl.int64) * n_words
-        acc_bonus = tl.zeros((TILE, TILE), dtype=tl.int64)
-        acc_m1 = tl.zeros((TILE, TILE), dtype=tl.int64)
-        acc_m2 = tl.zeros((TILE, TILE), dtype=tl.int64)
-        size_bonus = tl.zeros((), dtype=tl.int64)
-        size_m1 = tl.zeros((), dtype=tl.int64)
-        size_m2 = tl.zeros((), dtype=tl.int64)
-        for k in range(blocks_per_program):
-            words = (pid * blocks_per_program + k) * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
-            in_range = words < n_words
-            task = tl.load(task_ptr + words, mask=in_range, other=0)
-            u = mix32(coordinates(words) ^ key).to(tl.int64)
-            bonus = lanes_to_words(u < t_bonus) & task
-            m1 = lanes_to_words((u >= t_bonus) & (u < t_m1)) & task
-            m2 = lanes_to_words(u >= t_m1) & task
-            row_words = tl.load(signs_ptr + row_base[:, None] + words[None, :],
-                                mask=(rows[:, None] < n_clients) & in_range[None, :], other=0)
-            col_words = tl.load(signs_ptr + col_base[:, None] + words[None, :],
-                                mask=(cols[:, None] < n_clients) & in_range[None, :], other=0)
-            acc_bonus += _count_pairs(row_words, col_words, bonus)
-            acc_m1 += _count_pairs(row_words, col_words, m1)
-            acc_m2 += _count_pairs(row_words, col_words, m2)
-            size_bonus += tl.sum(popcount32(as_uint32(bonus)).to(tl.int32)).to(tl.int64)
-            size_m1 += tl.sum(popcount32(as_uint32(m1)).to(tl.int32)).to(tl.int64)
-            size_m2 += tl.sum(popcount32(as_uint32(m2)).to(tl.int32)).to(tl.int64)
-        tile = tl.arange(0, TILE)[:, None] * TILE + tl.arange(0, TILE)[None, :]
-        out = partial_ptr + (tile_pair * tl.num_programs(0) + pid).to(tl.int64) * (3 * TILE * TILE)
-        tl.store(out + tile, acc_bonus)
-        tl.store(out + TILE * TILE + tile, acc_m1)
-        tl.store(out + 2 * TILE * TILE + tile, acc_m2)
-        if tile_pair == 0:
-            tl.store(sizes_ptr + pid * 3, size_bonus)
-            tl.store(sizes_ptr + pid * 3 + 1, size_m1)
-            tl.store(sizes_ptr + pid * 3 + 2, size_m2)
+    key = tl.load(params_ptr).to(tl.uint32)
+    t_bonus = tl.load(params_ptr + 1)
+    t_m1 = tl.load(params_ptr + 2)
+    words = pid * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
+    in_range = words < n_words
+    task = tl.load(task_ptr + words, mask=in_range, other=0)
+    u = mix32(coordinates(words) ^ key).to(tl.int64)
+    bonus = lanes_to_words(u < t_bonus) & task
+    m1 = lanes_to_words((u >= t_bonus) & (u < t_m1)) & task
+    m2 = lanes_to_words(u >= t_m1) & task
+    tl.store(planes_ptr + words, bonus, mask=in_range)
+    tl.store(planes_ptr + n_words + words, m1, mask=in_range)
+    tl.store(planes_ptr + 2 * n_words + words, m2, mask=in_range)
+    tl.store(sizes_ptr + pid * 3, tl.sum(popcount32(as_uint32(bonus)).to(tl.int64)))
+    tl.store(sizes_ptr + pid * 3 + 1, tl.sum(popcount32(as_uint32(m1)).to(tl.int64)))
+    tl.store(sizes_ptr + pid * 3 + 2, tl.sum(popcount32(as_uint32(m2)).to(tl.int64)))
 
 
-def _gram_config(n_clients: int, signs: torch.Tensor) -> tuple[int, int]:
-    """(tile, words per chunk): tile^2 * words pair-words per chunk (4096 on a GPU fit in registers)."""
-    tile = min(max(2, triton.next_power_of_2(n_clients)), _MAX_TILE)
-    if on_interpreter(signs):
-        return tile, min((1 << 18) // (tile * tile), 4096)
-    return tile, max(4096 // (tile * tile), 16)
+@triton.jit
+def _gram_tiles_kernel(signs_ptr, planes_ptr, tiles_ptr, partial_ptr, n_clients, n_words, words_per_program,
+                       TILE: tl.constexpr, BLOCK: tl.constexpr):
+    """partial [parts, tile pairs, 3, TILE, TILE] int64: this program's counts of its tile pair and word range."""
+    pair = tl.program_id(0)
+    part = tl.program_id(1)
+    ti = tl.load(tiles_ptr + 2 * pair)
+    tj = tl.load(tiles_ptr + 2 * pair + 1)
+    rows = ti * TILE + tl.arange(0, TILE)
+    cols = tj * TILE + tl.arange(0, TILE)
+    row_base = rows.to(tl.int64) * n_words
+    col_base = cols.to(tl.int64) * n_words
+    start = part * words_per_program
+    stop = tl.minimum(start + words_per_program, n_words)
+    acc_bonus = tl.zeros((TILE, TILE, BLOCK), dtype=tl.int32)
+    acc_m1 = tl.zeros((TILE, TILE, BLOCK), dtype=tl.int32)
+    acc_m2 = tl.zeros((TILE, TILE, BLOCK), dtype=tl.int32)
+    for offset in range(start, stop, BLOCK):
+        words = offset + tl.arange(0, BLOCK)
+        in_range = words < stop
+        bonus = as_uint32(tl.load(planes_ptr + words, mask=in_range, other=0))
+        m1 = as_uint32(tl.load(planes_ptr + n_words + words, mask=in_range, other=0))
+        m2 = as_uint32(tl.load(planes_ptr + 2 * n_words + words, mask=in_range, other=0))
+        row_words = tl.load(signs_ptr + row_base[:, None] + words[None, :],
+                            mask=(rows[:, None] < n_clients) & in_range[None, :], other=0)
+        col_words = tl.load(signs_ptr + col_base[:, None] + words[None, :],
+                            mask=(cols[:, None] < n_clients) & in_range[None, :], other=0)
+        both = as_uint32(row_words)[:, None, :] & as_uint32(col_words)[None, :, :]
+        acc_bonus += popcount32(both & bonus[None, None, :]).to(tl.int32)
+        acc_m1 += popcount32(both & m1[None, None, :]).to(tl.int32)
+        acc_m2 += popcount32(both & m2[None, None, :]).to(tl.int32)
+    tile = tl.arange(0, TILE)[:, None] * TILE + tl.arange(0, TILE)[None, :]
+    out = partial_ptr + (part * tl.num_programs(0) + pair).to(tl.int64) * (3 * TILE * TILE)
+    # A thread's counter is at most 32 x (range / BLOCK); summed over the BLOCK threads in int64.
+    tl.store(out + tile, tl.sum(acc_bonus.to(tl.int64), axis=2))
+    tl.store(out + TILE * TILE + tile, tl.sum(acc_m1.to(tl.int64), axis=2))
+    tl.store(out + 2 * TILE * TILE + tile, tl.sum(acc_m2.to(tl.int64), axis=2))
 
 
-def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
-                t_m1: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gram int64 [3, n, n], sizes int64 [3]) on the device: co-negative counts per task set."""
+@dataclass(frozen=True)
+class GramConfig:
+    """How ``binary_gram`` tiles a round: clients per tile side, warps per program, programs to aim at."""
+
+    tile: int
+    num_warps: int
+    target_programs: int
+    planes_block: int
+
+    @property
+    def block(self) -> int:
+        """Words per pass of a program's loop: one per thread."""
+        return 32 * self.num_warps
+
+
+def gram_config(n_clients: int, t: torch.Tensor) -> GramConfig:
+    """The default tiling: tiles of 4 clients (3 x 16 counters per thread fit in registers beside the words),
+    2 for two clients; on a GPU ~64 programs per SM (many waves, so the last one's idle tail is small), in
+    the interpreter a few programs with wide numpy operations."""
+    tile = 2 if n_clients <= 2 else 4
+    if on_interpreter(t):
+        return GramConfig(tile=tile, num_warps=32, target_programs=8, planes_block=1024)
+    sms = torch.cuda.get_device_properties(t.device).multi_processor_count
+    return GramConfig(tile=tile, num_warps=4, target_programs=64 * sms, planes_block=256)
+
+
+@lru_cache(maxsize=64)
+def _tile_pairs(n_tiles: int, device: torch.device) -> torch.Tensor:
+    """[P, 2] int32 (ti, tj), ti <= tj, in row-major order of the upper triangle."""
+    ti, tj = np.triu_indices(n_tiles)
+    return torch.from_numpy(np.stack([ti, tj], axis=1).astype(np.int32)).to(device)
+
+
+def set_planes(task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
+               block_words: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """(planes int32 [3, n_words], sizes int64 [3]): each task set's member words and member counts."""
+    n_words = task.numel()
+    params = round_params(key, t_bonus, t_m1, task.device)
+    planes = torch.empty((_SETS, n_words), dtype=torch.int32, device=task.device)
+    n_programs = triton.cdiv(n_words, block_words)
+    size_partial = torch.empty((n_programs, _SETS), dtype=torch.int64, device=task.device)
+    _set_planes_kernel[(n_programs,)](task, params, planes, size_partial, n_words, BLOCK_WORDS=block_words,
+                                      num_warps=4)
+    return planes, size_partial.sum(dim=0)
+
+
+def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
+                config: GramConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gram int64 [3, n, n], sizes int64 [3]) on the device: co-negative counts per task set.
+
+    ``config`` overrides the default tiling (``gram_config``): the benchmark compares tilings with it.
+    """
     n_clients, n_words = signs.shape
-    params = round_params(key, t_bonus, t_m1, signs.device)
-    tile, block_words = _gram_config(n_clients, signs)
-    n_tiles = triton.cdiv(n_clients, tile)
-    n_blocks = triton.cdiv(n_words, block_words)
-    per_program = triton.cdiv(n_blocks, min(n_blocks, program_cap(signs)))
-    n_programs = triton.cdiv(n_blocks, per_program)
-    partial = torch.zeros((n_tiles * n_tiles, n_programs, 3, tile, tile), dtype=torch.int64,
-                          device=signs.device)
-    size_partial = torch.empty((n_programs, 3), dtype=torch.int64, device=signs.device)
-    _gram_kernel[(n_programs, n_tiles * n_tiles)](
-        signs, task, params, partial, size_partial, n_clients, n_words, per_program,
-        N_TILES=n_tiles, TILE=tile, BLOCK_WORDS=block_words, num_warps=8)
-    per_tile = partial.sum(dim=1)
-    padded = n_tiles * tile
-    gram = torch.zeros((3, padded, padded), dtype=torch.int64, device=signs.device)
-    for ti in range(n_tiles):
-        for tj in range(ti, n_tiles):
-            counts = per_tile[ti * n_tiles + tj]
-            gram[:, ti * tile:(ti + 1) * tile, tj * tile:(tj + 1) * tile] = counts
-            gram[:, tj * tile:(tj + 1) * tile, ti * tile:(ti + 1) * tile] = counts.transpose(1, 2)
-    return gram[:, :n_clients, :n_clients], size_partial.sum(dim=0)
+    config = config or gram_config(n_clients, signs)
+    device = signs.device
+    if n_words == 0 or n_clients == 0:
+        return (torch.zeros((_SETS, n_clients, n_clients), dtype=torch.int64, device=device),
+                torch.zeros(_SETS, dtype=torch.int64, device=device))
+    planes, sizes = set_planes(task, key, t_bonus, t_m1, config.planes_block)
+    tile, block = config.tile, config.block
+    n_tiles = -(-n_clients // tile)
+    tiles = _tile_pairs(n_tiles, device)
+    n_pairs = tiles.shape[0]
+    n_blocks = -(-n_words // block)
+    parts = min(max(-(-config.target_programs // n_pairs), 1), n_blocks)
+    words_per_program = -(-n_blocks // parts) * block
+    parts = -(-n_words // words_per_program)
+    partial = torch.empty((parts, n_pairs, _SETS, tile, tile), dtype=torch.int64, device=device)
+    _gram_tiles_kernel[(n_pairs, parts)](signs, planes, tiles, partial, n_clients, n_words, words_per_program,
+                                         TILE=tile, BLOCK=block, num_warps=config.num_warps)
+    blocks = partial.sum(dim=0).transpose(0, 1)  # [3, P, TILE, TILE]
+    ti, tj = tiles[:, 0].long(), tiles[:, 1].long()
+    by_tile = torch.zeros((_SETS, n_tiles, n_tiles, tile, tile), dtype=torch.int64, device=device)
+    by_tile[:, tj, ti] = blocks.transpose(-1, -2)  # the lower triangle mirrors the upper
+    by_tile[:, ti, tj] = blocks  # diagonal tiles: their own (symmetric) block
+    gram = by_tile.permute(0, 1, 3, 2, 4).reshape(_SETS, n_tiles * tile, n_tiles * tile)
+    return gram[:, :n_clients, :n_clients].contiguous(), sizes

@@ -396,14 +396,21 @@ def _shared_tile_words(t: torch.Tensor, column_words: int) -> int:
     return 512 if on_interpreter(t) else 128 // column_words
 
 
-def shared_draws_pay_off(n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: int) -> bool:
-    """Whether hashing and looking up each shared value once (``_shared_draws_kernel``) costs fewer random
-    lookups than drawing per pair: the values each group of pairs covers (at most its block, at most its
-    pairs' coordinates) against the draws, one lookup pair each either way."""
+def lookup_pairs(n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: int) -> tuple[int, int]:
+    """(shared, per pair): the random lookup pairs (one into M_1's members, one into M_2's) of each draw way.
+    Shared: the values each group of pairs covers (at most its block, at most its pairs' coordinates); per
+    pair: one per pair and bonus task. The draw contract needs at least the smaller of the two."""
     span_bits, _, bounds, _ = _shared_groups(keys, n_words, 0)
     per_group = bounds[:, -1] - bounds[:, 0]
     values = np.minimum(per_group * 32 * n_words, 1 << span_bits).sum()
-    return int(values) < n_pairs * n_bonus
+    return int(values), n_pairs * n_bonus
+
+
+def shared_draws_pay_off(n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: int) -> bool:
+    """Whether hashing and looking up each shared value once (``_shared_draws_kernel``) costs fewer random
+    lookups than drawing per pair."""
+    shared, per_pair = lookup_pairs(n_pairs, n_bonus, keys, n_words)
+    return shared < per_pair
 
 
 def draws_shared(n_clients: int, n_pairs: int, n_bonus: int, keys: np.ndarray, n_words: int) -> bool:

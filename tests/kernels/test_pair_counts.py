@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kfca_llm.kernels.pair_counts import cpu, reference
-from kfca_llm.kernels.pair_counts.triton import binary_gram
+from kfca_llm.kernels.pair_counts.triton import GramConfig, binary_gram
 from kfca_llm.partition import partition_params
 
 
@@ -27,6 +27,28 @@ def test_triton_gram_matches_reference(n_clients, rng, device):
     ref_gram, ref_sizes = reference.binary_gram(signs, task, seed, fraction)
     np.testing.assert_array_equal(gram.cpu().numpy(), ref_gram)
     np.testing.assert_array_equal(sizes.cpu().numpy(), ref_sizes)
+
+
+@pytest.mark.parametrize("config", [GramConfig(tile=2, num_warps=1, target_programs=5, planes_block=32),
+                                    GramConfig(tile=4, num_warps=2, target_programs=3, planes_block=64),
+                                    GramConfig(tile=4, num_warps=4, target_programs=200, planes_block=128)])
+@pytest.mark.parametrize("n_clients", [1, 5, 9])
+def test_every_tiling_counts_what_the_reference_counts(n_clients, config, rng, device):
+    """Tiles that pad the clients (5, 9 in tiles of 2 or 4), word ranges that split blocks unevenly, programs
+    more than blocks (200): the integers stay the reference's."""
+    signs, task = _random_words(rng, n_clients)
+    seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
+    gram, sizes = binary_gram(torch.from_numpy(signs).to(device), torch.from_numpy(task).to(device),
+                              *partition_params(seed, fraction), config=config)
+    ref_gram, ref_sizes = reference.binary_gram(signs, task, seed, fraction)
+    np.testing.assert_array_equal(gram.cpu().numpy(), ref_gram)
+    np.testing.assert_array_equal(sizes.cpu().numpy(), ref_sizes)
+
+
+def test_a_round_without_words_counts_nothing(device):
+    gram, sizes = binary_gram(torch.zeros((3, 0), dtype=torch.int32, device=device),
+                              torch.zeros(0, dtype=torch.int32, device=device), *partition_params(1, 0.5))
+    assert gram.shape == (3, 3, 3) and not gram.any() and sizes.tolist() == [0, 0, 0]
 
 
 @pytest.mark.parametrize("n_clients", [2, 3, 16, 33])
