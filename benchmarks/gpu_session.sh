@@ -14,7 +14,9 @@
 # carry), so the two Ray simulation modules are left out; nor do the suite's pinned torch 2.13 and Triton 3.9 (their
 # CUDA wheels are larger than the 64 MiB a call carries): the image's versions run.
 #
-#   bash benchmarks/gpu_session.sh [SECONDS]      # SECONDS: the call's budget (default 540)
+#   bash benchmarks/gpu_session.sh [SECONDS]          # SECONDS: the call's budget (default 540)
+#   bash benchmarks/gpu_session.sh SECONDS rerun      # after a change to the counting: its tests and benchmark, the
+#                                                     # 20-client rows of the GPU table, the finance recipe alone
 set -u
 budget=${1:-540}
 start=$(date +%s)
@@ -39,6 +41,22 @@ EOF
 } > "$log" 2>&1
 cat "$log"
 echo "setup done, $(left) s left"
+
+if [ "${2:-}" = rerun ]; then
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_pair_counts.py > "$OUT/kernels.log" 2>&1
+  echo "kernel tests exit $?, $(left) s left"
+  timeout 60 python3 benchmarks/bench_pair_counts.py --json "$OUT/pair_counts.json" > "$OUT/pair_counts.log" 2>&1
+  echo "bench_pair_counts exit $?, $(left) s left"
+  timeout 45 python3 benchmarks/bench_triton.py --runs 3 --repeats 1 --clients 20 --naive-max-clients 20 \
+    --sampled-max-clients 0 --json "$OUT/triton.json" > "$OUT/triton.log" 2>&1
+  echo "bench_triton exit $?, $(left) s left"
+  timeout $(( $(left) - 5 )) python3 benchmarks/bench_recipe.py --recipe finance --rounds 1 > "$OUT/recipe.log" 2>&1
+  echo "recipe exit $?, $(left) s left"
+  tail -n 2 "$OUT/kernels.log"; grep -vE "^\s*$|Warning|warn" "$OUT/pair_counts.log" | tail -n 24
+  grep -vE "^\s*$|Warning|warn" "$OUT/triton.log" | tail -n 5
+  grep -E "^(finance|command|\||mean)|Error|error" "$OUT/recipe.log" | cut -c1-300 | tail -n 10
+  exit 0
+fi
 
 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels tests/engine/test_triton_backend.py \
   tests/engine/test_backends_agree.py > "$OUT/kernels.log" 2>&1

@@ -94,5 +94,11 @@ def program_cap(t: torch.Tensor) -> int:
 
 def round_params(key: int, t_bonus: int, t_m1: int, device, m1: int = 0, m2: int = 0,
                  draw2_salt: int = 0) -> torch.Tensor:
-    """[partition key, t_bonus, t_m1, m1, m2, draw2 salt] as int64 on the device (loaded, never specialized)."""
-    return torch.tensor([key, t_bonus, t_m1, m1, m2, draw2_salt], dtype=torch.int64, device=device)
+    """[partition key, t_bonus, t_m1, m1, m2, draw2 salt] as int64 on the device (loaded, never specialized).
+
+    On a GPU the values go through pinned memory without blocking: a copy from pageable memory waits for the
+    stream's queued kernels first, which left the GPU idle while the host launched the rest of a round."""
+    values = torch.tensor([key, t_bonus, t_m1, m1, m2, draw2_salt], dtype=torch.int64)
+    if torch.device(device).type != "cuda":
+        return values.to(device)
+    return values.pin_memory().to(device, non_blocking=True)

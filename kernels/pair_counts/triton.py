@@ -126,10 +126,12 @@ def gram_config(n_clients: int, t: torch.Tensor) -> GramConfig:
 
 
 @lru_cache(maxsize=64)
-def _tile_pairs(n_tiles: int, device: torch.device) -> torch.Tensor:
-    """[P, 2] int32 (ti, tj), ti <= tj, in row-major order of the upper triangle."""
+def _tile_pairs(n_tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """([P, 2] int32 (ti, tj) for the kernel, ti and tj as int64 for indexing): ti <= tj, row-major over the upper
+    triangle. Cached per device: a round's launches then need no copy from the host."""
     ti, tj = np.triu_indices(n_tiles)
-    return torch.from_numpy(np.stack([ti, tj], axis=1).astype(np.int32)).to(device)
+    table = torch.from_numpy(np.stack([ti, tj], axis=1).astype(np.int32)).to(device)
+    return table, table[:, 0].long(), table[:, 1].long()
 
 
 def set_planes(task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
@@ -160,7 +162,7 @@ def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
     planes, sizes = set_planes(task, key, t_bonus, t_m1, config.planes_block)
     tile, block = config.tile, config.block
     n_tiles = -(-n_clients // tile)
-    tiles = _tile_pairs(n_tiles, device)
+    tiles, ti, tj = _tile_pairs(n_tiles, device)
     n_pairs = tiles.shape[0]
     n_blocks = -(-n_words // block)
     parts = min(max(-(-config.target_programs // n_pairs), 1), n_blocks)
@@ -170,7 +172,6 @@ def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
     _gram_tiles_kernel[(n_pairs, parts)](signs, planes, tiles, partial, n_clients, n_words, words_per_program,
                                          TILE=tile, BLOCK=block, num_warps=config.num_warps)
     blocks = partial.sum(dim=0).transpose(0, 1)  # [3, P, TILE, TILE]
-    ti, tj = tiles[:, 0].long(), tiles[:, 1].long()
     by_tile = torch.zeros((_SETS, n_tiles, n_tiles, tile, tile), dtype=torch.int64, device=device)
     by_tile[:, tj, ti] = blocks.transpose(-1, -2)  # the lower triangle mirrors the upper
     by_tile[:, ti, tj] = blocks  # diagonal tiles: their own (symmetric) block
