@@ -9,7 +9,8 @@ Two launches:
 
 * ``_set_planes_kernel`` hashes every coordinate once and writes the three set planes (a set's member word
   is its class's lanes AND-ed with the task word: 3 words per word of signs) and each program's set sizes.
-  Hashing 32 lanes per word costs ~10x a word's popcounts, so it is done once per round, not once per pair.
+  Hashing 32 lanes per word costs ~10x a word's popcounts, so it is done once per round, not once per pair;
+  each thread builds whole words, lane by lane, with 32-bit compares.
 * ``_gram_tiles_kernel`` counts. A program owns one tile pair (``TILE`` row clients x ``TILE`` column
   clients, ``ti <= tj``) and one contiguous range of words. Each thread holds one word per client of the
   tile and the three set words, and keeps ``3 x TILE x TILE`` per-thread counters in registers across the
@@ -33,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..intrinsics.triton import as_uint32, coordinates, lanes_to_words, mix32, on_interpreter, popcount32, round_params
+from ..intrinsics.triton import as_uint32, mix32, on_interpreter, popcount32, round_params
 
 _SETS = 3
 
@@ -48,10 +49,22 @@ def _set_planes_kernel(task_ptr, params_ptr, planes_ptr, sizes_ptr, n_words, BLO
     words = pid * BLOCK_WORDS + tl.arange(0, BLOCK_WORDS)
     in_range = words < n_words
     task = tl.load(task_ptr + words, mask=in_range, other=0)
-    u = mix32(coordinates(words) ^ key).to(tl.int64)
-    bonus = lanes_to_words(u < t_bonus) & task
-    m1 = lanes_to_words((u >= t_bonus) & (u < t_m1)) & task
-    m2 = lanes_to_words(u >= t_m1) & task
+    first = words.to(tl.uint32) << 5
+    # u < t on uint32 (one compare, not three 64-bit ones); a threshold of 2^32 takes every u.
+    below_bonus = tl.minimum(t_bonus, 0xFFFFFFFF).to(tl.uint32)
+    below_m1 = tl.minimum(t_m1, 0xFFFFFFFF).to(tl.uint32)
+    all_bonus = t_bonus > 0xFFFFFFFF
+    all_m1 = t_m1 > 0xFFFFFFFF
+    in_bonus = tl.zeros((BLOCK_WORDS,), dtype=tl.int32)
+    in_m1_or_bonus = tl.zeros((BLOCK_WORDS,), dtype=tl.int32)
+    # Lane by lane, so that each thread builds its own words (a sum over a lane axis crosses threads).
+    for lane in tl.static_range(32):
+        u = mix32((first | lane) ^ key)
+        in_bonus |= ((u < below_bonus) | all_bonus).to(tl.int32) << lane
+        in_m1_or_bonus |= ((u < below_m1) | all_m1).to(tl.int32) << lane
+    bonus = in_bonus & task
+    m1 = in_m1_or_bonus & ~in_bonus & task
+    m2 = ~in_m1_or_bonus & task
     tl.store(planes_ptr + words, bonus, mask=in_range)
     tl.store(planes_ptr + n_words + words, m1, mask=in_range)
     tl.store(planes_ptr + 2 * n_words + words, m2, mask=in_range)
