@@ -8,7 +8,10 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench install
 
+# Flower 1.31 and later (the flower extra asks 1.41-1.42) need Python 3.11: stop before pip spends a minute
+# finding no Flower for an older interpreter. %-formatting, so even an old Python prints the line.
 $(BIN)/activate:
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "make: $(PYTHON) is Python %s; kfca-llm needs Python >= 3.11 (Flower does): make PYTHON=python3.11 ..." % sys.version.split()[0])'
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/activate

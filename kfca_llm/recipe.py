@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import difflib
 import math
-import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from importlib.resources import files
 from pathlib import Path
@@ -28,11 +28,6 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
 from .attacks import resolve_attack, resolve_attacks
 from .errors import InputError
 from .partition import Penalty
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
 
 Domain = Literal["general-nlp", "finance", "medical", "code"]
 PromptFormat = Literal["alpaca", "chat-template"]
