@@ -109,6 +109,8 @@ def test_simulate_help_is_plain_text(capsys):
         main(["simulate", "--help"])
     text = capsys.readouterr().out
     assert "updates/round-XXX" in text and "`" not in text
+    dry_run_help = " ".join(text.split("--dry-run", 1)[1].split("--", 1)[0].split())
+    assert "time" not in dry_run_help  # the plan estimates memory and bytes, not time
 
 
 def test_default_output_folder_is_named_after_the_recipe():

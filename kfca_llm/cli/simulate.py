@@ -68,6 +68,14 @@ def run_options(args: argparse.Namespace) -> dict:
                 data_dir=args.data_dir, valuation=args.valuation)
 
 
+def print_plans(args: argparse.Namespace, recipes: Sequence[Recipe]) -> None:
+    """``--dry-run``: the plan of each run (one for several seeds: the plan does not depend on the seed)."""
+    from ..plan import dry_run
+
+    for recipe in recipes[:1] if args.seeds is not None else recipes:
+        print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..simulate import default_out, default_seeds_out, run_one, run_seeds
 
@@ -77,10 +85,7 @@ def run(args: argparse.Namespace) -> int:
         domains: Sequence[str | None] = DOMAINS if args.domain == "all" else [args.domain]
         recipes = [build_recipe(args, d) for d in domains]
     if args.dry_run:
-        from ..plan import dry_run
-
-        for recipe in recipes[:1] if args.seeds is not None else recipes:  # the plan does not depend on the seed
-            print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
+        print_plans(args, recipes)
         return 0
     options = run_options(args)
     if args.out:
@@ -117,6 +122,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=None, help="number of rounds (num-server-rounds)")
     p.add_argument("--attacks", default=None,
                    help="comma-separated attack specs, e.g. 'honest,flip,lagged:2,sparse:0.5'")
+    p.add_argument("--seed", type=int, default=None, help="seed of everything (kfca.seed)")
     p.add_argument("--seeds", default=None, metavar="S,S,...",
                    help="run these seeds one after another, each into <out>/seed<S>/, and write <out>/summary.json")
     p.add_argument("--resume", action="store_true", help="continue from the last saved round in --out")
@@ -125,6 +131,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--valuation", action="store_true",
                    help="also value each round's clients by MR-SV and GTG-Shapley (v = -held-out loss) beside "
                         "KFCA-QP (report.json 'valuation'; synthetic data only)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the run plan (adapter size, bytes per round, memory, formatted rows) and exit")
     p.add_argument("--model-dir", type=Path, default=None, help="local base model directory (no download)")
     p.add_argument("--data-dir", type=Path, default=None, help="local data set (datasets.save_to_disk)")
 
@@ -134,9 +142,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "simulate", help="run a KFCA-FedAvg federation with the attack analysis (default: recipes/tiny.toml)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_arguments(p)
-    p.add_argument("--seed", type=int, default=None, help="seed of everything (kfca.seed)")
     p.add_argument("--out", default=None,
                    help="output folder (default runs/<recipe>-seed<seed>, with --seeds runs/<recipe>-seeds<S-S-...>)")
-    p.add_argument("--dry-run", action="store_true", help="print the run plan (memory, time, tasks) and exit")
     p.set_defaults(handler=run)
     return p
