@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..attacks import resolve_attacks
 from ..errors import InputError
+from ..plugins import load_plugins
 from ..recipe import DOMAINS, SYNTHETIC_DATASET, Recipe, load_recipe
 
 
@@ -32,6 +33,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def build_recipe(args: argparse.Namespace, domain: str | None, seed: int | None = None) -> Recipe:
+    load_plugins(args.plugins)  # before the specs and the recipe's attacks are resolved
     overrides = list(args.set or [])
     if domain is not None:
         overrides.append(f"domain={domain}")
@@ -123,6 +125,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attacks", default=None,
                    help="comma-separated attack specs, e.g. 'honest,flip,lagged:2,sparse:0.5'")
     p.add_argument("--seed", type=int, default=None, help="seed of everything (kfca.seed)")
+    p.add_argument("--plugins", action="append", default=[], metavar="MODULE|FILE.py",
+                   help="import this module or file first (it registers attacks with @register_attack); repeatable")
     p.add_argument("--seeds", default=None, metavar="S,S,...",
                    help="run these seeds one after another, each into <out>/seed<S>/, and write <out>/summary.json")
     p.add_argument("--resume", action="store_true", help="continue from the last saved round in --out")
