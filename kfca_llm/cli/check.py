@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from ..errors import InputError
-from .simulate import add_run_arguments, print_plans, run_options, seed_recipes
+from .simulate import add_run_arguments, print_plans, recipe_overrides, run_options, seed_recipes
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
             print_plans(args, recipes)
             return 0
         seeds = [r.kfca.seed for r in recipes]
-        out = Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain)
+        out = Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain,
+                                                                    recipe_overrides(args))
         if run_seeds(recipes, out, **run_options(args)) is None:
             return 0  # another process of an accelerate launch: the main one checks
         paths = [out]

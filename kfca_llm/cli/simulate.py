@@ -32,20 +32,27 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def build_recipe(args: argparse.Namespace, domain: str | None, seed: int | None = None) -> Recipe:
-    load_plugins(args.plugins)  # before the specs and the recipe's attacks are resolved
+def recipe_overrides(args: argparse.Namespace) -> list[str]:
+    """The recipe keys ``--set``, ``--rounds`` and ``--attacks`` change (the domain and the seed name the output
+    folder on their own; these go into it as a digest: ``kfca_llm.simulate.default_out``)."""
     overrides = list(args.set or [])
-    if domain is not None:
-        overrides.append(f"domain={domain}")
     if args.rounds is not None:
         overrides.append(f"num-server-rounds={args.rounds}")
-    seed = getattr(args, "seed", None) if seed is None else seed
-    if seed is not None:
-        overrides.append(f"kfca.seed={seed}")
     if args.attacks is not None:
         specs = [s.strip() for s in args.attacks.split(",") if s.strip()]
         resolve_attacks(specs)  # our error lists the valid specs
         overrides.append("kfca.attacks=[" + ", ".join(f'"{s}"' for s in specs) + "]")
+    return overrides
+
+
+def build_recipe(args: argparse.Namespace, domain: str | None, seed: int | None = None) -> Recipe:
+    load_plugins(args.plugins)  # before the specs and the recipe's attacks are resolved
+    overrides = recipe_overrides(args)
+    if domain is not None:
+        overrides.append(f"domain={domain}")
+    seed = getattr(args, "seed", None) if seed is None else seed
+    if seed is not None:
+        overrides.append(f"kfca.seed={seed}")
     recipe = load_recipe(args.recipe, overrides)
     if domain is not None and recipe.dataset.name != SYNTHETIC_DATASET:
         raise InputError(f"--domain needs a recipe on synthetic data; {recipe.name!r} reads {recipe.dataset.name!r} "
@@ -96,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
         check_output_dir(args.out)  # before the federation runs, not when its first file is written
     if args.seeds is not None:
         seeds = [r.kfca.seed for r in recipes]
-        run_seeds(recipes, Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain),
-                  **options)
+        run_seeds(recipes, Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain,
+                                                                              recipe_overrides(args)), **options)
         return 0
     if args.domain == "all":
-        out = Path(args.out) if args.out else Path("runs") / f"{recipes[0].name}-all-seed{recipes[0].kfca.seed}"
+        out = Path(args.out) if args.out else default_out(recipes[0], "all", recipe_overrides(args))
         reports = [run_one(r, out / r.domain, **options) for r in recipes]
         if reports[0] is not None:
             from ..plots import plot_delta, plot_rewards
@@ -110,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote combined figures {out}/rewards.png, {out}/delta.png")
         return 0
     recipe = recipes[0]
-    run_one(recipe, Path(args.out) if args.out else default_out(recipe, args.domain), **options)
+    run_one(recipe, Path(args.out) if args.out else default_out(recipe, args.domain, recipe_overrides(args)), **options)
     return 0
 
 
