@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import InputError
-from .simulate import add_run_arguments, print_plans, recipe_overrides, run_options, seed_recipes
+from .simulate import (add_run_arguments, print_plans, recipe_overrides, require_sources, run_options,
+                       seed_recipes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if args.dry_run:
             print_plans(args, recipes)
             return 0
+        require_sources(args, recipes[0])
         seeds = [r.kfca.seed for r in recipes]
         out = Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain,
                                                                     recipe_overrides(args))

@@ -85,6 +85,17 @@ def print_plans(args: argparse.Namespace, recipes: Sequence[Recipe]) -> None:
         print(dry_run(recipe, model_dir=args.model_dir, data_dir=args.data_dir))
 
 
+def require_sources(args: argparse.Namespace, recipe: Recipe) -> None:
+    """A model or data set the run would download fails at once, in one line, when the hub is out of reach and
+    the cache lacks it (before anything imports the hub client, which would retry for a minute)."""
+    from ..hub import require_cached_sources
+    from ..modeling import is_tiny
+
+    models = [recipe.model.name] if args.model_dir is None and not is_tiny(recipe) else []
+    datasets = [recipe.dataset.name] if args.data_dir is None and recipe.dataset.name != SYNTHETIC_DATASET else []
+    require_cached_sources(models, datasets)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..simulate import default_out, default_seeds_out, run_one, run_seeds
 
@@ -96,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print_plans(args, recipes)
         return 0
+    require_sources(args, recipes[0])  # every recipe of the command reads the same model and data set
     options = run_options(args)
     if args.out:
         from ..report import check_output_dir
