@@ -65,6 +65,11 @@ def test_the_server_app_reads_identity_keep_signs_and_resume_from_the_run_config
     assert build_strategy(recipe, {**config, "kfca.resume": True}).run_id == strategy.run_id  # continues its run
     with pytest.raises(InputError, match="'kfca.resume' must be true or false"):
         build_strategy(recipe, {**config, "kfca.resume": "yes"})
+    # the app keeps signs unless told not to: an operator who pays people needs verify to recompute every round
+    default = {k: v for k, v in config.items() if k != "kfca.keep-signs"}
+    default["kfca.ledger"] = str(tmp_path / "default.sqlite")
+    assert build_strategy(recipe, default).keep_signs is True
+    assert build_strategy(recipe, {**default, "kfca.keep-signs": False}).keep_signs is False
     with pytest.raises(InputError, match="cannot resume: scoring setting 'identity'"):
         build_strategy(recipe, {**config, "kfca.resume": True, "kfca.identity": "public-key"})
 
@@ -163,7 +168,7 @@ def test_every_app_key_and_every_run_config_key_the_pages_use_is_declared_for_fl
     root = Path(__file__).resolve().parents[2]
     declared = flatten_dict(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
     assert set(APP_KEYS) <= set(declared)
-    assert (declared["kfca.keep-signs"], declared["kfca.identity"], declared["kfca.resume"]) == (False, "auto", False)
+    assert (declared["kfca.keep-signs"], declared["kfca.identity"], declared["kfca.resume"]) == (True, "auto", False)
     commands = [c for name in page_names()
                 for c in re.findall(r"flwr run \. .*?--run-config \"([^\"]+)\"", (root / name).read_text())]
     assert len(commands) >= 4  # the README's, and docs/flower.md's operator flow and local simulation
