@@ -60,3 +60,17 @@ def test_every_folder_installed_is_a_listed_package():
     listed = set(PYPROJECT["tool"]["setuptools"]["packages"])
     assert "kfca_llm.recipes.expectations" in importable_folders()
     assert importable_folders() <= listed
+
+
+CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_torch_pip_options_reach_the_torch_install_and_the_readme_says_how_to_get_cpu_wheels(tmp_path):
+    """Plain PyPI's torch==2.13.0 is the CUDA build on Linux x86-64; the CPU wheels need PyTorch's index."""
+    planned = subprocess.run(["make", "--no-print-directory", "-n", "install", f"VENV={tmp_path / 'venv'}",
+                              f"TORCH_PIP_OPTIONS={CPU_INDEX}"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+    (torch_install,) = [line for line in planned.splitlines() if '"torch==' in line]
+    assert torch_install.endswith(f'pip install --quiet {CPU_INDEX} "torch==2.13.0"')
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"TORCH_PIP_OPTIONS='{CPU_INDEX}'" in readme and "the CPU build `torch==2.13.0`" not in readme
