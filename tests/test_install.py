@@ -14,8 +14,8 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 def fake_old_python(folder: Path) -> Path:
     """An interpreter that says it is Python 3.10.13 (this one, with ``sys.version_info`` replaced)."""
     script = folder / "python3.10"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "import sys; sys.version_info = (3, 10, 13, \'final\', 0); '
-                      f'sys.version = \'3.10.13\'; exec(sys.argv[1])" "$2"\n')
+    pretend = "import sys; sys.version_info = (3, 10, 13, 'final', 0); sys.version = '3.10.13'; exec(sys.argv[1])"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{pretend}" "$2"\n')
     script.chmod(0o755)
     return script
 

@@ -5,9 +5,9 @@ recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.agg
 ``exclude-negative``, ``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the
 directory the ServerApp runs in), ``kfca.identity`` (``auto``, ``public-key``, ``declared``),
 ``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify`` to recompute; default true),
-``kfca.resume`` (continue the ledger's last run from the arrays its last committed round produced), ``kfca.receipt-key`` (the server's
-Ed25519 key file that signs each participant's receipts; empty: no receipts), ``kfca.wrapped-strategy`` (Flower's
-own strategy that aggregates what KFCA keeps: ``WRAPPED_STRATEGIES``, with ``kfca.wrapped.num-malicious-nodes``
+``kfca.resume`` (continue the ledger's last run from the arrays its last committed round produced),
+``kfca.receipt-key`` (the server's Ed25519 key file that signs each participant's receipts; empty: no receipts),
+``kfca.wrapped-strategy`` (Flower's own strategy that aggregates what KFCA keeps: ``WRAPPED_STRATEGIES``, with ``kfca.wrapped.num-malicious-nodes``
 for krum/multikrum/bulyan, ``kfca.wrapped.num-nodes-to-select`` for multikrum, ``kfca.wrapped.beta`` for
 fedtrimmedavg; a parameter the chosen strategy does not take is ignored) and ``strategy.fraction-evaluate``
 (the share of nodes that evaluate the global adapter on the held-out rows after each round: Flower's
