@@ -1,12 +1,13 @@
 """kfca-llm simulate: run a KFCA-FedAvg federation with the attack analysis (the main job).
 
 Outputs (in --out, default runs/<recipe>-seed<seed>, or runs/<recipe>-<domain>-seed<seed> when --domain
-changes the recipe's data): report.json, rewards.csv, rewards.png (attack-analysis figure), delta.png
-(delta matrices per round), adapters/round-XXX (the global adapter in PEFT's format) and, with
-train.save-client-updates (on in the tiny recipe), updates/round-XXX/{global,client-YYY} for
-kfca-llm score. --domain all runs the recipe on each domain's synthetic data into <out>/<domain>/ and
-draws combined figures in <out>. --seeds 0,1,2 runs the seeds one after another into <out>/seed<S>/
-(default out: runs/<recipe>-seeds0-1-2) and writes <out>/summary.json (kfca-llm check reads the folder).
+changes the recipe's data; --set, --rounds and --attacks add a digest of themselves before -seed):
+report.json, rewards.csv, rewards.png (attack-analysis figure), delta.png (delta matrices per round),
+adapters/round-XXX (the global adapter in PEFT's format) and, with train.save-client-updates (on in the tiny
+recipe), updates/round-XXX/{global,client-YYY} for kfca-llm score. --domain all runs the recipe on each
+domain's synthetic data into <out>/<domain>/ and draws combined figures in <out>. --seeds 0,1,2 runs the seeds
+one after another into <out>/seed<S>/ (default out: runs/<recipe>-seeds0-1-2) and writes <out>/summary.json
+(kfca-llm check reads the folder).
 """
 
 from __future__ import annotations
