@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import RECIPES, ROOT
+from helpers import RECIPES, ROOT, run_main
 
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: refused at once, no network needed
 
@@ -19,17 +19,28 @@ def offline_environment(tmp_path) -> dict[str, str]:
     return {**env, "HF_ENDPOINT": UNREACHABLE, "HF_HOME": str(tmp_path / "empty-cache")}
 
 
-@pytest.mark.parametrize("command", [["simulate"], ["check", "--seeds", "0"]])
-def test_a_real_recipe_with_the_hub_out_of_reach_is_one_line_and_exit_2(tmp_path, command):
-    done = subprocess.run([sys.executable, "-m", "kfca_llm.cli", *command, "--recipe", str(RECIPES / "code.toml"),
+MISSING = (f"model Qwen/Qwen3-8B and data set flwrlabs/code-alpaca-20k not in the Hugging Face cache and {UNREACHABLE} "
+           "cannot be reached: pass --model-dir / --data-dir (local copies), or fill the cache on a machine with network "
+           "access")
+
+
+def test_a_real_recipe_with_the_hub_out_of_reach_is_one_line_and_exit_2(tmp_path):
+    """A fresh process, as a user's: the hub client has not been imported before the check."""
+    done = subprocess.run([sys.executable, "-m", "kfca_llm.cli", "simulate", "--recipe", str(RECIPES / "code.toml"),
                            "--rounds", "1", "--out", str(tmp_path / "run")], cwd=ROOT,
                           env=offline_environment(tmp_path), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
-    (line,) = done.stderr.splitlines()
-    assert line == (f"kfca-llm: error: model Qwen/Qwen3-8B and data set flwrlabs/code-alpaca-20k not in the Hugging "
-                    f"Face cache and {UNREACHABLE} cannot be reached: pass --model-dir / --data-dir (local copies), "
-                    "or fill the cache on a machine with network access")
+    assert done.stderr.splitlines() == [f"kfca-llm: error: {MISSING}"]
     assert not (tmp_path / "run").exists()
+
+
+def test_check_running_a_real_recipe_with_the_hub_out_of_reach_is_the_same_one_line(tmp_path, capsys, monkeypatch):
+    for name, value in offline_environment(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)  # and restored after the check has set them
+    code, _, err = run_main(capsys, "check", "--recipe", RECIPES / "code.toml", "--seeds", "0", "--out", tmp_path / "r")
+    assert code == 2 and err == f"kfca-llm: error: {MISSING}\n"
 
 
 def test_with_hf_hub_offline_set_only_what_the_cache_lacks_is_named(tmp_path, monkeypatch):
