@@ -143,20 +143,26 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
         del update
     report = packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
                           duplicates=duplicates)
-    return report if ref is not None else _warn_if_full_adapters(report)
+    return _warn_if_all_copies(report, with_reference=ref is not None)
 
 
-def _warn_if_full_adapters(report: RewardReport) -> RewardReport:
+def _warn_if_all_copies(report: RewardReport, *, with_reference: bool) -> RewardReport:
     """Updates of different clients disagree on a good part of their signs; adapters fine-tuned from one
-    global adapter share its signs almost everywhere and are all found to be copies of each other."""
+    global adapter share its signs almost everywhere and are all found to be copies of each other. So do their
+    differences from another round's global adapter (round 10's clients against round 1's): what the global adapter
+    moved in between is common to all of them and outweighs each client's own step."""
     everyone = set(report.rewards)
     group = next((g for g in report.duplicates if set(g.clients) == everyone), None)
     if group is None:
         return report
     lowest = min(p.agreement for p in group.pairs)
-    warning = (f"all {len(everyone)} inputs are copies of each other (sign agreement {lowest:.4f} or more): they "
-               "look like full adapters, not updates; pass the global adapter they were trained from as the "
-               "reference (kfca-llm score --reference GLOBAL) to score their updates")
+    found = f"all {len(everyone)} inputs are copies of each other (sign agreement {lowest:.4f} or more)"
+    if with_reference:
+        warning = (f"{found} after subtracting the reference: it does not look like the global adapter they were "
+                   "trained from (another round's?); pass that round's global adapter as --reference")
+    else:
+        warning = (f"{found}: they look like full adapters, not updates; pass the global adapter they were trained "
+                   "from as the reference (kfca-llm score --reference GLOBAL) to score their updates")
     return dataclasses.replace(report, warnings=(*report.warnings, warning))
 
 

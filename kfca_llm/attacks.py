@@ -139,7 +139,11 @@ def resolve_attack(spec: str) -> Attack:
     name, colon, text = spec.strip().partition(":")
     reg = _REGISTRY.get(name)
     if reg is None:
-        raise InputError(f"unknown attack {spec!r}; {_valid_text()}")
+        from .plugins import load_attack_entry_points
+
+        if load_attack_entry_points():  # installed packages' attacks, imported when first needed
+            return resolve_attack(spec)
+        raise InputError(f"unknown attack {spec!r}; {_valid_text()} (your own: --plugins MODULE, docs/simulate.md)")
     if reg.parse is None:
         if colon:
             raise InputError(f"attack {name!r} takes no parameter, got {spec!r}; {_valid_text()}")

@@ -28,6 +28,7 @@ from .check_reports import Run
 from .check_result import Breach, CheckResult, Outcome, RunOutcome, Unmeasured
 from .errors import InputError
 from .expectations import Chain, Expectation, ExpectationSet, Term
+from .text import listed
 
 
 def _smallest(candidates: list[tuple[float, str]]) -> tuple[float, str]:
@@ -53,8 +54,8 @@ def require_strategies(expectations: ExpectationSet, strategies: Sequence[str], 
 
         close = {c for s in missing for c in difflib.get_close_matches(s, strategies, n=2)}
         hint = f" (close: {', '.join(sorted(close))})" if close else ""
-        raise InputError(f"{where} has no strategy {', '.join(map(repr, missing))}{hint}; its strategies: "
-                         f"{', '.join(strategies)} (kfca.attacks or --attacks lists what a run analyses)")
+        raise InputError(f"{where} has no strategy {listed([repr(s) for s in missing])}{hint}; its strategies: "
+                         f"{listed(strategies, limit=20)} (kfca.attacks or --attacks lists what a run analyses)")
 
 
 def _links(chain: Chain, run: Run) -> list[tuple[Term, Term]]:

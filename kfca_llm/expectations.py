@@ -33,7 +33,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
@@ -44,11 +44,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat
                       field_validator, model_validator)
 
 from .errors import InputError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
+from .text import quoted
 
 DEFAULT_EXPECTATIONS = "paper-llm"
 CATEGORICAL_WORLD = "categorical-world"
@@ -125,20 +121,20 @@ def _term(text: str) -> Term:
     if _CONSTANT.fullmatch(text):
         value = float(text)
         if not math.isfinite(value):
-            raise ValueError(f"term {text!r} is not a finite number")
+            raise ValueError(f"term {quoted(text)} is not a finite number")
         return Term(constant=value)
     if text == "*":
         return Term(strategy="*")
     if m := _SCALED.fullmatch(text):
         scale = float(m[1])
         if not math.isfinite(scale):
-            raise ValueError(f"term {text!r}: the factor is not a finite number")
+            raise ValueError(f"term {quoted(text)}: the factor is not a finite number")
         return Term(strategy=m[2], scale=scale)
     if m := _ABSOLUTE.fullmatch(text):
         return Term(strategy=m[1], absolute=True)
     if _STRATEGY.fullmatch(text):
         return Term(strategy=text)
-    raise ValueError(f"term {text!r} is not a strategy, a number, 'K x STRATEGY', '|STRATEGY|' or '*'")
+    raise ValueError(f"term {quoted(text)} is not a strategy, a number, 'K x STRATEGY', '|STRATEGY|' or '*'")
 
 
 def parse_check(text: str) -> Chain | None:
@@ -146,23 +142,23 @@ def parse_check(text: str) -> Chain | None:
     if len(text) > MAX_CHECK_TEXT:
         raise ValueError(f"the check text has {len(text)} characters, more than {MAX_CHECK_TEXT}")
     if not text.isprintable():
-        raise ValueError(f"{text[:80]!r}...: the check text holds control characters (a newline, a tab)")
+        raise ValueError(f"{quoted(text)}: the check text holds control characters (a newline, a tab)")
     text = text.strip()
     if text == CATEGORICAL_WORLD:
         return None
     if re.search(r"[<>]=|==", text):
-        raise ValueError(f"{text!r}: every link is strict ('>' or '<'); a tolerance lets neighbours tie")
+        raise ValueError(f"{quoted(text)}: every link is strict ('>' or '<'); a tolerance lets neighbours tie")
     parts = _OPERATOR.split(text)
     if len(parts) < 3:
-        raise ValueError(f"{text!r} is not a chain; write one of {', '.join(CHECK_FORMS)}")
+        raise ValueError(f"{quoted(text)} is not a chain; write one of {', '.join(CHECK_FORMS)}")
     operators = set(parts[1::2])
     if len(operators) != 1:
-        raise ValueError(f"{text!r} mixes '>' and '<'; write the chain in one direction")
+        raise ValueError(f"{quoted(text)} mixes '>' and '<'; write the chain in one direction")
     terms = tuple(_term(part) for part in parts[0::2])
     if sum(t.others for t in terms) > 1:
-        raise ValueError(f"{text!r} has more than one '*'")
+        raise ValueError(f"{quoted(text)} has more than one '*'")
     if all(t.strategy is None for t in terms):
-        raise ValueError(f"{text!r} compares numbers only; name a strategy")
+        raise ValueError(f"{quoted(text)} compares numbers only; name a strategy")
     return Chain(terms, descending=operators == {">"})
 
 
@@ -188,7 +184,7 @@ def _amount(value: Any) -> Any:
         term = _SCALED.fullmatch(value.strip(" "))
         if term is None or not math.isfinite(float(term[1])) or float(term[1]) < 0:
             raise ValueError(f"must be a number >= 0 or 'K x STRATEGY' with K >= 0 (a share of that strategy's mean "
-                             f"reward, e.g. '0.1 x honest'), got {value!r}")
+                             f"reward, e.g. '0.1 x honest'), got {quoted(value)}")
         return f"{float(term[1]):g} x {term[2]}"
     value = _finite_number(value)
     if isinstance(value, float) and value < 0:
@@ -251,7 +247,7 @@ class Expectation(BaseModel):
             term = amount_term(amount)
             if term.strategy is not None:
                 if mean_reward is None:
-                    raise ValueError(f"{amount!r} is relative to a run's {term.strategy} reward")
+                    raise ValueError(f"{quoted(amount)} is relative to a run's {term.strategy} reward")
                 value += sign * term.scale * abs(mean_reward(term.strategy))
             else:
                 value += sign * term.constant
@@ -284,7 +280,7 @@ class ExpectationSet(BaseModel):
         seen: set[str] = set()
         for e in self.expect:
             if e.title in seen:
-                raise ValueError(f"two expectations are named {e.title!r}; names must be unique")
+                raise ValueError(f"two expectations are named {quoted(e.title)}; names must be unique")
             seen.add(e.title)
         return self
 
@@ -311,12 +307,12 @@ def _error(source: str, exc: ValidationError) -> ExpectationError:
         valid = expectation_keys() if where != source else ["expect", "name"]
         close = difflib.get_close_matches(key, valid, n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else f"; valid keys: {', '.join(valid)}"
-        return ExpectationError(f"{where}: unknown key {key!r}{hint}")
+        return ExpectationError(f"{where}: unknown key {quoted(key)}{hint}")
     if err["type"] == "missing":
         return ExpectationError(f"{where}: key {key!r} is required")
     if not key:
         return ExpectationError(f"{where}: {message}")
-    return ExpectationError(f"{where}: key {key!r}: {message}, got {err['input']!r}")
+    return ExpectationError(f"{where}: key {quoted(key)}: {message}, got {quoted(err['input'])}")
 
 
 def expectations_from_dict(table: dict[str, Any], *, source: str = "expectations") -> ExpectationSet:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import synthetic
+from .hub import hub_offline, hub_reachable
 from .data import COLUMNS, IGNORE_INDEX, encode_example, format_example
 from .engine.layout import Layout
 from .modeling import build_byte_tokenizer, is_tiny, lora_config, tiny_config
@@ -133,30 +134,6 @@ def _base_weight_bytes(base: Any, base_params: int, quantization: int | None) ->
     linear = sum(m.weight.numel() for m in base.modules() if isinstance(m, torch.nn.Linear) and m is not head)
     bits = 4.5 if quantization == 4 else 8
     return int(linear * bits / 8) + 2 * (base_params - linear)
-
-
-_TRUE = ("1", "true", "yes", "on")
-
-
-def hub_offline() -> bool:
-    """Hugging Face's own offline switches (read now, not at import, so a caller's setting counts)."""
-    return any(os.environ.get(name, "").strip().lower() in _TRUE for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
-
-
-def hub_reachable(timeout: float = 5.0) -> bool:
-    """One request to the hub's endpoint (proxies honoured). Any HTTP answer counts as reachable; the
-    hub client's own retries would otherwise spend a minute and a half failing offline."""
-    import urllib.error
-    import urllib.request
-
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return True
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def _check_model_dir(model_dir: str | Path) -> Path:

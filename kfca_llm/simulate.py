@@ -9,6 +9,7 @@ their ``summary.json``.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import time
 from collections.abc import Sequence
@@ -20,15 +21,20 @@ from .recipe import Recipe
 SUMMARY = "summary.json"
 
 
-def default_out(recipe: Recipe, domain: str | None = None) -> Path:
-    """``runs/<recipe>-seed<seed>``, or ``runs/<recipe>-<domain>-seed<seed>`` when ``--domain`` chose the data."""
+def default_out(recipe: Recipe, domain: str | None = None, overrides: Sequence[str] = ()) -> Path:
+    """``runs/<recipe>-seed<seed>``, or ``runs/<recipe>-<domain>-seed<seed>`` when ``--domain`` chose the data;
+    ``overrides`` (the command line's other recipe changes) add a digest of themselves before ``-seed``, so a run
+    with other settings never writes into the recipe's own run (20 clients' few-peers run once replaced the demo's)."""
     name = recipe.name if domain in (None, recipe.name) else f"{recipe.name}-{domain}"
+    if overrides:
+        name += "-" + hashlib.sha256("\n".join(overrides).encode()).hexdigest()[:8]
     return Path("runs") / f"{name}-seed{recipe.kfca.seed}"
 
 
-def default_seeds_out(recipe: Recipe, seeds: Sequence[int], domain: str | None = None) -> Path:
-    """``runs/<recipe>-seeds0-1-2`` (with the domain as in ``default_out``)."""
-    name = default_out(recipe, domain).name.rpartition("-seed")[0]
+def default_seeds_out(recipe: Recipe, seeds: Sequence[int], domain: str | None = None,
+                      overrides: Sequence[str] = ()) -> Path:
+    """``runs/<recipe>-seeds0-1-2`` (with the domain and the overrides' digest as in ``default_out``)."""
+    name = default_out(recipe, domain, overrides).name.rpartition("-seed")[0]
     return Path("runs") / f"{name}-seeds{'-'.join(map(str, seeds))}"
 
 

@@ -32,3 +32,21 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
     """``text`` with control characters (newlines, ANSI escapes) shown as Python escapes."""
     return "".join(ch if ch.isprintable() or (keep_newlines and ch == "\n") else ch.encode("unicode_escape").decode()
                    for ch in text)
+
+
+QUOTED_CHARACTERS = 60
+"""How much of an input an error line quotes back: enough to find it, never the whole of a 79,000-character text."""
+
+
+def quoted(value: object, limit: int = QUOTED_CHARACTERS) -> str:
+    """``repr(value)`` for an error line; a longer text as its first ``limit`` characters and its length."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value):,} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def listed(names: Sequence[str], limit: int = 8) -> str:
+    """``a, b, c`` for an error line; past ``limit`` names the first ones and how many more."""
+    shown = ", ".join(quoted(name) if len(name) > QUOTED_CHARACTERS else name for name in names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit:,} more"

@@ -256,6 +256,24 @@ def test_full_adapters_scored_without_a_reference_are_flagged_as_adapters_not_up
     assert json.loads(out.read_text())["warnings"] == [warning]
 
 
+def test_a_reference_from_another_round_is_named_as_the_likely_mistake(tmp_path, capsys):
+    """Round 10's clients against round 1's global adapter: what the global moved in between is common to every
+    client's difference, so all are copies of each other and paid 0; the warning points at the reference."""
+    ups = {c: sd for c, sd in _federation(12).items() if c.startswith("honest")}
+    g = torch.Generator().manual_seed(120)
+    this_round = {k: 20 * torch.randn(s, generator=g) for k, s in SHAPES.items()}
+    earlier_round = {k: v - 20 * torch.randn(v.shape, generator=g) for k, v in this_round.items()}
+    save_file(earlier_round, str(tmp_path / "global-round-1.safetensors"))
+    save_file(this_round, str(tmp_path / "global-round-10.safetensors"))
+    paths = _save_clients(tmp_path, ups, this_round)
+
+    assert score_checkpoints(list(paths.values()), reference=tmp_path / "global-round-10.safetensors").warnings == ()
+    assert main(["score", *map(str, paths.values()), "--reference", str(tmp_path / "global-round-1.safetensors")]) == 0
+    out, err = capsys.readouterr()
+    assert "copies" in out and "kfca-llm: warning: all 4 inputs are copies of each other" in err
+    assert "after subtracting the reference" in err and "another round's" in err
+
+
 def test_cli_help_explains_the_mechanism(capsys):
     with pytest.raises(SystemExit):
         main(["score", "--help"])

@@ -204,6 +204,8 @@ def test_bad_reports_are_bad_input(tmp_path, capsys, content, message):
     (["{tmp}/outside"], "must list report paths inside"),
     (["{run}", "--junit", "{tmp}"], "is not a regular file"),
     (["--recipe", "tiny", "--seeds", "0", "--attacks", "honest,flip"], "recipe 'tiny' has no strategy 'sparse:0.75'"),
+    (["{run}", "--dry-run"], "give --recipe or --seeds"),
+    (["--recipe", "tiny", "--seeds", "0", "--attacks", "honest,flip", "--dry-run"], "has no strategy 'sparse:0.75'"),
 ])
 def test_bad_arguments_are_bad_input(tmp_path, capsys, monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)  # where a run would go (runs/...)
@@ -349,3 +351,14 @@ def test_own_resubmissions_are_copies_scored_on_the_rounds_peers_and_keep_their_
     swapped = {**rewards, "stale": rewards["lagged:2"], "lagged:2": rewards["stale"]}
     assert check([{"check": "lagged:2 > stale", "margin": "0.1 x honest"}],
                  write_report(tmp_path / "swapped", 0, swapped, copies=replays, own=replays)).outcomes[0].failed
+
+
+def test_dry_run_takes_simulates_options_and_plans_the_runs_without_running_them(tmp_path, capsys, monkeypatch):
+    """docs/ci-check.md: --recipe and --seeds take every simulate option, --dry-run and --seed among them."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "--recipe", "tiny", "--seeds", "0,1", "--rounds", "6", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("recipe 'tiny' (general-nlp)") == 1 and "6 rounds" in out
+    assert main(["check", "--seed", "4", "--dry-run"]) == 0
+    assert "seed 4" in capsys.readouterr().out
+    assert not (tmp_path / "runs").exists()

@@ -2,14 +2,10 @@
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,6 +18,14 @@ def test_version_prints_the_packaged_version_and_exits_0(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"kfca-llm {packaged}"
+
+
+def test_no_arguments_print_the_help_not_an_error(capsys):
+    from kfca_llm.cli import SUBCOMMANDS, main
+
+    assert main([]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("usage: kfca-llm") and all(name in out for name in SUBCOMMANDS) and err == ""
 
 
 def test_no_bitsandbytes_kernel_warning_in_a_flower_worker_started_from_the_repository_root():

@@ -204,3 +204,20 @@ def test_idx_dimensions_that_overflow_are_one_error(tmp_path, dims, data):
     path.write_bytes(b"\x00\x00\x08" + bytes([len(dims)]) + struct.pack(f">{len(dims)}I", *dims) + data)
     with limited(), pytest.raises(InputError, match="header says"):
         read_idx(path)
+
+
+def test_an_error_about_a_79000_character_check_quotes_a_prefix_and_the_length(tmp_path, capsys):
+    """The check text arrives through the file's validation, whose error once quoted the whole input back."""
+    report = write_report(tmp_path / "r", {"honest": [0.1]})
+    text = "honest > " + "x" * 78_991
+    code, _, err = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, text))
+    assert code == 2 and "more than 4096" in err and "(79,000 characters)" in err
+    assert "honest > xxx" in err and len(err) < 400
+
+
+def test_an_error_about_thousands_of_unknown_strategies_names_a_few_and_counts_the_rest(tmp_path, capsys):
+    report = write_report(tmp_path / "r", {"honest": [0.1]})
+    expect = tmp_path / "e.toml"
+    expect.write_text("".join(f'[[expect]]\ncheck = "honest > s{k}"\n' for k in range(10_000)))
+    code, _, err = run_main(capsys, "check", report, "--expect", expect)
+    assert code == 2 and "has no strategy 's0', 's1'" in err and "and 9,992 more" in err and len(err) < 400

@@ -203,3 +203,22 @@ def test_the_experiment_module_is_imported_only_by_its_command():
     graph = import_graph(package_sources())
     importers = sorted(m for m, targets in graph.items() if "kfca_llm.valuation.fidelity" in targets)
     assert importers == ["kfca_llm.cli.fidelity"]
+
+
+def imports_of_a_tests_package(source: str) -> list[str]:
+    """``import tests...`` / ``from tests... import``: resolved against whatever top-level ``tests`` package is
+    installed (trl 0.8.1 ships one), not this folder."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found += [name for name in names if name == "tests" or name.startswith("tests.")]
+    return found
+
+
+def test_no_test_imports_the_tests_folder_as_a_package():
+    offenders = {path.relative_to(ROOT).as_posix(): names for path in sorted((ROOT / "tests").rglob("*.py"))
+                 if (names := imports_of_a_tests_package(path.read_text(encoding="utf-8")))}
+    assert offenders == {}
+    assert imports_of_a_tests_package("from tests.test_peer_pool import SCHEDULE\nimport tests.helpers\n") == [
+        "tests.test_peer_pool", "tests.helpers"]

@@ -26,6 +26,14 @@ def test_custom_attack_example_registers_a_working_attack(monkeypatch):
     assert torch.equal(attack(honest, [], torch.Generator())["w"], torch.full((3,), 0.5))
 
 
+def test_the_simulate_page_lists_every_built_in_attack():
+    from kfca_llm.attacks import valid_specs
+
+    listed = page("docs/simulate.md").split("## Attacks", 1)[1].split("Register your own", 1)[0]
+    names = [spec.split()[0].split(":")[0] for spec in valid_specs()]
+    assert "flip-after" in names and [n for n in names if f"`{n}" not in listed] == []
+
+
 def test_the_main_jobs_table_is_what_the_default_run_prints(tiny_federation):
     """The README quotes the default run's table (``make demo``: recipes/tiny.toml, seed 0); the session's tiny run
     is that run. Cells are compared to their last printed digit with one unit of slack: other CPUs may round a

@@ -95,7 +95,7 @@ def test_the_shell_step_passes_on_the_tiny_recipe(tmp_path):
     assert "9/9 expectations hold" in done.stdout
     cases = ET.parse(tmp_path / "kfca-check.xml").getroot().findall("testsuite/testcase")
     assert len(cases) == 9 and all(c.find("failure") is None for c in cases)
-    runs = tmp_path / "runs" / "tiny-seeds0"
+    (runs,) = (tmp_path / "runs").glob("tiny-*-seeds0")  # --rounds and --set: a folder of their own
     assert (runs / "summary.json").is_file() and (runs / "seed0" / "report.json").is_file()
     # the check ran the kfca-llm the step installed from ./kfca-llm, not the test environment's
     installed = subprocess.run([str(bin_dir / "python"), "-c", "import kfca_llm; print(kfca_llm.__file__)"],

@@ -12,7 +12,7 @@ from kfca_llm.api import pack_updates
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 from kfca_llm.fl.reference import REFERENCE, reference_signs
 
-from tests.test_peer_pool import SCHEDULE, honest, round_updates
+from pool_updates import SCHEDULE, honest, round_updates
 
 SERVER = 99  # the reference's own noise: an honest update no participant sent
 

@@ -109,6 +109,8 @@ def test_simulate_help_is_plain_text(capsys):
         main(["simulate", "--help"])
     text = capsys.readouterr().out
     assert "updates/round-XXX" in text and "`" not in text
+    dry_run_help = " ".join(text.split("--dry-run", 1)[1].split("--", 1)[0].split())
+    assert "time" not in dry_run_help  # the plan estimates memory and bytes, not time
 
 
 def test_default_output_folder_is_named_after_the_recipe():
@@ -118,6 +120,22 @@ def test_default_output_folder_is_named_after_the_recipe():
     recipe = load_recipe(TINY)
     assert str(default_out(recipe)) == "runs/tiny-seed0"
     assert str(default_out(recipe, "finance")) == "runs/tiny-finance-seed0"
+
+
+def test_overrides_on_the_command_line_get_their_own_default_folder(tmp_path, monkeypatch):
+    """The few-peers command (20 clients, 30 rounds) once wrote into the demo's runs/tiny-seed0."""
+    import kfca_llm.simulate
+
+    folders = []
+    monkeypatch.setattr(kfca_llm.simulate, "run_one", lambda recipe, out, **options: folders.append(str(out)))
+    monkeypatch.chdir(tmp_path)
+    few_peers = ["--set", "num-clients=20", "--set", "strategy.fraction-train=0.1", "--rounds", "30"]
+    for args in ([], few_peers, few_peers, ["--rounds", "30"], ["--seed", "1"], ["--attacks", "honest,flip"]):
+        assert main(["simulate", *args]) == 0
+    demo, few, again, rounds, seed, attacks = folders
+    assert demo == "runs/tiny-seed0" and seed == "runs/tiny-seed1"
+    assert few == again and few.startswith("runs/tiny-") and few.endswith("-seed0")  # the same run finds its folder
+    assert len({demo, few, rounds, attacks}) == 4 and rounds == "runs/tiny-fb86131d-seed0"  # docs/simulate.md's example
 
 
 def test_dry_run_prints_the_plan_without_training(tmp_path, capsys):

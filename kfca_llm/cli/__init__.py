@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("default", category=DeprecationWarning, module=r"kfca_llm\.")
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
+    if not argv:  # what a first try types: the help, not "the following arguments are required"
+        build_parser().print_help()
+        return 0
     args = build_parser(command).parse_args(argv)
     try:
         return args.handler(args)

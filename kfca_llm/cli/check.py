@@ -15,7 +15,8 @@ import argparse
 from pathlib import Path
 
 from ..errors import InputError
-from .simulate import add_run_arguments, run_options, seed_recipes
+from .simulate import (add_run_arguments, print_plans, recipe_overrides, require_sources, run_options,
+                       seed_recipes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,11 +28,13 @@ def run(args: argparse.Namespace) -> int:
     expectations = load_expectations(args.expect)  # bad files fail before a long run
     if args.junit:
         check_output_path(args.junit)
-    if args.out:
+    if args.out and not args.dry_run:
         check_output_dir(args.out)
-    runs_itself = args.recipe is not None or args.seeds is not None
+    runs_itself = args.recipe is not None or args.seeds is not None or args.seed is not None
     if args.reports and runs_itself:
         raise InputError("give report files or --recipe/--seeds (to run simulate), not both")
+    if args.dry_run and not runs_itself:
+        raise InputError("--dry-run plans the runs check would make: give --recipe or --seeds")
     if args.reports:
         paths = args.reports
     elif runs_itself:
@@ -39,8 +42,13 @@ def run(args: argparse.Namespace) -> int:
 
         recipes = seed_recipes(args)
         require_strategies(expectations, recipes[0].kfca.attacks, f"recipe {recipes[0].name!r}")
+        if args.dry_run:
+            print_plans(args, recipes)
+            return 0
+        require_sources(args, recipes[0])
         seeds = [r.kfca.seed for r in recipes]
-        out = Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain)
+        out = Path(args.out) if args.out else default_seeds_out(recipes[0], seeds, args.domain,
+                                                                    recipe_overrides(args))
         if run_seeds(recipes, out, **run_options(args)) is None:
             return 0  # another process of an accelerate launch: the main one checks
         paths = [out]

@@ -21,8 +21,10 @@ Round t = 1..T:
 
 from __future__ import annotations
 
+import os
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,8 +172,35 @@ def aggregate_round(recipe: Recipe, round_: RoundAggregation) -> tuple[StateDict
     return fedavg(round_.global_state, [(who, updates[who], w) for who, w in weights.items()]), weights
 
 
+def federation_threads(recipe: Recipe, model_dir: Path | None) -> int | None:
+    """torch's intra-op threads for the run (``train.torch-threads``); None: leave torch's setting alone."""
+    from ..modeling import is_tiny
+
+    if recipe.train.torch_threads:
+        return recipe.train.torch_threads
+    tiny = model_dir is None and is_tiny(recipe)
+    return 1 if tiny and "OMP_NUM_THREADS" not in os.environ else None
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[None]:
+    """torch runs on ``count`` intra-op threads inside the block (None: unchanged); the caller's setting after."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_federation(recipe: Recipe, options: FederationOptions = FederationOptions()) -> FederationResult:
     """Run KFCA-FedAvg for ``recipe.num_server_rounds`` rounds; see the module docstring."""
+    with torch_threads(federation_threads(recipe, options.model_dir)):
+        return _run_federation(recipe, options)
+
+
+def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationResult:
     from tqdm.auto import tqdm
 
     from ..data import load_client_datasets, load_heldout_examples, load_reference_examples

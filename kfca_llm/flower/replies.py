@@ -14,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from ..errors import InputError
 from ..tensors import is_float
+from ..text import quoted
 from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_participant_name, pinned_conflict,
                        resolve)
 from .ledger_rows import Participant
@@ -34,6 +35,20 @@ def sent_arrays(sent: Mapping[int, ArrayRecord], node_id: int,
     if id(record) not in sent_numpy:
         sent_numpy[id(record)] = {name: array.numpy() for name, array in record.items()}
     return sent_numpy[id(record)]
+
+
+class EveryNodeFailed(InputError):
+    """Every node of a round replied with an error (its ClientApp raised): a setting no node can run with
+    (``kfca.attackers`` naming a client the federation lacks, say) or a broken environment. Every later round
+    would fail the same way and end "0 results": the run stops, and Flower marks it failed."""
+
+
+def stop_if_every_node_failed(server_round: int, replies: list[Message]) -> None:
+    """Raise ``EveryNodeFailed`` with the first node's error when every reply of the round is an error."""
+    if replies and all(reply.has_error() for reply in replies):
+        reason = " ".join(replies[0].error.reason.split())
+        raise EveryNodeFailed(f"round {server_round}: all {len(replies)} nodes replied with an error, so the run "
+                              f"stops; the first: {quoted(reason, 500)}")
 
 
 def check_reply(reply: Message, node: str, valid: Mapping[str, Message], sent: Mapping[int, ArrayRecord],

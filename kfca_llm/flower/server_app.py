@@ -1,19 +1,19 @@
 """The recipes' ServerApp: FedAvg over the nodes' LoRA adapters, every reply paid by ``KFCAStrategy``.
 
-Run config (pyproject ``[tool.flwr.app.config]``, ``flwr run . --run-config 'key=value ...'``): the
-recipe's FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.aggregation`` (``all``,
-``exclude-negative``, ``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the
-directory the ServerApp runs in), ``kfca.identity`` (``auto``, ``public-key``, ``declared``),
-``kfca.keep-signs`` (store the packed signs for ``kfca-llm verify``), ``kfca.resume`` (continue the
-ledger's last run from the arrays its last committed round produced), ``kfca.receipt-key`` (the server's
-Ed25519 key file that signs each participant's receipts; empty: no receipts), ``kfca.wrapped-strategy`` (Flower's
-own strategy that aggregates what KFCA keeps: ``WRAPPED_STRATEGIES``, with ``kfca.wrapped.num-malicious-nodes``
-for krum/multikrum/bulyan, ``kfca.wrapped.num-nodes-to-select`` for multikrum, ``kfca.wrapped.beta`` for
-fedtrimmedavg; a parameter the chosen strategy does not take is ignored) and ``strategy.fraction-evaluate``
-(the share of nodes that evaluate the global adapter on the held-out rows after each round: Flower's
-evaluate round, its loss and exact-answer accuracy in the run's ``evaluate_metrics_clientapp``). The recipe key
-``kfca.reference-rows = N`` (with ``kfca.reference-weight``) makes the server train a trusted reference each round
-on N held-out rows, from the round's global adapter, as ``kfca-llm simulate`` does (``task.reference_update``).
+Run config (pyproject ``[tool.flwr.app.config]``, ``flwr run . --run-config 'key=value ...'``): the recipe's
+FlowerTune keys, plus ``recipe`` (a shipped name or a file), ``kfca.aggregation`` (``all``, ``exclude-negative``,
+``reward-weighted``), ``kfca.ledger`` (the SQLite file, relative to the directory the ServerApp runs in),
+``kfca.identity`` (``auto``, ``public-key``, ``declared``), ``kfca.keep-signs`` (store the packed signs for
+``kfca-llm verify`` to recompute; default true), ``kfca.resume`` (continue the ledger's last run from the arrays
+its last committed round produced), ``kfca.receipt-key`` (the server's Ed25519 key file that signs each
+participant's receipts; empty: no receipts), ``kfca.wrapped-strategy`` (Flower's own strategy that aggregates what
+KFCA keeps: ``WRAPPED_STRATEGIES``, with ``kfca.wrapped.num-malicious-nodes`` for krum/multikrum/bulyan,
+``kfca.wrapped.num-nodes-to-select`` for multikrum, ``kfca.wrapped.beta`` for fedtrimmedavg; a parameter the chosen
+strategy does not take is ignored) and ``strategy.fraction-evaluate`` (the share of nodes that evaluate the global
+adapter on the held-out rows after each round: Flower's evaluate round, its loss and exact-answer accuracy in the
+run's ``evaluate_metrics_clientapp``). The recipe key ``kfca.reference-rows = N`` (with ``kfca.reference-weight``)
+makes the server train a trusted reference each round on N held-out rows, from the round's global adapter, as
+``kfca-llm simulate`` does (``task.reference_update``).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from .strategy import KFCAStrategy
 from .task import DEFAULT_LEDGER, initial_adapter, recipe_from_config, reference_rows, reference_update
 
 
-def _flag(config: Mapping[str, Any], key: str) -> bool:
-    value = config.get(key, False)
+def _flag(config: Mapping[str, Any], key: str, default: bool = False) -> bool:
+    value = config.get(key, default)
     if not isinstance(value, bool):
         raise InputError(f"run-config key {key!r} must be true or false, got {value!r}")
     return value
@@ -89,7 +89,7 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           ledger=str(config.get("kfca.ledger", DEFAULT_LEDGER)),
                           aggregation=str(config.get("kfca.aggregation", "all")),
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
-                          keep_signs=_flag(config, "kfca.keep-signs"), resume=_flag(config, "kfca.resume"),
+                          keep_signs=_flag(config, "kfca.keep-signs", True), resume=_flag(config, "kfca.resume"),
                           receipt_key=str(config.get("kfca.receipt-key", "")) or None,
                           min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
                           pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight,

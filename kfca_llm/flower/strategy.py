@@ -50,7 +50,8 @@ from .ledger_rows import FailureRow, Participant, RewardRow, RoundEntry, Settlem
 from .logs import ledger_round_numbers
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 from .recompute import scoring_settings
-from .replies import check_reply, identify, num_examples, reply_weight, reweighted, sent_arrays
+from .replies import (check_reply, identify, num_examples, reply_weight, reweighted, sent_arrays,
+                      stop_if_every_node_failed)
 from .round_scoring import (REWARD_METRIC_PREFIX, ScoredRound, arrays_to_bytes, resumed_pool, round_metrics,
                             score_round, stored_global_arrays)
 
@@ -254,6 +255,7 @@ class KFCAStrategy(Strategy):
         valid: dict[str, Message] = {}
         failures: list[tuple[str | None, str]] = []
         replies = list(replies)
+        stop_if_every_node_failed(t, replies)
         if self._post is not None:
             self._post.delivered(replies)
         for reply in replies:

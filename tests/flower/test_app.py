@@ -65,6 +65,11 @@ def test_the_server_app_reads_identity_keep_signs_and_resume_from_the_run_config
     assert build_strategy(recipe, {**config, "kfca.resume": True}).run_id == strategy.run_id  # continues its run
     with pytest.raises(InputError, match="'kfca.resume' must be true or false"):
         build_strategy(recipe, {**config, "kfca.resume": "yes"})
+    # the app keeps signs unless told not to: an operator who pays people needs verify to recompute every round
+    default = {k: v for k, v in config.items() if k != "kfca.keep-signs"}
+    default["kfca.ledger"] = str(tmp_path / "default.sqlite")
+    assert build_strategy(recipe, default).keep_signs is True
+    assert build_strategy(recipe, {**default, "kfca.keep-signs": False}).keep_signs is False
     with pytest.raises(InputError, match="cannot resume: scoring setting 'identity'"):
         build_strategy(recipe, {**config, "kfca.resume": True, "kfca.identity": "public-key"})
 
@@ -163,12 +168,52 @@ def test_every_app_key_and_every_run_config_key_the_pages_use_is_declared_for_fl
     root = Path(__file__).resolve().parents[2]
     declared = flatten_dict(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
     assert set(APP_KEYS) <= set(declared)
-    assert (declared["kfca.keep-signs"], declared["kfca.identity"], declared["kfca.resume"]) == (False, "auto", False)
+    assert (declared["kfca.keep-signs"], declared["kfca.identity"], declared["kfca.resume"]) == (True, "auto", False)
     commands = [c for name in page_names()
                 for c in re.findall(r"flwr run \. .*?--run-config \"([^\"]+)\"", (root / name).read_text())]
     assert len(commands) >= 4  # the README's, and docs/flower.md's operator flow and local simulation
     for overrides in commands:
         fuse_dicts(declared, parse_config_args([overrides.replace("$PWD", "/srv")]), check_keys=True)
+
+
+def local_simulation_commands() -> dict[str, list[str]]:
+    """Page -> its ``flwr run .`` commands without a SuperLink connection (Flower's local simulation), each with
+    its continuation lines joined."""
+    import shlex
+
+    from doc_pages import fenced_blocks, page, page_names
+
+    found = {}
+    for name in page_names():
+        for block in fenced_blocks(page(name), "bash"):
+            for command in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(command, comments=True)
+                if words[:3] == ["flwr", "run", "."] and (len(words) == 3 or words[3].startswith("-")):
+                    found.setdefault(name, []).append(words)
+    return found
+
+
+def test_the_pages_local_flwr_runs_start_enough_nodes_for_the_apps_attacker_and_skip_flowers_uv_sync():
+    """Without --federation-config Flower starts 2 SuperNodes; the app's default kfca.attackers names partition 3,
+    so every node failed. Without FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION the local SuperLink uv-syncs."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from doc_pages import page
+    from flwr.common.config import flatten_dict
+
+    root = Path(__file__).resolve().parents[2]
+    declared = flatten_dict(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+    highest = max(int(part.split("=")[0]) for part in declared["kfca.attackers"].split(","))
+    commands = local_simulation_commands()
+    assert {"README.md", "docs/flower.md", "docs/few-peers.md", "docs/robust-aggregation.md"} <= set(commands)
+    for name, runs in commands.items():
+        assert "export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1" in page(name), name
+        for words in runs:
+            assert "--federation-config" in words, (name, words)
+            federation = words[words.index("--federation-config") + 1]
+            assert int(re.search(r"num-supernodes=(\d+)", federation)[1]) > highest, (name, words)
 
 
 class _RecordingKFCA:
@@ -353,3 +398,39 @@ def test_kfca_reference_rows_makes_the_server_app_train_simulates_reference_each
         make_rows("general-nlp", 70, seed=0)))
     with pytest.raises(InputError, match="heldout-rows = 64 and kfca.reference-rows = 8 leaves none to train on"):
         build_strategy(recipe_from_config({**config, "dataset.name": "someone/real-data"}), config)
+
+
+def test_two_nodes_and_the_apps_default_attacker_stop_the_run_at_round_1_with_the_nodes_error(tmp_path):
+    """``flwr run .`` without --federation-config: 2 SuperNodes, ``kfca.attackers = "3=flip"``. Each ClientApp
+    raises; Flower turns that into an error reply (as its simulation engine does, ``vce_api.py``), and the
+    ServerApp's strategy stops the run with the nodes' error instead of running every round on "0 results"."""
+    import tomllib
+    from pathlib import Path
+
+    from flower_local import LocalGrid
+    from flwr.app import Error
+    from flwr.common.config import flatten_dict
+
+    from kfca_llm.flower.replies import EveryNodeFailed
+    from kfca_llm.flower.server_app import build_strategy
+
+    root = Path(__file__).resolve().parents[2]
+    config = {**flatten_dict(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]),
+              **CONFIG, "kfca.ledger": str(tmp_path / "rewards.sqlite")}
+
+    def flower_node(partition):
+        def answer(message):
+            context = Context(run_id=1, node_id=partition, state=RecordDict(), run_config=config,
+                              node_config={"partition-id": partition, "num-partitions": 2})
+            try:
+                return train_reply(message, context, config)
+            except Exception as ex:
+                return Message(Error(code=2, reason=str(type(ex)) + ":<'" + str(ex) + "'>"), reply_to=message)
+        return answer
+
+    recipe = recipe_from_config(config)
+    strategy = build_strategy(recipe, config)
+    with pytest.raises(EveryNodeFailed, match=r"round 1: all 2 nodes replied with an error, so the run stops; the "
+                                              r"first: .*RecipeError.*kfca.attackers.*outside 0..1"):
+        strategy.start(grid=LocalGrid({1: flower_node(0), 2: flower_node(1)}),
+                       initial_arrays=ArrayRecord(initial_adapter(recipe)), num_rounds=recipe.num_server_rounds)

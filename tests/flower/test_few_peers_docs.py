@@ -98,11 +98,14 @@ def _script_parser(path: str):
 
 
 def test_every_command_of_the_page_parses():
-    commands = [line for block in fenced_blocks(page(PAGE), "bash") for line in block.splitlines() if line.strip()]
-    assert len(commands) == 7
+    commands = [line for block in fenced_blocks(page(PAGE), "bash") for line in block.replace("\\\n", " ").splitlines()
+                if line.strip()]
+    assert len(commands) == 8
     for line in commands:
         words = shlex.split(line.split("  #")[0])
-        if words[0] == "kfca-llm":
+        if words[0] == "export":
+            assert words[1] == "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1"
+        elif words[0] == "kfca-llm":
             build_parser(words[1]).parse_args(words[1:])
         elif words[0] == "flwr":  # its --run-config keys: test_app checks them against the app's declared keys
             assert words[1:3] == ["run", "."] and "kfca.reference-rows=32" in line

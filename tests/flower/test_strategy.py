@@ -214,6 +214,24 @@ def test_bad_replies_are_recorded_excluded_and_the_round_goes_on(tmp_path):
     assert contents.rounds[0].failed_replies == len(BAD) and contents.rounds[0].valid_replies == len(KINDS)
 
 
+def test_a_round_whose_every_node_replied_with_an_error_stops_the_run_with_the_first_error(tmp_path):
+    """``flwr run`` with 2 SuperNodes and ``kfca.attackers = "3=flip"``: every ClientApp raised, every round got
+    "0 results and 2 failures", and the run ended as if it had worked."""
+    from kfca_llm.flower.replies import EveryNodeFailed
+
+    def failing(message):
+        return Message(Error(code=0, reason="RecipeError: kfca.attackers names client 3,\noutside 0..1"),
+                       reply_to=message)
+
+    with pytest.raises(EveryNodeFailed, match=r"^round 1: all 2 nodes replied with an error, so the run stops; the "
+                                              r"first: 'RecipeError: kfca.attackers names client 3, outside 0..1'$"):
+        run({1: failing, 2: failing}, rounds=3, ledger=tmp_path / "rewards.sqlite")
+    assert read_ledger(tmp_path / "rewards.sqlite").rounds == []
+    # one node failing is that node's failure: the round goes on
+    strategy, _, _ = run({1: failing, 2: numpy_node("honest"), 3: numpy_node("honest")}, rounds=1)
+    assert list(dict(strategy.failures[1])) == ["1"]
+
+
 def test_replies_from_unknown_or_repeated_nodes_are_failures():
     strategy = KFCAStrategy(FedAvg(), ledger=None)
     grid = LocalGrid({n: numpy_node("honest") for n in (1, 2, 3)})
