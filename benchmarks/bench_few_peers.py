@@ -10,6 +10,11 @@ they are sampled, and every scoring setting scores the same submissions.
     .venv/bin/python benchmarks/bench_few_peers.py --rounds 60 --cache /tmp/updates60.safetensors --grid
     .venv/bin/python benchmarks/bench_few_peers.py --rounds 200 --cache /tmp/updates200.safetensors --done-when 30
 
+Every table is printed for each data order of the clients' training (``--data-order``, default both, static first):
+``static`` is FlowerTune's ``train.dynamic-data-seed = false`` (every participation of a client trains on the same
+samples, so its updates of different rounds are alike), ``dynamic`` seeds the order by the round. A ``--cache`` file
+``X.safetensors`` is kept per order as ``X.static.safetensors`` and ``X.dynamic.safetensors``.
+
 Per (deviation, setting): the honest partner's fine over the deviator's (sum over the rounds where a deviator
 trained beside an honest client of max(-reward, 0), honest over deviator; 1.0: fined alike; "-": the deviator
 was not fined), the honest partners paid > 0 and more than the deviator there, the share of honest participations
@@ -51,6 +56,8 @@ DEVIATIONS = ("flip", "zero", "random", "stale", "sparse:0.5", "copy:0", "copy-p
 CHECKPOINTS = (10, 50, 200)
 REFERENCE_ROWS = 32
 REFERENCE_SETTING, FLTRUST_SETTING = "reference (no pool)", "FLTrust trust score"
+DATA_ORDERS = {"static": False, "dynamic": True}
+"""``--data-order`` -> ``train.dynamic-data-seed``."""
 
 
 class RandomDrawPool(PeerPool):
@@ -66,10 +73,15 @@ class RandomDrawPool(PeerPool):
         return [entries[k] for k in sorted(order)]
 
 
-def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-    """Round -> client -> honest update, from one honest tiny federation at 20 x 0.1 (cached as safetensors)."""
+def capture(rounds: int, cache: Path | None, dynamic: bool, overrides: tuple[str, ...] = ()
+            ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+    """Round -> client -> honest update, from one honest tiny federation at 20 x 0.1 (cached as safetensors), the
+    clients' data order seeded by the round (``dynamic``) or the same in every round; ``overrides``: more recipe keys
+    (``KEY=VALUE``; a cache holds whatever it was captured with)."""
     from safetensors.numpy import load_file, save_file
 
+    order = next(name for name, value in DATA_ORDERS.items() if value == dynamic)
+    cache = None if cache is None else cache.with_suffix(f".{order}{cache.suffix}")
     if cache is not None and cache.is_file():
         flat = load_file(str(cache))
     else:
@@ -80,7 +92,8 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
         from kfca_llm.fl.client import train_reference
 
         recipe = load_recipe("tiny", ["num-clients=20", "strategy.fraction-train=0.1", f"num-server-rounds={rounds}",
-                                      'kfca.attacks=["honest"]', "train.save-client-updates=false"])
+                                      'kfca.attacks=["honest"]', "train.save-client-updates=false",
+                                      f"train.dynamic-data-seed={str(dynamic).lower()}", *overrides])
         flat, reference_rows = {}, []
 
         def keep(context):
@@ -107,17 +120,21 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
     return dict(sorted(out.items()))
 
 
-def synthetic(rounds: int, size: int = 4096, seed: int = 0) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+def synthetic(rounds: int, dynamic: bool = True, size: int = 4096, seed: int = 0
+              ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
     """CI-sized stand-in for ``capture``: 20 clients, two sampled per round; each round's honest direction turns
-    back on the last one (as the tiny recipe's do) around a persistent one, plus each client's noise."""
+    back on the last one (as the tiny recipe's do) around a persistent one, plus each client's noise: fresh every
+    round (``dynamic``), or mostly the client's own in every round, as its samples are under a static data order."""
     rng = np.random.default_rng(seed)
+    own = np.random.default_rng([seed, 1]).standard_normal((100, size))
     persistent, direction = rng.standard_normal(size), rng.standard_normal(size)
     out = {}
     for t in range(1, rounds + 1):
         direction = -0.6 * direction + 0.8 * rng.standard_normal(size)
         clients = sorted(rng.choice(20, size=2, replace=False).tolist())
-        out[t] = {client_id(c): {"w": (0.3 * persistent + direction + rng.standard_normal(size)).astype(np.float32)}
-                  for c in [*clients, 99]}  # client 99 never trains: the server's reference
+        out[t] = {client_id(c): {"w": (0.3 * persistent + direction + (rng.standard_normal(size) if dynamic else
+                                                                       own[c] + 0.3 * rng.standard_normal(size))
+                                       ).astype(np.float32)} for c in [*clients, 99]}  # client 99 never trains: the server's reference
         out[t][REFERENCE] = out[t].pop(client_id(99))
     return out
 
@@ -212,8 +229,7 @@ def close_defaults(pool: PeerPool, packer, t: int, scored, seed: int) -> list:
                        penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
 
 
-def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake: bool = False) -> list[dict]:
-    updates = synthetic(rounds) if fake else capture(rounds, cache)
+def run(updates, full: bool, deviations=DEVIATIONS) -> list[dict]:
     rows = []
     for deviation in deviations:
         submitted = submissions(updates, deviation)
@@ -369,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deviations", default=",".join(DEVIATIONS))
     parser.add_argument("--figure", type=Path, default=None, help="draw the AUROC curves into this PNG")
     parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
+    parser.add_argument("--data-order", choices=("both", *DATA_ORDERS), default="both",
+                        help="the clients' train.dynamic-data-seed: false (static), true (dynamic); both: static first")
     parser.add_argument("--lags", action="store_true", help="print how honest updates agree across rounds, and stop")
     parser.add_argument("--done-when", type=int, default=0, metavar="SEEDS",
                         help="replay the issue's done-when run (20 nodes, 2 a round, flip/zero/random/stale) SEEDS "
@@ -378,20 +396,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    started = time.time()
-    if args.lags:
-        print(lag_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache)))
-        return 0
-    if args.done_when:
-        print(done_when_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache),
-                              args.done_when))
-        print(f"\n({time.time() - started:.0f} s)")
-        return 0
-    rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")), fake=args.synthetic)
-    print(markdown(rows))
-    if args.figure is not None:
-        figure(rows, args.figure)
-    print(f"\n({time.time() - started:.0f} s)")
+    orders = list(DATA_ORDERS) if args.data_order == "both" else [args.data_order]
+    for order in orders:
+        started = time.time()
+        dynamic = DATA_ORDERS[order]
+        updates = synthetic(args.rounds, dynamic) if args.synthetic else capture(args.rounds, args.cache, dynamic)
+        print(f"## data order: {order} (train.dynamic-data-seed = {str(dynamic).lower()})\n")
+        if args.lags:
+            print(lag_table(updates))
+        elif args.done_when:
+            print(done_when_table(updates, args.done_when))
+        else:
+            rows = run(updates, args.grid, tuple(args.deviations.split(",")))
+            print(markdown(rows))
+            if args.figure is not None:
+                figure(rows, args.figure.with_suffix(f".{order}{args.figure.suffix}") if len(orders) > 1 else args.figure)
+        print(f"\n({time.time() - started:.0f} s)\n")
     return 0
 
 

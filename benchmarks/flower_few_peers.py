@@ -4,6 +4,10 @@ deviating nodes (``kfca.attackers`` by partition id: flip, zero, random, stale b
 
     .venv/bin/python benchmarks/flower_few_peers.py --rounds 60 --out /tmp/flower60.json
 
+Each client's data order: ``--data-order static`` (FlowerTune's ``train.dynamic-data-seed = false``: every
+participation of a client trains on the same samples), ``dynamic`` (seeded by the round) or ``both`` (the default:
+static first, then dynamic, one process each; ``--out`` gets ``.static`` / ``.dynamic`` before its suffix).
+
 Prints, per round, the two participants (partition and attack) and their rewards, then the figures the issue
 asks for: every round in which the flipper met an honest node (honest partner paid > 0 and > flipper?, counted
 apart in undetermined rounds, where neither is paid), the
@@ -31,6 +35,26 @@ def auroc(deviators: list[float], honest: list[float]) -> float:
     return wins / (len(honest) * len(deviators))
 
 
+DATA_ORDERS = {"static": False, "dynamic": True}
+"""``--data-order`` -> ``train.dynamic-data-seed``."""
+
+
+def run_each_data_order(args) -> int:
+    """Each data order in a process of its own (Ray's workers read the run config from the environment at start)."""
+    import subprocess
+
+    for order in DATA_ORDERS:
+        argv = [sys.executable, __file__, "--nodes", str(args.nodes), "--fraction", str(args.fraction), "--rounds",
+                str(args.rounds), "--attackers", args.attackers, "--max-steps", str(args.max_steps),
+                "--data-order", order]
+        argv += [] if args.min_peers is None else ["--min-peers", str(args.min_peers)]
+        argv += [] if args.out is None else ["--out", str(args.out.with_suffix(f".{order}{args.out.suffix}"))]
+        print(f"== data order: {order} (train.dynamic-data-seed = {str(DATA_ORDERS[order]).lower()})", flush=True)
+        if subprocess.run(argv).returncode:
+            return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20)
@@ -39,12 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attackers", default="3=flip,7=zero,11=random,15=stale")
     parser.add_argument("--min-peers", type=int, default=None, help="KFCAStrategy min_peers (default: its default)")
     parser.add_argument("--max-steps", type=int, default=8, help="local steps per round (the tiny recipe: 8)")
+    parser.add_argument("--data-order", choices=("both", *DATA_ORDERS), default="both",
+                        help="train.dynamic-data-seed false (static) or true (dynamic); both: static, then dynamic")
     parser.add_argument("--out", type=Path, default=None, help="write the per-round rewards as JSON here")
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.data_order == "both":
+        return run_each_data_order(args)
 
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
@@ -56,7 +84,7 @@ def main(argv=None) -> int:
     os.environ["PYTHONPATH"] = str(ROOT / "benchmarks") + os.pathsep + os.environ.get("PYTHONPATH", "")
     config = {"num-server-rounds": args.rounds, "num-clients": args.nodes, "strategy.fraction-train": args.fraction,
               "train.training-arguments.max-steps": args.max_steps, "kfca.attackers": args.attackers,
-              "kfca.ledger": "", "kfca.keep-signs": False}
+              "kfca.ledger": "", "kfca.keep-signs": False, "train.dynamic-data-seed": DATA_ORDERS[args.data_order]}
     os.environ["KFCA_FEW_PEERS_CONFIG"] = json.dumps(config)
     import flower_few_peers_client as client_module  # the ClientApp Ray's workers import
     extra = {} if args.min_peers is None else {"min_peers": args.min_peers}
@@ -114,7 +142,7 @@ def main(argv=None) -> int:
 
 
 def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) -> str:
-    lines = [f"{args.nodes} nodes, fraction_train {args.fraction}, {len(rounds)} rounds scored, "
+    lines = [f"{args.nodes} nodes, fraction_train {args.fraction}, data order {args.data_order}, {len(rounds)} rounds scored, "
              f"min_peers {'default' if args.min_peers is None else args.min_peers}, wall {wall:.0f} s"]
     paid: dict[int, list[float]] = {}
     flipper = next((p for p, s in attack_of.items() if s == "flip"), None)

@@ -117,6 +117,9 @@ class TrainConfig(_Section):
     # Also save each client's submitted adapter per round beside the round's starting global adapter.
     save_client_updates: StrictBool = False
     prompt_format: PromptFormat = "alpaca"  # "chat-template": the tokenizer's chat template
+    # FlowerTune's default (all four apps): false, each participation of a client trains on the same samples in the
+    # same order; true seeds the data order (and LoRA dropout) by the round as well (``fl.seeds.train_seed``).
+    dynamic_data_seed: StrictBool = False
     training_arguments: TrainingArguments = TrainingArguments()
 
 

@@ -116,6 +116,17 @@ def test_client_app_replies_global_plus_update_and_attacks_on_its_own_history():
     assert all(torch.equal(v, global2[k] + honest1[k]) for k, v in _returned(lagged).items())
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_node_trains_on_the_same_samples_every_round_unless_the_data_seed_is_dynamic(dynamic):
+    """FlowerTune's ``train.dynamic-data-seed``: false, a node's participations train the same samples in the same
+    order (at one learning rate from one global: the same update); true, the order is seeded by the round."""
+    recipe = recipe_from_config({**CONFIG, "train.learning-rate-min": 3e-3, "train.learning-rate-max": 3e-3,
+                                 "train.dynamic-data-seed": dynamic}, num_partitions=4)
+    start = initial_adapter(recipe)
+    first, again = (train_partition(recipe, 2, start, t).update for t in (1, 2))
+    assert all(torch.equal(first[k], again[k]) for k in first) is not dynamic
+
+
 def test_client_app_evaluates_the_global_adapter_it_is_sent_on_the_held_out_rows():
     """Flower's evaluate round: the reply's loss and accuracy are those of the adapter in the message, measured
     again here on another model instance, whichever adapter the node's cached model last held (the trained
