@@ -52,7 +52,10 @@ from kfca_llm.fl.rounds import attack_context
 from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
 
 DEVIATORS = (3, 7, 11)
-DEVIATIONS = ("flip", "zero", "random", "stale", "sparse:0.5", "copy:0", "copy-pool")
+NOISY_STALE = "stale+noise"
+"""``stale`` with 0.1% of its coordinates replaced by noise (``sparse:0.999`` of the replay): about 0.05% of its signs
+differ from the update it replays, as much as an honest retrain on the same samples late in training."""
+DEVIATIONS = ("flip", "zero", "random", "stale", NOISY_STALE, "sparse:0.5", "copy:0", "copy-pool")
 CHECKPOINTS = (10, 50, 200)
 REFERENCE_ROWS = 32
 REFERENCE_SETTING, FLTRUST_SETTING = "reference (no pool)", "FLTrust trust score"
@@ -155,6 +158,11 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
             elif deviation == "copy-pool":
                 source = next((e for e in reversed(earlier) if e[1] != c), None)
                 round_out[c] = u if source is None else source[2]
+            elif deviation == NOISY_STALE:
+                context = attack_context(0, t, c, f"{c}={deviation}", honest, history[c])
+                replay = resolve_attack("stale").submit(context)
+                noisy = resolve_attack("sparse:0.999")(replay, [], context.generator) if history[c] else replay
+                round_out[c] = {k: v.numpy() for k, v in noisy.items()}
             else:
                 context = attack_context(0, t, c, f"{c}={deviation}", honest, history[c])
                 round_out[c] = {k: v.numpy() for k, v in resolve_attack(deviation).submit(context).items()}
@@ -195,7 +203,9 @@ def auroc(deviators, honest) -> float:
 
 
 def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, rounds: int,
-            deviators: set[str] | None = None) -> dict:
+            deviators: set[str] | None = None, resubmitted: dict[int, set[str]] | None = None) -> dict:
+    """The figures of one (deviation, setting); ``resubmitted``: round -> participants taken for resubmitting an update
+    of their own (charged back), of which the honest ones are counted."""
     deviators = {client_id(i) for i in DEVIATORS} if deviators is None else deviators
     honest_fine = deviator_fine = 0.0
     honest_paid, partners = [], []
@@ -215,7 +225,9 @@ def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, roun
         means = {c: s / n for c, (s, n) in sums.items()}
         curve[t] = auroc([m for c, m in means.items() if c in deviators], [m for c, m in means.items() if c not in deviators])
     separated = next((t for t in curve if all(curve[u] == 1.0 for u in curve if u >= t)), None)
+    charged = None if resubmitted is None else sum(len(who - deviators) for who in resubmitted.values())
     return {"partner_fine_ratio": honest_fine / deviator_fine if deviator_fine > 1e-12 else None,
+            "honest_charged_back": charged,
             "partners_paid_more": (sum(partners), len(partners)),
             "honest_negative_share": float(np.mean([r < 0 for r in honest_paid])) if honest_paid else None,
             "auroc": {t: curve[t] for t in (*CHECKPOINTS, rounds) if t in curve},
@@ -240,18 +252,20 @@ def run(updates, full: bool, deviations=DEVIATIONS) -> list[dict]:
                 rows.append({"deviation": deviation, "setting": name, **measure(trust, 0, len(updates))})
                 continue
             pool = None if settings is None else pool_class(settings)
-            rewards, unsure = {}, {}
+            rewards, unsure, resubmitted = {}, {}, {}
             for t, packer in packers.items():
                 reference = reference_signs(packer, updates[t][REFERENCE]) if name == REFERENCE_SETTING else None
                 seed = derive_seed(0, KFCA, t)
                 scored = score_with_pool(packer, pool, t, seed=seed, reference=reference,
                                          reference_weight=DEFAULT_REFERENCE_WEIGHT)
                 rewards[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
+                resubmitted[t] = set(scored.resubmitted)
                 for done in [] if pool is None else close_defaults(pool, packer, t, scored, seed):
                     rewards[done.round][done.participant] = done.reward  # paid in its round from then on
                     unsure[done.round].discard(done.participant)
             rows.append({"deviation": deviation, "setting": name,
-                         **measure(rewards, sum(bool(u) for u in unsure.values()), len(updates))})
+                         **measure(rewards, sum(bool(u) for u in unsure.values()), len(updates),
+                                   resubmitted=resubmitted)})
     return rows
 
 
@@ -321,35 +335,17 @@ def done_when_table(updates, seeds: int, length: int = 60) -> str:
 def markdown(rows: list[dict]) -> str:
     checkpoints = sorted({t for r in rows for t in r["auroc"]})
     lines = ["| deviation | setting | partner's fine / deviator's | partners paid > 0 and > deviator | honest paid < 0 | "
-             + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds never settled |",
-             "|---|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
+             "honest charged back | " + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds never settled |",
+             "|---|---|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
     for r in rows:
         ratio = "-" if r["partner_fine_ratio"] is None else f"{r['partner_fine_ratio']:.2f}"
         aurocs = " | ".join(f"{r['auroc'][t]:.3f}" if t in r["auroc"] else "" for t in checkpoints)
         good, meetings = r["partners_paid_more"]
-        lines.append(f"| {r['deviation']} | {r['setting']} | {ratio} | {good}/{meetings} | {r['honest_negative_share']:.2f} | {aurocs} | "
+        charged = "-" if r.get("honest_charged_back") is None else r["honest_charged_back"]
+        lines.append(f"| {r['deviation']} | {r['setting']} | {ratio} | {good}/{meetings} | {r['honest_negative_share']:.2f} | "
+                     f"{charged} | {aurocs} | "
                      f"{r['separated_from_round'] if r['separated_from_round'] is not None else 'never'} | "
                      f"{r['undetermined_rounds']} |")
-    return "\n".join(lines)
-
-
-def lag_table(updates, max_lag: int = 6) -> str:
-    """Mean payment of an honest update against other clients' honest updates k rounds older (k = 0: the same
-    round), on the newer round's partition, and the share of such pairs paid < 0."""
-    by_lag: dict[int, list[float]] = {}
-    updates = {t: {c: u for c, u in clients.items() if c != REFERENCE} for t, clients in updates.items()}
-    for t, clients in updates.items():
-        for client, update in clients.items():
-            others = {f"{c}@{s}": u for s in range(max(1, t - max_lag), t + 1) for c, u in updates[s].items()
-                      if c != client}
-            if not others:
-                continue
-            report = pack_updates({"me": update, **others}).score(pairs=[("me", o) for o in others],
-                                                                  seed=derive_seed(0, KFCA, t))
-            for (_, other), payment in report.pairwise.items():
-                by_lag.setdefault(t - int(other.rpartition("@")[2]), []).append(payment)
-    lines = ["| lag (rounds) | pairs | mean payment | paid < 0 |", "|---|---|---|---|"]
-    lines += [f"| {k} | {len(v)} | {np.mean(v):+.4f} | {np.mean(np.array(v) < 0):.2f} |" for k, v in sorted(by_lag.items())]
     return "\n".join(lines)
 
 
@@ -387,7 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
     parser.add_argument("--data-order", choices=("both", *DATA_ORDERS), default="both",
                         help="the clients' train.dynamic-data-seed: false (static), true (dynamic); both: static first")
-    parser.add_argument("--lags", action="store_true", help="print how honest updates agree across rounds, and stop")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe key for the capture")
+    parser.add_argument("--own-replay-limit", type=float, default=None,
+                        help="signs an own resubmission may differ in (pool rule 3: 0.02; default: this version's)")
     parser.add_argument("--done-when", type=int, default=0, metavar="SEEDS",
                         help="replay the issue's done-when run (20 nodes, 2 a round, flip/zero/random/stale) SEEDS "
                              "times per 60-round window of the captured updates, print the table, and stop")
@@ -396,15 +394,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.own_replay_limit is not None:
+        import kfca_llm.fl.peer_pool
+
+        kfca_llm.fl.peer_pool.OWN_REPLAY_MAX_DISAGREEMENT = args.own_replay_limit
     orders = list(DATA_ORDERS) if args.data_order == "both" else [args.data_order]
     for order in orders:
         started = time.time()
         dynamic = DATA_ORDERS[order]
-        updates = synthetic(args.rounds, dynamic) if args.synthetic else capture(args.rounds, args.cache, dynamic)
+        updates = (synthetic(args.rounds, dynamic) if args.synthetic
+                   else capture(args.rounds, args.cache, dynamic, tuple(args.set)))
         print(f"## data order: {order} (train.dynamic-data-seed = {str(dynamic).lower()})\n")
-        if args.lags:
-            print(lag_table(updates))
-        elif args.done_when:
+        if args.done_when:
             print(done_when_table(updates, args.done_when))
         else:
             rows = run(updates, args.grid, tuple(args.deviations.split(",")))

@@ -222,3 +222,12 @@ def test_settle_benchmark_smoke(run_script):
     line = next(line for line in printed.splitlines() if line.startswith("pooled round scored:"))
     round_s, settle_s, ratio = (float(x) for x in re.findall(r"([0-9.]+)(?: s|$)", line))
     assert round_s > 0 and settle_s > 0 and ratio == pytest.approx(settle_s / round_s, abs=0.006 + 1e-6 / round_s)
+
+
+def test_honest_repeats_benchmark_smoke(run_script):
+    """honest_repeats.py --synthetic: per data order, how far a client's own updates of different rounds are apart;
+    the static order (the client's own noise in every round) brings them closer than the dynamic one."""
+    printed = run_script(["benchmarks/honest_repeats.py", "--synthetic", "--rounds", "30"])
+    static, dynamic = (float(re.search(r"all \d+ pairs: smallest ([0-9.]+)", part).group(1))
+                       for part in printed.split("## data order: ")[1:])
+    assert "static" in printed.split("## data order: ")[1][:10] and 0 < static < dynamic

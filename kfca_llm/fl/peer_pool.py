@@ -62,7 +62,7 @@ from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
-from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
+from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, apply_pool_policy, pool_copies_of, sketch_copies_of
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
                          recorded_pool_settings)
 from .pool_weights import cautious_means, orientation, pool_lag_weights, pool_scores, weighted_means
@@ -212,6 +212,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
             words, task, round_, duplicate_rule.max_disagreement))
         lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), pool.settings.window)
+        pool_copies = own_replays_only(pool_copies, owner, OWN_REPLAY_MAX_DISAGREEMENT)
     own = _own_resubmissions(pool_copies, owner)
     pool_copies = _one_group_each(pool_copies, own)
     in_round_keys = list(round_report.pairwise)
@@ -304,6 +305,26 @@ def resubmitted_entries(participant: str, group: Sequence[str] | None) -> tuple[
     others = sorted(set(group or ()) - {participant})
     named = [parse_pool_name(m) for m in others]
     return tuple(others) if others and all(n is not None and n[0] == participant for n in named) else ()
+
+
+def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float
+                     ) -> tuple[DuplicateGroup, ...]:
+    """The pool copy groups with every match of a scorer to an earlier submission of its own participant (``owner``)
+    that differs in more than ``limit`` of the signs left out (a retrain on the same samples, not a replay: see
+    ``fl.pool_copies``); groups left with no match drop."""
+    out = []
+    for group in groups:
+        scorer = next(c for c in group.clients if c in owner)
+
+        def kept(pair) -> bool:
+            entry = parse_pool_name(pair.peer if pair.client == scorer else pair.client)
+            return 1.0 - pair.agreement <= limit or entry is None or entry[0] != owner[scorer]
+
+        pairs = tuple(filter(kept, group.pairs))
+        if pairs:
+            members = {scorer, *(p.peer if p.client == scorer else p.client for p in pairs)}
+            out.append(dataclasses.replace(group, clients=tuple(sorted(members)), pairs=pairs))
+    return tuple(out)
 
 
 def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str, str]) -> set[str]:
