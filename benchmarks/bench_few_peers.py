@@ -46,6 +46,7 @@ from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
 from kfca_llm.fl.pool_settle import close_round
 from kfca_llm.fl.reference import DEFAULT_REFERENCE_WEIGHT, REFERENCE, reference_signs
 from kfca_llm.fl.rounds import attack_context
@@ -174,14 +175,15 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
     return out
 
 
-def settings_grid(full: bool) -> dict[str, tuple[type, PoolSettings | None]]:
-    grid = {"round peers only (today)": (PeerPool, None), "pool (defaults)": (PeerPool, PoolSettings()),
+def settings_grid(full: bool, own_replay_limit: float) -> dict[str, tuple[type, PoolSettings | None]]:
+    grid = {"round peers only (today)": (PeerPool, None),
+            "pool (defaults)": (PeerPool, PoolSettings(own_replay_limit=own_replay_limit)),
             REFERENCE_SETTING: (PeerPool, None), FLTRUST_SETTING: (PeerPool, None)}
     if full:
         for window, peers, weight in itertools.product((5, 10, 20), (4, 8, 16), (0.5, 1.0, 2.0, 4.0)):
-            settings = PoolSettings(window=window, pool_peers=peers, weight=weight)
+            settings = PoolSettings(window=window, pool_peers=peers, weight=weight, own_replay_limit=own_replay_limit)
             grid[f"pool W={window} K={peers} w={weight}"] = (PeerPool, settings)
-        grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings())
+        grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings(own_replay_limit=own_replay_limit))
     return grid
 
 
@@ -241,12 +243,12 @@ def close_defaults(pool: PeerPool, packer, t: int, scored, seed: int) -> list:
                        penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
 
 
-def run(updates, full: bool, deviations=DEVIATIONS) -> list[dict]:
+def run(updates, full: bool, deviations=DEVIATIONS, own_replay_limit: float = 0.0) -> list[dict]:
     rows = []
     for deviation in deviations:
         submitted = submissions(updates, deviation)
         packers = {t: pack_updates(s) for t, s in submitted.items()}
-        for name, (pool_class, settings) in settings_grid(full).items():
+        for name, (pool_class, settings) in settings_grid(full, own_replay_limit).items():
             if name == FLTRUST_SETTING:
                 trust = {t: fltrust_scores(s, updates[t][REFERENCE]) for t, s in submitted.items()}
                 rows.append({"deviation": deviation, "setting": name, **measure(trust, 0, len(updates))})
@@ -273,7 +275,7 @@ DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}
 """The issue's done-when run: four deviating nodes of 20 (flower_few_peers.py's default attackers)."""
 
 
-def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
+def done_when_replay(updates, seed: int, start: int, length: int, own_replay_limit: float = 0.0) -> dict:
     """One replay of the done-when run on captured honest updates: each round's updates go to two nodes drawn
     uniformly (as Flower samples; the capture's own sampling keeps its analysis client in every round), nodes 3, 7,
     11, 15 deviate, and the default pool scores the round. Returns the meeting counts and whether every deviator's
@@ -282,7 +284,7 @@ def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
     ids = [client_id(i) for i in range(20)]
     deviating = {client_id(i): spec for i, spec in DONE_WHEN.items()}
     history: dict[str, list] = {c: [] for c in deviating}
-    pool, paid, meetings, unsure, settled = PeerPool(PoolSettings()), {}, [], {}, set()
+    pool, paid, meetings, unsure, settled = PeerPool(PoolSettings(own_replay_limit=own_replay_limit)), {}, [], {}, set()
     for t in range(1, length + 1):
         cached = [u for c, u in sorted(updates[start + t - 1].items()) if c != REFERENCE]
         clients = {ids[d]: u for d, u in zip(sorted(rng.choice(20, size=len(cached), replace=False).tolist()), cached)}
@@ -317,14 +319,14 @@ def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
             "misranked": [t for t, c, f in judged if not (paid[t][c] > 0 and paid[t][c] > paid[t][f])]}
 
 
-def done_when_table(updates, seeds: int, length: int = 60) -> str:
+def done_when_table(updates, seeds: int, length: int = 60, own_replay_limit: float = 0.0) -> str:
     """``done_when_replay`` over ``seeds`` draws in each window of ``length`` rounds (starts 70 rounds apart)."""
     length = min(length, len(updates))
     lines = ["| window | replays | partners paid > 0 and > flipper (paid rounds) | meetings never settled (neither "
              "paid) | replays: every meeting right | replays: deviators below honest | replays: both |",
              "|---|---|---|---|---|---|---|"]
     for start in range(1, len(updates) - length + 2, 70):
-        runs = [done_when_replay(updates, seed, start, length) for seed in range(seeds)]
+        runs = [done_when_replay(updates, seed, start, length, own_replay_limit) for seed in range(seeds)]
         right = [r["good"] == r["met"] for r in runs]
         lines.append(f"| rounds {start}-{start + length - 1} | {seeds} | {sum(r['good'] for r in runs)}/"
                      f"{sum(r['met'] for r in runs)} | {sum(r['unpaid'] for r in runs)} | {sum(right)} | "
@@ -385,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the clients' train.dynamic-data-seed: false (static), true (dynamic); both: static first")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe key for the capture")
     parser.add_argument("--own-replay-limit", type=float, default=None,
-                        help="signs an own resubmission may differ in (pool rule 3: 0.02; default: this version's)")
+                        help="signs an own resubmission may differ in (rule 3: 0.02; default: the data order's)")
     parser.add_argument("--done-when", type=int, default=0, metavar="SEEDS",
                         help="replay the issue's done-when run (20 nodes, 2 a round, flip/zero/random/stale) SEEDS "
                              "times per 60-round window of the captured updates, print the table, and stop")
@@ -394,21 +396,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.own_replay_limit is not None:
-        import kfca_llm.fl.peer_pool
-
-        kfca_llm.fl.peer_pool.OWN_REPLAY_MAX_DISAGREEMENT = args.own_replay_limit
     orders = list(DATA_ORDERS) if args.data_order == "both" else [args.data_order]
     for order in orders:
         started = time.time()
         dynamic = DATA_ORDERS[order]
+        # As simulate and the recipes' app set it for the data order, unless asked for another.
+        limit = args.own_replay_limit if args.own_replay_limit is not None else (
+            DYNAMIC_ORDER_OWN_REPLAY_LIMIT if dynamic else OWN_REPLAY_MAX_DISAGREEMENT)
         updates = (synthetic(args.rounds, dynamic) if args.synthetic
                    else capture(args.rounds, args.cache, dynamic, tuple(args.set)))
         print(f"## data order: {order} (train.dynamic-data-seed = {str(dynamic).lower()})\n")
         if args.done_when:
-            print(done_when_table(updates, args.done_when))
+            print(done_when_table(updates, args.done_when, own_replay_limit=limit))
         else:
-            rows = run(updates, args.grid, tuple(args.deviations.split(",")))
+            rows = run(updates, args.grid, tuple(args.deviations.split(",")), limit)
             print(markdown(rows))
             if args.figure is not None:
                 figure(rows, args.figure.with_suffix(f".{order}{args.figure.suffix}") if len(orders) > 1 else args.figure)

@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe key of the run config (a number or a word), e.g. train.learning-rate-max=5e-5")
     parser.add_argument("--own-replay-limit", type=float, default=None,
-                        help="signs an own resubmission may differ in (pool rule 3: 0.02; default: this version's)")
+                        help="signs an own resubmission may differ in (rule 3: 0.02; default: the data order's)")
     parser.add_argument("--out", type=Path, default=None, help="write the per-round rewards as JSON here")
     return parser
 
@@ -92,7 +92,9 @@ def main(argv=None) -> int:
     from flwr.simulation import run_simulation
 
     from kfca_llm.flower import KFCAStrategy
+    from kfca_llm.fl.scoring import own_replay_limit
     from kfca_llm.flower.server_app import make_server_app
+    from kfca_llm.flower.task import recipe_from_config
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     os.environ["PYTHONPATH"] = str(ROOT / "benchmarks") + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -100,13 +102,12 @@ def main(argv=None) -> int:
               "train.training-arguments.max-steps": args.max_steps, "kfca.attackers": args.attackers,
               "kfca.ledger": "", "kfca.keep-signs": False, "train.dynamic-data-seed": DATA_ORDERS[args.data_order]}
     config |= {key: config_value(value) for key, _, value in (pair.partition("=") for pair in args.set)}
-    if args.own_replay_limit is not None:  # the scoring runs in this process (the ServerApp)
-        import kfca_llm.fl.peer_pool
-
-        kfca_llm.fl.peer_pool.OWN_REPLAY_MAX_DISAGREEMENT = args.own_replay_limit
     os.environ["KFCA_FEW_PEERS_CONFIG"] = json.dumps(config)
     import flower_few_peers_client as client_module  # the ClientApp Ray's workers import
     extra = {} if args.min_peers is None else {"min_peers": args.min_peers}
+    # As the recipes' app sets it for the data order, unless asked for another.
+    extra["own_replay_limit"] = (args.own_replay_limit if args.own_replay_limit is not None
+                                 else own_replay_limit(recipe_from_config(config)))
 
     class Strategy(KFCAStrategy):
         """The default KFCAStrategy around FedAvg(fraction_train); remembers each node's partition."""

@@ -11,7 +11,8 @@ from test_pool_settle import pair
 
 from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
-from kfca_llm.fl.peer_pool import PeerPool, score_with_pool
+from kfca_llm.errors import InputError
+from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 from kfca_llm.fl.pool_settle import close_round
 
 STALE = 4
@@ -113,3 +114,16 @@ def test_an_update_close_to_its_own_earlier_one_is_a_retrain_not_a_resubmission(
     assert paid[13][who] == scored[13].report.unadjusted_rewards[who]
     assert not pool.resubmitted(f"{who}@3") and pool.charge_of([f"{who}@3"]) == paid[3][who] > 0
     assert any(e.name == f"{who}@13" for e in pool.entries(14))
+
+
+def test_where_clients_never_train_the_same_samples_again_a_replay_within_2_percent_is_charged_back():
+    """``own_replay_limit`` follows the data order: a recipe with ``train.dynamic-data-seed = true`` (the tiny one) keeps
+    rule 3's 2%, FlowerTune's static order (the real recipes) none; the pool refuses a limit that is no fraction."""
+    from kfca_llm.fl.scoring import own_replay_limit
+    from kfca_llm.recipe import load_recipe
+
+    _, scored, paid, _ = run(13, changed=31, pool=PeerPool(PoolSettings(own_replay_limit=0.02)))
+    assert scored[13].resubmitted == {"c04": ("c04@3",)} and scored[13].charged_back["c04"] == paid[3]["c04"] > 0
+    assert own_replay_limit(load_recipe("tiny")) == 0.02 and own_replay_limit(load_recipe("general-nlp")) == 0.0
+    with pytest.raises(InputError, match="own_replay_limit"):
+        PoolSettings(own_replay_limit=0.5)

@@ -62,7 +62,7 @@ from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
-from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, apply_pool_policy, pool_copies_of, sketch_copies_of
+from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
                          recorded_pool_settings)
 from .pool_weights import cautious_means, orientation, pool_lag_weights, pool_scores, weighted_means
@@ -212,7 +212,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
             words, task, round_, duplicate_rule.max_disagreement))
         lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), pool.settings.window)
-        pool_copies = own_replays_only(pool_copies, owner, OWN_REPLAY_MAX_DISAGREEMENT)
+        pool_copies = own_replays_only(pool_copies, owner, pool.settings.own_replay_limit)
     own = _own_resubmissions(pool_copies, owner)
     pool_copies = _one_group_each(pool_copies, own)
     in_round_keys = list(round_report.pairwise)

@@ -4,8 +4,8 @@ submission of the run (its own included: ``stale``), is a copy; the round's dupl
 other members were paid already.
 
 A match with an earlier submission of the scorer's *own* participant is a replay only where the two agree on every
-sign (``OWN_REPLAY_MAX_DISAGREEMENT``, ``fl.peer_pool.own_replays_only``; on the sketch beyond the window, every sketch
-bit): a client that trains again on the same samples (FlowerTune's static data order, ``train.dynamic-data-seed =
+sign (``PoolSettings.own_replay_limit``, default ``OWN_REPLAY_MAX_DISAGREEMENT``, ``fl.peer_pool.own_replays_only``; on
+the sketch beyond the window, every sketch bit; a dynamic data order may loosen it to 2%): a client that trains again on the same samples (FlowerTune's static data order, ``train.dynamic-data-seed =
 false``) from a newer global lands close to its earlier update, often within the 2% that tells a copy of *another*
 participant, yet never on all of its signs in the runs measured (``benchmarks/honest_repeats.py``).
 """
@@ -21,11 +21,16 @@ from ..engine.duplicates import DuplicateGroup, DuplicatePair, DuplicateRule, ap
 
 SKETCH_WORDS = 128
 OWN_REPLAY_MAX_DISAGREEMENT = 0.0
-"""The fraction of signs in which a submission may differ from an earlier one of its own participant and still be a
-replay of it: none (a copy of another participant's: ``DuplicateRule.max_disagreement``, 2%). Retrained on the same
-samples at FlowerTune's learning rates, an honest client's updates came within 3 of 32,768 signs of each other late in
-training (lag 1; 448 of 1,864 pairs within 2%), so any looser limit takes honest repeats for replays sooner or later;
-a replay of an update's bytes differs in none (benchmarks/ROBUSTNESS.md, "Honest repeats")."""
+"""The default fraction of signs in which a submission may differ from an earlier one of its own participant and still
+be a replay of it (``PoolSettings.own_replay_limit``): none (a copy of another participant's:
+``DuplicateRule.max_disagreement``, 2%). Retrained on the same samples at FlowerTune's learning rates, an honest
+client's updates came within 3 of 32,768 signs of each other late in training (lag 1; 448 of 1,864 pairs within 2%),
+so any looser limit takes honest repeats for replays sooner or later; a replay of an update's bytes differs in none
+(benchmarks/ROBUSTNESS.md, "Honest repeats")."""
+DYNAMIC_ORDER_OWN_REPLAY_LIMIT = 0.02
+"""The limit where clients train on other samples at every participation (``train.dynamic-data-seed = true``): their
+updates of different rounds were at least 25% apart (benchmarks/ROBUSTNESS.md), so rule 3's 2% also catches a replay
+with a few signs turned."""
 
 
 def sketch(words: np.ndarray) -> np.ndarray:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from .pool_copies import sketch
+from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
@@ -23,7 +23,7 @@ pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0
 peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``: the window's); 3: as 2, a
 participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged back
 (``fl.peer_pool``), and a participant's record is the lower of its window's and its run's; 4 (this version): as 3, an
-own resubmission is a replay within ``fl.pool_copies.OWN_REPLAY_MAX_DISAGREEMENT`` of the signs, no longer the 2% of a
+own resubmission is a replay within ``PoolSettings.own_replay_limit`` of the signs (default none), no longer the 2% of a
 copy of another's (an honest client retrained on the same samples is not charged back)."""
 
 
@@ -40,6 +40,11 @@ class PoolSettings:
     """Pool peers per short participant (distinct participants, most recent first)."""
     weight: float = 0.5
     """The weight of the pool's verdict as a whole (its weighted mean payment) against an in-round peer's 1."""
+    own_replay_limit: float = OWN_REPLAY_MAX_DISAGREEMENT
+    """The fraction of signs in which a submission may differ from an earlier one of its own participant and still be
+    a replay of it (``fl.pool_copies``): 0 where a client may train on the same samples again (FlowerTune's static data
+    order); ``DYNAMIC_ORDER_OWN_REPLAY_LIMIT`` (rule 3's 2%) is safe only where every participation trains on other
+    samples (``train.dynamic-data-seed = true``)."""
     rule: int = POOL_RULE
     """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
     a ledger of an earlier rule is not rescored with this one)."""
@@ -51,6 +56,9 @@ class PoolSettings:
                 raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
             raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
+        if (isinstance(self.own_replay_limit, bool) or not isinstance(self.own_replay_limit, (int, float))
+                or not 0 <= self.own_replay_limit < 0.5):
+            raise InputError(f"peer pool: own_replay_limit must be a fraction in [0, 0.5), got {self.own_replay_limit!r}")
         if self.rule != POOL_RULE:
             raise InputError(f"peer pool: rule {self.rule!r} is not the rule this version computes ({POOL_RULE})")
 

@@ -195,7 +195,7 @@ def run_federation(recipe: Recipe, options: FederationOptions = FederationOption
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
     histories: dict[str, list[StateDict]] = {cid: [] for cid in [*([analysis_client] if analysis else []), *fixed]}
-    pool = PeerPool(pool_settings(recipe.kfca))
+    pool = PeerPool(pool_settings(recipe))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
     if options.resume:

@@ -37,6 +37,10 @@ def test_the_server_app_pays_copies_by_the_recipes_kfca_duplicates(tmp_path):
     assert build_strategy(recipe_from_config(CONFIG), ledger).duplicates == "zero"
     split = recipe_from_config({**CONFIG, "kfca.duplicates": "split"})
     assert build_strategy(split, ledger).duplicates == "split"
+    # an own earlier update is replayed within 2% of the signs where nodes train other samples every round, else none
+    assert build_strategy(recipe_from_config(CONFIG), ledger).pool.settings.own_replay_limit == 0.02
+    static = recipe_from_config({**CONFIG, "train.dynamic-data-seed": False})
+    assert build_strategy(static, ledger).pool.settings.own_replay_limit == 0.0
 
 
 def test_the_server_app_takes_the_weak_verdict_rule_from_the_recipe_or_the_run_config(tmp_path):
