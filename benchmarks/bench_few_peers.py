@@ -46,6 +46,7 @@ from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.pool_store import RANK_RULES
 from kfca_llm.fl.pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
 from kfca_llm.fl.pool_settle import close_round
 from kfca_llm.fl.reference import DEFAULT_REFERENCE_WEIGHT, REFERENCE, reference_signs
@@ -275,26 +276,31 @@ DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}
 """The issue's done-when run: four deviating nodes of 20 (flower_few_peers.py's default attackers)."""
 
 
-def done_when_replay(updates, seed: int, start: int, length: int, own_replay_limit: float = 0.0) -> dict:
+def done_when_replay(updates, seed: int, start: int, length: int, own_replay_limit: float = 0.0,
+                     attackers: dict[int, str] = DONE_WHEN, rank_by: str = "record") -> dict:
     """One replay of the done-when run on captured honest updates: each round's updates go to two nodes drawn
     uniformly (as Flower samples; the capture's own sampling keeps its analysis client in every round), nodes 3, 7,
-    11, 15 deviate, and the default pool scores the round. Returns the meeting counts and whether every deviator's
-    mean reward is below every honest node's."""
+    11, 15 deviate (``attackers``), and the default pool scores the round. Returns the meeting counts of an honest node
+    with a node that flipped its update that round, and whether every deviator's mean reward is below every honest
+    node's."""
     rng = np.random.default_rng(seed)
     ids = [client_id(i) for i in range(20)]
-    deviating = {client_id(i): spec for i, spec in DONE_WHEN.items()}
+    deviating = {client_id(i): spec for i, spec in attackers.items()}
     history: dict[str, list] = {c: [] for c in deviating}
-    pool, paid, meetings, unsure, settled = PeerPool(PoolSettings(own_replay_limit=own_replay_limit)), {}, [], {}, set()
+    pool = PeerPool(PoolSettings(own_replay_limit=own_replay_limit, rank_by=rank_by))
+    paid, meetings, unsure, settled = {}, [], {}, set()
     for t in range(1, length + 1):
         cached = [u for c, u in sorted(updates[start + t - 1].items()) if c != REFERENCE]
         clients = {ids[d]: u for d, u in zip(sorted(rng.choice(20, size=len(cached), replace=False).tolist()), cached)}
         honest = {c: {k: torch.from_numpy(v) for k, v in u.items()} for c, u in clients.items()}
-        submitted = {}
+        submitted, flipped = {}, set()
         for c, u in sorted(clients.items()):
             if c in deviating:
                 context = attack_context(seed, t, c, f"{c}={deviating[c]}", honest, history[c])
                 submitted[c] = {k: v.numpy() for k, v in resolve_attack(deviating[c]).submit(context).items()}
                 history[c].append(honest[c])
+                if all(np.array_equal(submitted[c][k], -u[k]) and u[k].any() for k in u):
+                    flipped.add(c)
             else:
                 submitted[c] = u
         packer = pack_updates(submitted)
@@ -303,7 +309,7 @@ def done_when_replay(updates, seed: int, start: int, length: int, own_replay_lim
         for done in close_defaults(pool, packer, t, scored, derive_seed(0, KFCA, t)):
             paid[done.round][done.participant] = done.reward
             settled.add((done.round, done.participant))
-        flipper = next((c for c in paid[t] if deviating.get(c) == "flip"), None)
+        flipper = next(iter(sorted(flipped)), None)
         meetings += [(t, c, flipper) for c in paid[t] if flipper and c not in deviating]
     # A meeting whose partner was never paid (undetermined, not settled) is counted apart: neither side was paid.
     open_ = [(t, c, f) for t, c, f in meetings if c in unsure[t] and (t, c) not in settled]
@@ -319,14 +325,16 @@ def done_when_replay(updates, seed: int, start: int, length: int, own_replay_lim
             "misranked": [t for t, c, f in judged if not (paid[t][c] > 0 and paid[t][c] > paid[t][f])]}
 
 
-def done_when_table(updates, seeds: int, length: int = 60, own_replay_limit: float = 0.0) -> str:
+def done_when_table(updates, seeds: int, length: int = 60, own_replay_limit: float = 0.0,
+                    attackers: dict[int, str] = DONE_WHEN, rank_by: str = "record") -> str:
     """``done_when_replay`` over ``seeds`` draws in each window of ``length`` rounds (starts 70 rounds apart)."""
     length = min(length, len(updates))
     lines = ["| window | replays | partners paid > 0 and > flipper (paid rounds) | meetings never settled (neither "
              "paid) | replays: every meeting right | replays: deviators below honest | replays: both |",
              "|---|---|---|---|---|---|---|"]
     for start in range(1, len(updates) - length + 2, 70):
-        runs = [done_when_replay(updates, seed, start, length, own_replay_limit) for seed in range(seeds)]
+        runs = [done_when_replay(updates, seed, start, length, own_replay_limit, attackers, rank_by)
+                for seed in range(seeds)]
         right = [r["good"] == r["met"] for r in runs]
         lines.append(f"| rounds {start}-{start + length - 1} | {seeds} | {sum(r['good'] for r in runs)}/"
                      f"{sum(r['met'] for r in runs)} | {sum(r['unpaid'] for r in runs)} | {sum(right)} | "
@@ -386,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-order", choices=("both", *DATA_ORDERS), default="both",
                         help="the clients' train.dynamic-data-seed: false (static), true (dynamic); both: static first")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe key for the capture")
+    parser.add_argument("--attackers", action="append", default=[], metavar="NODE=SPEC",
+                        help="--done-when: replace a deviating node's attack (e.g. 3=flip-after:3, 3=on-off)")
+    parser.add_argument("--rank-by", choices=RANK_RULES, default="record", help="PoolSettings.rank_by (--done-when)")
     parser.add_argument("--own-replay-limit", type=float, default=None,
                         help="signs an own resubmission may differ in (rule 3: 0.02; default: the data order's)")
     parser.add_argument("--done-when", type=int, default=0, metavar="SEEDS",
@@ -407,7 +418,9 @@ def main(argv=None) -> int:
                    else capture(args.rounds, args.cache, dynamic, tuple(args.set)))
         print(f"## data order: {order} (train.dynamic-data-seed = {str(dynamic).lower()})\n")
         if args.done_when:
-            print(done_when_table(updates, args.done_when, own_replay_limit=limit))
+            attackers = {**DONE_WHEN, **{int(i): spec for i, _, spec in (part.partition("=") for part in args.attackers)}}
+            print(done_when_table(updates, args.done_when, own_replay_limit=limit, attackers=attackers,
+                                  rank_by=args.rank_by))
         else:
             rows = run(updates, args.grid, tuple(args.deviations.split(",")), limit)
             print(markdown(rows))

@@ -204,8 +204,9 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
         f"{p}{'=' + attack_of[p] if p in attack_of else ''} {m:+.4f} ({len(paid[p])})" for p, m in means.items()))
     lines.append(f"flipper's honest partners paid > 0 and > the flipper: {good} of {meetings} meetings "
                  f"(+{unpaid} in undetermined rounds never settled, neither paid)")
-    lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
-                 f"AUROC {auroc(dev, hon):.3f}")
+    if dev and hon:  # a short run may never sample a deviator
+        lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
+                     f"AUROC {auroc(dev, hon):.3f}")
     lines.append(f"undetermined rounds never settled: {[r['round'] for r in rounds if r['undetermined']]}; settled "
                  f"later: {[r['round'] for r in rounds if r.get('settled')]}")
     return "\n".join(lines)

@@ -63,9 +63,10 @@ from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
-from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
+from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
                          recorded_pool_settings)
-from .pool_weights import cautious_means, orientation, pool_lag_weights, pool_scores, weighted_means
+from .pool_weights import (cautious_means, orientation, pool_lag_weights, pool_scores, verdict_errors, verdict_settles,
+                           weighted_means)
 from .reference import REFERENCE, check_reference_weight
 
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
@@ -235,8 +236,17 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # Who the pool ranks lower in a disagreeing pair: this round's verdict plus, for a real participant, its recent
     # record (an analysis scorer's owner's record is an honest submission's, not the strategy's).
     rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
+    if pool is not None and pool.settings.rank_by == "verdict-first":  # a clear difference of verdicts settles alone
+        errors = verdict_errors(terms_of, verdict)
+        clear = {(c, p) for c, p in in_round_keys if c in verdict and p in verdict and p not in own and verdict_settles(
+            (verdict[c][0], errors[c]), (verdict[p][0], errors[p]), VERDICT_GATE)}
+        rank_of = {(c, p): ((verdict[c][0], verdict[p][0]) if (c, p) in clear else (rank[c], rank.get(p)))
+                   for c, p in in_round_keys if c in verdict}
+    else:
+        rank_of = {(c, p): (rank[c], rank.get(p)) for c, p in in_round_keys if c in verdict}
     weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
-               else orientation(pay[(c, p)], rank[c], None if p in own else rank.get(p)) for c, p in in_round_keys]
+               else orientation(pay[(c, p)], rank_of[(c, p)][0], None if p in own else rank_of[(c, p)][1])
+               for c, p in in_round_keys]
     weights += [lag_of[p] * pool.settings.weight / verdict[c][1] if c in verdict else 0.0 for c, p in pool_keys]
     weights += [reference_weight] * len(reference_keys)
     terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))

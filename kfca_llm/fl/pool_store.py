@@ -27,6 +27,11 @@ own resubmission is a replay within ``PoolSettings.own_replay_limit`` of the sig
 copy of another's (an honest client retrained on the same samples is not charged back)."""
 
 
+RANK_RULES = ("record", "verdict-first")
+VERDICT_GATE = 2.0
+"""Standard errors by which two verdicts must differ to settle a disagreeing pair alone (``rank_by="verdict-first"``)."""
+
+
 @dataclass(frozen=True)
 class PoolSettings:
     """How short rounds borrow peers (defaults measured in ``benchmarks/ROBUSTNESS.md``)."""
@@ -45,6 +50,11 @@ class PoolSettings:
     a replay of it (``fl.pool_copies``): 0 where a client may train on the same samples again (FlowerTune's static data
     order); ``DYNAMIC_ORDER_OWN_REPLAY_LIMIT`` (rule 3's 2%) is safe only where every participation trains on other
     samples (``train.dynamic-data-seed = true``)."""
+    rank_by: str = "record"
+    """How a disagreeing pair is settled (``fl.pool_weights.orientation``): ``"record"``, by each one's verdict plus its
+    record; ``"verdict-first"``, by the verdicts alone where they differ by more than ``VERDICT_GATE`` standard errors
+    of their difference (a participant that turns deviator cannot spend its record against a clear verdict), else as
+    ``"record"``."""
     rule: int = POOL_RULE
     """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
     a ledger of an earlier rule is not rescored with this one)."""
@@ -56,6 +66,8 @@ class PoolSettings:
                 raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
             raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
+        if self.rank_by not in RANK_RULES:
+            raise InputError(f"peer pool: rank_by must be one of {', '.join(RANK_RULES)}, got {self.rank_by!r}")
         if (isinstance(self.own_replay_limit, bool) or not isinstance(self.own_replay_limit, (int, float))
                 or not 0 <= self.own_replay_limit < 0.5):
             raise InputError(f"peer pool: own_replay_limit must be a fraction in [0, 0.5), got {self.own_replay_limit!r}")
