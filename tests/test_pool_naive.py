@@ -1,13 +1,15 @@
 """The peer pool at two participants per round equals its naive reference (``fl.pool_naive``) on random federations:
 honest clients, a flipper, a zero-submitter, a stale node (its first update, resubmitted byte for byte), a copier of
 another client's earlier update (1% of its signs turned) and a retrainer close to its own earlier update (one sign
-turned: no replay). Settlement is left out on both sides (see the naive module's docstring)."""
+turned: no replay). What the naive reference leaves out is in its module's docstring."""
 
 import numpy as np
 import pytest
 
 from kfca_llm.api import pack_updates
+from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.pool_settle import close_round
 from kfca_llm.fl.pool_naive import naive_run
 
 COORDS = 256
@@ -48,18 +50,16 @@ def federation(seed: int, rounds: int) -> list[dict[str, list[float]]]:
 
 
 def real_run(rounds: list[dict[str, list[float]]], seeds: list[int], settings: PoolSettings) -> list[dict[str, float]]:
-    """``score_with_pool`` with the pool closed after each round as ``fl.pool_settle.close_round`` closes it, but for
-    keeping undetermined rounds to settle."""
+    """``score_with_pool`` and ``close_round`` round after round; a settled participant is paid its settlement."""
     pool, out = PeerPool(settings), []
     for t, (submissions, seed) in enumerate(zip(rounds, seeds), start=1):
         packer = pack_updates({c: {"w": np.array(u, dtype=np.float32)} for c, u in submissions.items()})
         scored = score_with_pool(packer, pool, t, seed=seed)
-        copies = {c for g in scored.report.duplicates for c in g.clients}
-        signs = packer.words()[0]
-        pool.add_round(t, {c: signs[k] for k, c in enumerate(packer.clients) if c not in copies},
-                       scored.report.unadjusted_rewards, scored.report.rewards)
-        pool.mark_resubmitted([name for names in scored.resubmitted.values() for name in names])
         out.append(dict(scored.report.rewards))
+        for settled in close_round(pool, packer, t, scored, words=packer.words(), participants=packer.clients,
+                                   seed=seed, penalty="expected", bonus_fraction=0.5, duplicates="zero",
+                                   duplicate_rule=DuplicateRule()):
+            out[settled.round - 1][settled.participant] = settled.reward
     return out
 
 
@@ -80,22 +80,23 @@ def test_the_federations_meet_every_rule():
     from kfca_llm.fl import pool_naive
 
     seen = set()
-    original = pool_naive.naive_round
+    original = pool_naive.score
 
-    def spy(t, submissions, *args):
-        paid, joining, scores = original(t, submissions, *args)
-        seen.update(f"{c} left out" for c in set(submissions) - joining)
-        seen.update("undetermined" for c in joining if paid[c] == 0.0 and scores[c] != 0.0)
-        seen.update("charged back" for c in set(submissions) - joining if paid[c] < min(scores[c], 0.0))
-        seen.update("fined" for c in joining if paid[c] < 0)
-        return paid, joining, scores
+    def spy(t, negative, *args, horizon=None, **kwargs):
+        result = original(t, negative, *args, horizon=horizon, **kwargs)
+        seen.update(f"{c} left out" for c in result.copies)
+        seen.update("undetermined" for c in result.unsure if horizon is None)
+        seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
+        seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
+        seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
+        return result
 
-    pool_naive.naive_round = spy
+    pool_naive.score = spy
     try:
         for seed in range(12):
             naive_run(federation(seed, 18), [1000 * seed + t for t in range(1, 19)], window=4 if seed % 2 else 10)
     finally:
-        pool_naive.naive_round = original
-    assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", "undetermined", "charged back",
-            "fined"} <= seen
+        pool_naive.score = original
+    assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", "undetermined", "settled",
+            "charged back", "fined"} <= seen
     assert f"c{RETRAINER} left out" not in seen

@@ -1,16 +1,17 @@
 """A naive reference of the peer pool at two participants per round: slow, short, from plain lists.
 
-``naive_run`` pays a run of rounds of two participants each as ``fl.peer_pool.score_with_pool`` with a ``PeerPool``
-closed after each round does (``PoolSettings`` defaults, penalty "expected", duplicate policy "zero"), written as
-directly as the rules read in docs/few-peers.md, so that a test can hold the real implementation to it
-(``tests/test_pool_naive.py``). Covered: the pool (which entries, vetted by their round's score), the signed lag
-weights, the pool's verdict, the in-round peer read the way verdict plus record say, the record (the lower of the
-window's and the run's mean score), undetermined participants (paid 0), copies of another participant's earlier
-submission (within 2% of the signs: paid at most 0), own resubmissions (identical on every sign: scored without the
-pool, paid at most 0, what the earlier submission was paid charged back once). Not covered: settlement of
-undetermined rounds (``fl.pool_settle``: a settled round rescores its entries), in-round copies, the trusted
-reference, the attack analysis' owned scorers, and the 4,096-bit sketch of updates longer than 4,096 coordinates
-(up to that length the sketch is the whole update, so "any earlier submission of the run" is what it checks).
+``naive_run`` pays a run of rounds of two participants each as ``fl.peer_pool.score_with_pool`` and
+``fl.pool_settle.close_round`` do (``PoolSettings`` defaults but the window, penalty "expected", duplicate policy
+"zero"), written as directly as the rules read in docs/few-peers.md, so that a test can hold the real implementation
+to it (``tests/test_pool_naive.py``). Covered: the pool (which entries, vetted by their round's score; sign words kept
+for the window and one round more), the signed lag weights, the pool's verdict, the in-round peer read the way verdict
+plus record say (``rank_by="record"``), the record (the lower of the window's and the run's mean score), undetermined
+participants (paid 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
+round; a settled entry rescored), copies of another participant's earlier submission (within 2% of the signs: paid
+at most 0), own resubmissions (identical on every sign: scored without the pool, paid at most 0, what the earlier
+submission was paid charged back once). Not covered: in-round copies, the trusted reference, the attack analysis'
+owned scorers, ``rank_by="verdict-first"``, a non-zero ``own_replay_limit``, and the 4,096-bit sketch of updates longer
+than 4,096 coordinates (up to that length the sketch is the whole update).
 
 A submission is a list of floats (one tensor); its report on a coordinate is whether it is negative; the round's tasks
 are the coordinates some submission of the round is non-zero at; the bonus / penalty partition of the tasks is
@@ -42,24 +43,63 @@ class Entry:
 
 def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: int = 10, pool_peers: int = 8,
               pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02) -> list[dict[str, float]]:
-    """What each participant of each round (round t = index + 1, seeded ``seeds[t - 1]``) is paid in its round."""
+    """What each participant of each round (round t = index + 1, seeded ``seeds[t - 1]``) is paid for it, in its round
+    or, undetermined there, by the later round that settled it."""
+    rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy)
     history: list[Entry] = []
+    pending: dict[int, list[str]] = {}  # round -> its participants still waiting to be settled
     out = []
     for t, (submissions, seed) in enumerate(zip(rounds, seeds), start=1):
-        paid, joining, scores = naive_round(t, submissions, seed, history, window, pool_peers, pool_weight,
-                                            min_peers, max_copy)
-        for client in sorted(joining):
-            negative = [v < 0 for v in submissions[client]]
-            history.append(Entry(t, client, negative, scores[client], paid[client]))
-        out.append(paid)
+        negative = {c: [v < 0 for v in u] for c, u in submissions.items()}
+        tasks = [k for k in range(len(next(iter(submissions.values())))) if any(u[k] != 0 for u in submissions.values())]
+        result = score(t, negative, tasks, seed, history, horizon=None, **rules)
+        for c in sorted(negative):
+            if c not in result.copies:
+                history.append(Entry(t, c, negative[c], result.scores[c], result.paid[c]))
+        for e in result.resubmitted:
+            e.paid, e.resubmitted = min(e.paid, 0.0), True
+        if result.unsure:
+            pending[t] = sorted(result.unsure)
+        out.append(dict(result.paid))
+        # Settle what the pool now can: every pending round scored on the pool as it stands, then applied.
+        settled = {}
+        for r in sorted(pending):
+            if r < t:
+                again = score(r, *_round_of(r, rounds, seeds), history, horizon=t, **rules)
+                last = t - r >= window
+                settled[r] = {c: again for c in pending[r] if c not in again.unsure and (last or c not in again.warming)}
+        for r, done in settled.items():
+            for c, again in done.items():
+                for entry in (e for e in history if (e.round, e.client) == (r, c)):  # none for a copy
+                    entry.score, entry.paid = again.scores[c], again.paid[c]
+                out[r - 1][c] = again.paid[c]
+            pending[r] = [c for c in pending[r] if c not in done]
+            if not pending[r] or t - r >= window:
+                del pending[r]
     return out
 
 
-def naive_round(t, submissions, seed, history, window, pool_peers, pool_weight, min_peers, max_copy):
-    """(paid, the clients that join the pool, their scores) of round ``t``; marks the resubmitted entries."""
-    a, b = sorted(submissions)
-    negative = {c: [v < 0 for v in submissions[c]] for c in (a, b)}
-    tasks = [k for k in range(len(submissions[a])) if submissions[a][k] != 0 or submissions[b][k] != 0]
+def _round_of(r: int, rounds, seeds):
+    submissions = rounds[r - 1]
+    negative = {c: [v < 0 for v in u] for c, u in submissions.items()}
+    tasks = [k for k in range(len(next(iter(submissions.values())))) if any(u[k] != 0 for u in submissions.values())]
+    return negative, tasks, seeds[r - 1]
+
+
+@dataclass
+class Scored:
+    paid: dict[str, float]
+    scores: dict[str, float]
+    unsure: set[str]
+    warming: set[str]
+    copies: set[str]
+    resubmitted: list[Entry]
+
+
+def score(t, negative, tasks, seed, history, horizon, window, pool_peers, pool_weight, min_peers, max_copy):
+    """Round ``t`` of two participants (``negative``: client -> its reports) on the pool of ``history``, or, settling it
+    at ``horizon``, the pool on both sides of it."""
+    a, b = sorted(negative)
     kinds = dict(zip(tasks, partition_classes(np.array(tasks), seed, 0.5).tolist()))
 
     def pay(mine: list[bool], peer: list[bool]) -> float:
@@ -71,16 +111,28 @@ def naive_round(t, submissions, seed, history, window, pool_peers, pool_weight, 
         return agree - (x * y + (len(first) - x) * (len(second) - y)) / (len(first) * len(second))
 
     in_round = {a: pay(negative[a], negative[b]), b: pay(negative[b], negative[a])}
-    rows = [e for e in history if t - window - 1 <= e.round <= t - 1]
+    # Entries whose sign words the pool still holds: the window and one round more before the last round that added any.
+    latest = max((e.round for e in history), default=0)
+    kept = [e for e in history if e.round >= latest - window]
+    high = t - 1 if horizon is None else min(horizon, t + window)
+    if horizon is None:
+        def order(e):
+            return (-e.round, e.client)  # newest first
+    else:
+        def order(e):
+            return (abs(e.round - t), -e.round, e.client)  # nearest first, the later of two equally near
+    rows = sorted((e for e in kept if t - window - 1 <= e.round <= high and e.round != t), key=order)
     if not rows:  # nothing to weigh: both undetermined
-        return {a: 0.0, b: 0.0}, {a, b}, in_round
+        return Scored({a: 0.0, b: 0.0}, in_round, {a, b}, {a, b}, set(), [])
 
     def differing(c: str, e: Entry) -> int:
         return sum(negative[c][k] != e.negative[k] for k in tasks)
 
-    # Copies: any earlier submission of the run; one's own only when identical on every sign.
-    copied = {c: [e for e in history if differing(c, e) == 0
-                  or (e.client != c and differing(c, e) <= max_copy * len(tasks))] for c in (a, b)}
+    # Copies of earlier submissions (a settled round's judged as they were then): those whose words the pool holds,
+    # and, on the sketch (the whole update here), every one older than the window; one's own only if identical.
+    earlier = [e for e in rows if e.round < t] + [e for e in history if e.round < t - window]
+    copied = {c: list({id(e): e for e in earlier if differing(c, e) == 0 or
+                       (e.client != c and differing(c, e) <= max_copy * len(tasks))}.values()) for c in (a, b)}
     own = {c for c in (a, b) if copied[c] and all(e.client == c for e in copied[c])}
     other_copy = {c for c in (a, b) if copied[c] and c not in own}
 
@@ -95,45 +147,40 @@ def naive_round(t, submissions, seed, history, window, pool_peers, pool_weight, 
     scale = max((abs(m) for m in medians.values()), default=0.0)
     lag_weight = {k: m / scale for k, m in medians.items()} if scale else {}
 
-    def newest_first(entries):
-        return sorted(entries, key=lambda e: (-e.round, e.client))
-
     def pool_peers_of(c: str) -> list[Entry]:
         chosen, seen = [], {a, b}
-        for e in newest_first(e for e in history if t - window <= e.round <= t - 1):
-            if e.client not in seen and e.score > 0:
+        for e in rows:
+            if e.round >= t - window and e.client not in seen and e.score > 0:
                 seen.add(e.client)
                 chosen.append(e)
         return chosen[:pool_peers]
 
     def record(c: str) -> float | None:
         recent = [e.score for e in rows if e.client == c]
-        whole = [e.score for e in history if e.client == c]
+        whole = [e.score for e in history if e.client == c and e.round != t and e.round <= high]
         means = [sum(s) / len(s) for s in (recent, whole) if s]
         return min(means) if means else None
 
     peers = {c: pool_peers_of(c) for c in (a, b)}
-    terms = {c: [] if c in own else [(lag_weight.get(t - e.round, 0.0), pay(negative[c], e.negative))
+    terms = {c: [] if c in own else [(lag_weight.get(abs(t - e.round), 0.0), pay(negative[c], e.negative))
                                      for e in peers[c]] for c in (a, b)}
     verdict = {c: sum(w * p for w, p in terms[c]) / sum(abs(w) for w, _ in terms[c])
                for c in (a, b) if sum(abs(w) for w, _ in terms[c]) > 0}
     rank = {c: verdict[c] + (record(c) or 0.0) for c in verdict}
 
-    paid, scores = {}, {}
+    paid, scores, unsure, warming = {}, {}, set(), set()
     for c, p in ((a, b), (b, a)):
         if c not in verdict:
             peer_sign = 1.0
-        elif p in own:
-            peer_sign = 0.0  # the pool has no verdict on a resubmission
-        elif p not in rank:
-            peer_sign = 0.0
+        elif p in own or p not in rank:
+            peer_sign = 0.0  # the pool has no verdict on the peer
         elif in_round[c] >= 0:
             peer_sign = 1.0
         else:
             peer_sign = -1.0 if rank[p] < rank[c] else 1.0  # the one ranked lower is fined, the other reads it back
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
-        own_pool = pool_weight if c in own and any(lag_weight.get(t - e.round, 0.0) for e in peers[c]) else 0.0
+        own_pool = pool_weight if c in own and any(lag_weight.get(abs(t - e.round), 0.0) for e in peers[c]) else 0.0
         weight = abs(peer_sign) + sum(abs(w) for w in pool_sign) + own_pool
         scores[c] = (peer_sign * in_round[c] + sum(w * pay_ for w, (_, pay_) in zip(pool_sign, terms[c]))) / weight \
             if weight else 0.0
@@ -141,12 +188,15 @@ def naive_round(t, submissions, seed, history, window, pool_peers, pool_weight, 
         distinct |= {e.client for w, e in zip(pool_sign, peers[c]) if w} | ({"(pool)"} if own_pool else set())
         reward = min(scores[c], 0.0) if c in other_copy else scores[c]
         if c in own:
-            charged = [e for e in copied[c] if not e.resubmitted]
-            reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in charged)
+            reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in copied[c] if not e.resubmitted)
         elif len(distinct) < min_peers:
             reward = 0.0  # undetermined: no majority that could outvote a deviator
+            unsure.add(c)
+        if any(e.resubmitted for e in history if (e.round, e.client) == (t, c)):
+            reward = min(reward, 0.0)  # resubmitted since: its settlement is paid at most 0
         paid[c] = reward
-    for c in own:
-        for e in copied[c]:
-            e.paid, e.resubmitted = min(e.paid, 0.0), True
-    return paid, {a, b} - own - other_copy, scores
+        support = 0 if c in own else len({e.client for e in peers[c] if lag_weight.get(abs(t - e.round), 0.0)})
+        if c in unsure or support < pool_peers:
+            warming.add(c)
+    resubmitted = [e for c in sorted(own) for e in copied[c]]
+    return Scored(paid, scores, unsure, warming, own | other_copy, resubmitted)
