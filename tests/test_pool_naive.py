@@ -63,13 +63,14 @@ def real_run(rounds: list[dict[str, list[float]]], seeds: list[int], settings: P
     return out
 
 
+@pytest.mark.parametrize("rank_by", ["record", "verdict-first"])
 @pytest.mark.parametrize("seed", range(12))
-def test_the_pool_pays_what_the_naive_reference_pays(seed):
+def test_the_pool_pays_what_the_naive_reference_pays(seed, rank_by):
     rounds = federation(seed, 18)
     seeds = [1000 * seed + t for t in range(1, 19)]
     window = 4 if seed % 2 else 10  # a short window: entries leave it, the run's record and sketch still count
-    expected = naive_run(rounds, seeds, window=window)
-    paid = real_run(rounds, seeds, PoolSettings(window=window))
+    expected = naive_run(rounds, seeds, window=window, verdict_first=rank_by == "verdict-first")
+    paid = real_run(rounds, seeds, PoolSettings(window=window, rank_by=rank_by))
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
     for t, (got, want) in enumerate(zip(paid, expected), start=1):
         assert got == pytest.approx(want, abs=1e-12), f"round {t}"
@@ -100,3 +101,10 @@ def test_the_federations_meet_every_rule():
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", "undetermined", "settled",
             "charged back", "fined"} <= seen
     assert f"c{RETRAINER} left out" not in seen
+    # and the verdicts settle some disagreeing pairs otherwise than verdict plus record do
+    differing = 0
+    for seed in range(12):
+        rounds, seeds = federation(seed, 18), [1000 * seed + t for t in range(1, 19)]
+        record, first = (naive_run(rounds, seeds, window=4 if seed % 2 else 10, verdict_first=v) for v in (False, True))
+        differing += sum(record[t][c] != first[t][c] for t in range(18) for c in record[t])
+    assert differing > 0

@@ -5,12 +5,13 @@
 "zero"), written as directly as the rules read in docs/few-peers.md, so that a test can hold the real implementation
 to it (``tests/test_pool_naive.py``). Covered: the pool (which entries, vetted by their round's score; sign words kept
 for the window and one round more), the signed lag weights, the pool's verdict, the in-round peer read the way verdict
-plus record say (``rank_by="record"``), the record (the lower of the window's and the run's mean score), undetermined
+plus record say (or, with ``rank_by="verdict-first"``, by the verdicts alone where they differ by more than two
+standard errors), the record (the lower of the window's and the run's mean score), undetermined
 participants (paid 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
 round; a settled entry rescored), copies of another participant's earlier submission (within 2% of the signs: paid
 at most 0), own resubmissions (identical on every sign: scored without the pool, paid at most 0, what the earlier
 submission was paid charged back once). Not covered: in-round copies, the trusted reference, the attack analysis'
-owned scorers, ``rank_by="verdict-first"``, a non-zero ``own_replay_limit``, and the 4,096-bit sketch of updates longer
+owned scorers, a non-zero ``own_replay_limit``, and the 4,096-bit sketch of updates longer
 than 4,096 coordinates (up to that length the sketch is the whole update).
 
 A submission is a list of floats (one tensor); its report on a coordinate is whether it is negative; the round's tasks
@@ -42,10 +43,12 @@ class Entry:
 
 
 def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: int = 10, pool_peers: int = 8,
-              pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02) -> list[dict[str, float]]:
+              pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02, verdict_first: bool = False
+              ) -> list[dict[str, float]]:
     """What each participant of each round (round t = index + 1, seeded ``seeds[t - 1]``) is paid for it, in its round
     or, undetermined there, by the later round that settled it."""
-    rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy)
+    rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy,
+                 verdict_first=verdict_first)
     history: list[Entry] = []
     pending: dict[int, list[str]] = {}  # round -> its participants still waiting to be settled
     out = []
@@ -96,7 +99,8 @@ class Scored:
     resubmitted: list[Entry]
 
 
-def score(t, negative, tasks, seed, history, horizon, window, pool_peers, pool_weight, min_peers, max_copy):
+def score(t, negative, tasks, seed, history, horizon, window, pool_peers, pool_weight, min_peers, max_copy,
+          verdict_first):
     """Round ``t`` of two participants (``negative``: client -> its reports) on the pool of ``history``, or, settling it
     at ``horizon``, the pool on both sides of it."""
     a, b = sorted(negative)
@@ -167,6 +171,11 @@ def score(t, negative, tasks, seed, history, horizon, window, pool_peers, pool_w
     verdict = {c: sum(w * p for w, p in terms[c]) / sum(abs(w) for w, _ in terms[c])
                for c in (a, b) if sum(abs(w) for w, _ in terms[c]) > 0}
     rank = {c: verdict[c] + (record(c) or 0.0) for c in verdict}
+    error = {c: sum(w * w * (p - verdict[c]) ** 2 for w, p in terms[c]) ** 0.5 / sum(abs(w) for w, _ in terms[c])
+             for c in verdict}
+    if verdict_first and len(verdict) == 2 and not own and \
+            abs(verdict[a] - verdict[b]) > 2.0 * (error[a] ** 2 + error[b] ** 2) ** 0.5:
+        rank = dict(verdict)  # the verdicts are clear: they settle the pair alone
 
     paid, scores, unsure, warming = {}, {}, set(), set()
     for c, p in ((a, b), (b, a)):
