@@ -63,8 +63,8 @@ from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
-from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
-                         recorded_pool_settings)
+from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
+                         pool_name, recorded_pool_settings)
 from .pool_weights import (cautious_means, orientation, pool_lag_weights, pool_scores, verdict_errors, verdict_settles,
                            weighted_means)
 from .reference import REFERENCE, check_reference_weight

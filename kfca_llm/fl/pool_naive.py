@@ -172,7 +172,7 @@ def score(t, negative, tasks, seed, history, horizon, window, pool_peers, pool_w
                for c in (a, b) if sum(abs(w) for w, _ in terms[c]) > 0}
     rank = {c: verdict[c] + (record(c) or 0.0) for c in verdict}
     error = {c: sum(w * w * (p - verdict[c]) ** 2 for w, p in terms[c]) ** 0.5 / sum(abs(w) for w, _ in terms[c])
-             for c in verdict}
+             if sum(w != 0 for w, _ in terms[c]) >= 2 else float("inf") for c in verdict}
     if verdict_first and len(verdict) == 2 and not own and \
             abs(verdict[a] - verdict[b]) > 2.0 * (error[a] ** 2 + error[b] ** 2) ** 0.5:
         rank = dict(verdict)  # the verdicts are clear: they settle the pair alone

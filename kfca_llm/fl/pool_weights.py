@@ -57,9 +57,10 @@ def pool_scores(pool_terms: Mapping[str, Sequence[tuple[float, float]]]) -> dict
 def verdict_errors(pool_terms: Mapping[str, Sequence[tuple[float, float]]],
                    verdicts: Mapping[str, tuple[float, float]]) -> dict[str, float]:
     """Scorer -> the standard error of its verdict: the weighted spread of its pool payments about it,
-    ``sqrt(sum w^2 (payment - z)^2) / sum |w|`` (0 with one weighted term: nothing says how far it could be off)."""
+    ``sqrt(sum w^2 (payment - z)^2) / sum |w|``; infinite with fewer than two weighted payments (no spread to tell how
+    far the verdict could be off)."""
     return {c: float(np.sqrt(sum(w * w * (pay - z) ** 2 for w, pay in pool_terms[c]))) / total
-            for c, (z, total) in verdicts.items()}
+            if sum(w != 0.0 for w, _ in pool_terms[c]) >= 2 else float("inf") for c, (z, total) in verdicts.items()}
 
 
 def verdict_settles(mine: tuple[float, float], peer: tuple[float, float] | None, gate: float) -> bool:
