@@ -10,6 +10,11 @@ they are sampled, and every scoring setting scores the same submissions.
     .venv/bin/python benchmarks/bench_few_peers.py --rounds 60 --cache /tmp/updates60.safetensors --grid
     .venv/bin/python benchmarks/bench_few_peers.py --rounds 200 --cache /tmp/updates200.safetensors --done-when 30
 
+Every table is printed for each data order of the clients' training (``--data-order``, default both, static first):
+``static`` is FlowerTune's ``train.dynamic-data-seed = false`` (every participation of a client trains on the same
+samples, so its updates of different rounds are alike), ``dynamic`` seeds the order by the round. A ``--cache`` file
+``X.safetensors`` is kept per order as ``X.static.safetensors`` and ``X.dynamic.safetensors``.
+
 Per (deviation, setting): the honest partner's fine over the deviator's (sum over the rounds where a deviator
 trained beside an honest client of max(-reward, 0), honest over deviator; 1.0: fined alike; "-": the deviator
 was not fined), the honest partners paid > 0 and more than the deviator there, the share of honest participations
@@ -39,18 +44,26 @@ import torch
 
 from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
-from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
-from kfca_llm.fl.pool_settle import close_round
+from kfca_llm.fl.pool_store import RANK_RULES
+from kfca_llm.fl.pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
 from kfca_llm.fl.reference import DEFAULT_REFERENCE_WEIGHT, REFERENCE, reference_signs
 from kfca_llm.fl.rounds import attack_context
 from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from few_peers_done_when import DONE_WHEN, close_defaults, done_when_table  # noqa: E402
+
 DEVIATORS = (3, 7, 11)
-DEVIATIONS = ("flip", "zero", "random", "stale", "sparse:0.5", "copy:0", "copy-pool")
+NOISY_STALE = "stale+noise"
+"""``stale`` with 0.1% of its coordinates replaced by noise (``sparse:0.999`` of the replay): about 0.05% of its signs
+differ from the update it replays, as much as an honest retrain on the same samples late in training."""
+DEVIATIONS = ("flip", "zero", "random", "stale", NOISY_STALE, "sparse:0.5", "copy:0", "copy-pool")
 CHECKPOINTS = (10, 50, 200)
 REFERENCE_ROWS = 32
 REFERENCE_SETTING, FLTRUST_SETTING = "reference (no pool)", "FLTrust trust score"
+DATA_ORDERS = {"static": False, "dynamic": True}
+"""``--data-order`` -> ``train.dynamic-data-seed``."""
 
 
 class RandomDrawPool(PeerPool):
@@ -66,10 +79,15 @@ class RandomDrawPool(PeerPool):
         return [entries[k] for k in sorted(order)]
 
 
-def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-    """Round -> client -> honest update, from one honest tiny federation at 20 x 0.1 (cached as safetensors)."""
+def capture(rounds: int, cache: Path | None, dynamic: bool, overrides: tuple[str, ...] = ()
+            ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+    """Round -> client -> honest update, from one honest tiny federation at 20 x 0.1 (cached as safetensors), the
+    clients' data order seeded by the round (``dynamic``) or the same in every round; ``overrides``: more recipe keys
+    (``KEY=VALUE``; a cache holds whatever it was captured with)."""
     from safetensors.numpy import load_file, save_file
 
+    order = next(name for name, value in DATA_ORDERS.items() if value == dynamic)
+    cache = None if cache is None else cache.with_suffix(f".{order}{cache.suffix}")
     if cache is not None and cache.is_file():
         flat = load_file(str(cache))
     else:
@@ -80,7 +98,8 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
         from kfca_llm.fl.client import train_reference
 
         recipe = load_recipe("tiny", ["num-clients=20", "strategy.fraction-train=0.1", f"num-server-rounds={rounds}",
-                                      'kfca.attacks=["honest"]', "train.save-client-updates=false"])
+                                      'kfca.attacks=["honest"]', "train.save-client-updates=false",
+                                      f"train.dynamic-data-seed={str(dynamic).lower()}", *overrides])
         flat, reference_rows = {}, []
 
         def keep(context):
@@ -107,17 +126,21 @@ def capture(rounds: int, cache: Path | None) -> dict[int, dict[str, dict[str, np
     return dict(sorted(out.items()))
 
 
-def synthetic(rounds: int, size: int = 4096, seed: int = 0) -> dict[int, dict[str, dict[str, np.ndarray]]]:
+def synthetic(rounds: int, dynamic: bool = True, size: int = 4096, seed: int = 0
+              ) -> dict[int, dict[str, dict[str, np.ndarray]]]:
     """CI-sized stand-in for ``capture``: 20 clients, two sampled per round; each round's honest direction turns
-    back on the last one (as the tiny recipe's do) around a persistent one, plus each client's noise."""
+    back on the last one (as the tiny recipe's do) around a persistent one, plus each client's noise: fresh every
+    round (``dynamic``), or mostly the client's own in every round, as its samples are under a static data order."""
     rng = np.random.default_rng(seed)
+    own = np.random.default_rng([seed, 1]).standard_normal((100, size))
     persistent, direction = rng.standard_normal(size), rng.standard_normal(size)
     out = {}
     for t in range(1, rounds + 1):
         direction = -0.6 * direction + 0.8 * rng.standard_normal(size)
         clients = sorted(rng.choice(20, size=2, replace=False).tolist())
-        out[t] = {client_id(c): {"w": (0.3 * persistent + direction + rng.standard_normal(size)).astype(np.float32)}
-                  for c in [*clients, 99]}  # client 99 never trains: the server's reference
+        out[t] = {client_id(c): {"w": (0.3 * persistent + direction + (rng.standard_normal(size) if dynamic else
+                                                                       own[c] + 0.3 * rng.standard_normal(size))
+                                       ).astype(np.float32)} for c in [*clients, 99]}  # client 99 never trains: the server's reference
         out[t][REFERENCE] = out[t].pop(client_id(99))
     return out
 
@@ -138,6 +161,11 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
             elif deviation == "copy-pool":
                 source = next((e for e in reversed(earlier) if e[1] != c), None)
                 round_out[c] = u if source is None else source[2]
+            elif deviation == NOISY_STALE:
+                context = attack_context(0, t, c, f"{c}={deviation}", honest, history[c])
+                replay = resolve_attack("stale").submit(context)
+                noisy = resolve_attack("sparse:0.999")(replay, [], context.generator) if history[c] else replay
+                round_out[c] = {k: v.numpy() for k, v in noisy.items()}
             else:
                 context = attack_context(0, t, c, f"{c}={deviation}", honest, history[c])
                 round_out[c] = {k: v.numpy() for k, v in resolve_attack(deviation).submit(context).items()}
@@ -149,14 +177,15 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
     return out
 
 
-def settings_grid(full: bool) -> dict[str, tuple[type, PoolSettings | None]]:
-    grid = {"round peers only (today)": (PeerPool, None), "pool (defaults)": (PeerPool, PoolSettings()),
+def settings_grid(full: bool, own_replay_limit: float) -> dict[str, tuple[type, PoolSettings | None]]:
+    grid = {"round peers only (today)": (PeerPool, None),
+            "pool (defaults)": (PeerPool, PoolSettings(own_replay_limit=own_replay_limit)),
             REFERENCE_SETTING: (PeerPool, None), FLTRUST_SETTING: (PeerPool, None)}
     if full:
         for window, peers, weight in itertools.product((5, 10, 20), (4, 8, 16), (0.5, 1.0, 2.0, 4.0)):
-            settings = PoolSettings(window=window, pool_peers=peers, weight=weight)
+            settings = PoolSettings(window=window, pool_peers=peers, weight=weight, own_replay_limit=own_replay_limit)
             grid[f"pool W={window} K={peers} w={weight}"] = (PeerPool, settings)
-        grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings())
+        grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings(own_replay_limit=own_replay_limit))
     return grid
 
 
@@ -178,7 +207,9 @@ def auroc(deviators, honest) -> float:
 
 
 def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, rounds: int,
-            deviators: set[str] | None = None) -> dict:
+            deviators: set[str] | None = None, resubmitted: dict[int, set[str]] | None = None) -> dict:
+    """The figures of one (deviation, setting); ``resubmitted``: round -> participants taken for resubmitting an update
+    of their own (charged back), of which the honest ones are counted."""
     deviators = {client_id(i) for i in DEVIATORS} if deviators is None else deviators
     honest_fine = deviator_fine = 0.0
     honest_paid, partners = [], []
@@ -198,142 +229,57 @@ def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, roun
         means = {c: s / n for c, (s, n) in sums.items()}
         curve[t] = auroc([m for c, m in means.items() if c in deviators], [m for c, m in means.items() if c not in deviators])
     separated = next((t for t in curve if all(curve[u] == 1.0 for u in curve if u >= t)), None)
+    charged = None if resubmitted is None else sum(len(who - deviators) for who in resubmitted.values())
     return {"partner_fine_ratio": honest_fine / deviator_fine if deviator_fine > 1e-12 else None,
+            "honest_charged_back": charged,
             "partners_paid_more": (sum(partners), len(partners)),
             "honest_negative_share": float(np.mean([r < 0 for r in honest_paid])) if honest_paid else None,
             "auroc": {t: curve[t] for t in (*CHECKPOINTS, rounds) if t in curve},
             "separated_from_round": separated, "undetermined_rounds": undetermined, "curve": curve}
 
 
-def close_defaults(pool: PeerPool, packer, t: int, scored, seed: int) -> list:
-    """``close_round`` with the default scoring settings every setting here scores with: the round joins the pool, is
-    kept pending where undetermined, and what the pool can settle is returned."""
-    return close_round(pool, packer, t, scored, words=packer.words(), participants=packer.clients, seed=seed,
-                       penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
-
-
-def run(rounds: int, cache: Path | None, full: bool, deviations=DEVIATIONS, fake: bool = False) -> list[dict]:
-    updates = synthetic(rounds) if fake else capture(rounds, cache)
+def run(updates, full: bool, deviations=DEVIATIONS, own_replay_limit: float = 0.0) -> list[dict]:
     rows = []
     for deviation in deviations:
         submitted = submissions(updates, deviation)
         packers = {t: pack_updates(s) for t, s in submitted.items()}
-        for name, (pool_class, settings) in settings_grid(full).items():
+        for name, (pool_class, settings) in settings_grid(full, own_replay_limit).items():
             if name == FLTRUST_SETTING:
                 trust = {t: fltrust_scores(s, updates[t][REFERENCE]) for t, s in submitted.items()}
                 rows.append({"deviation": deviation, "setting": name, **measure(trust, 0, len(updates))})
                 continue
             pool = None if settings is None else pool_class(settings)
-            rewards, unsure = {}, {}
+            rewards, unsure, resubmitted = {}, {}, {}
             for t, packer in packers.items():
                 reference = reference_signs(packer, updates[t][REFERENCE]) if name == REFERENCE_SETTING else None
                 seed = derive_seed(0, KFCA, t)
                 scored = score_with_pool(packer, pool, t, seed=seed, reference=reference,
                                          reference_weight=DEFAULT_REFERENCE_WEIGHT)
                 rewards[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
+                resubmitted[t] = set(scored.resubmitted)
                 for done in [] if pool is None else close_defaults(pool, packer, t, scored, seed):
                     rewards[done.round][done.participant] = done.reward  # paid in its round from then on
                     unsure[done.round].discard(done.participant)
             rows.append({"deviation": deviation, "setting": name,
-                         **measure(rewards, sum(bool(u) for u in unsure.values()), len(updates))})
+                         **measure(rewards, sum(bool(u) for u in unsure.values()), len(updates),
+                                   resubmitted=resubmitted)})
     return rows
-
-
-DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}
-"""The issue's done-when run: four deviating nodes of 20 (flower_few_peers.py's default attackers)."""
-
-
-def done_when_replay(updates, seed: int, start: int, length: int) -> dict:
-    """One replay of the done-when run on captured honest updates: each round's updates go to two nodes drawn
-    uniformly (as Flower samples; the capture's own sampling keeps its analysis client in every round), nodes 3, 7,
-    11, 15 deviate, and the default pool scores the round. Returns the meeting counts and whether every deviator's
-    mean reward is below every honest node's."""
-    rng = np.random.default_rng(seed)
-    ids = [client_id(i) for i in range(20)]
-    deviating = {client_id(i): spec for i, spec in DONE_WHEN.items()}
-    history: dict[str, list] = {c: [] for c in deviating}
-    pool, paid, meetings, unsure, settled = PeerPool(PoolSettings()), {}, [], {}, set()
-    for t in range(1, length + 1):
-        cached = [u for c, u in sorted(updates[start + t - 1].items()) if c != REFERENCE]
-        clients = {ids[d]: u for d, u in zip(sorted(rng.choice(20, size=len(cached), replace=False).tolist()), cached)}
-        honest = {c: {k: torch.from_numpy(v) for k, v in u.items()} for c, u in clients.items()}
-        submitted = {}
-        for c, u in sorted(clients.items()):
-            if c in deviating:
-                context = attack_context(seed, t, c, f"{c}={deviating[c]}", honest, history[c])
-                submitted[c] = {k: v.numpy() for k, v in resolve_attack(deviating[c]).submit(context).items()}
-                history[c].append(honest[c])
-            else:
-                submitted[c] = u
-        packer = pack_updates(submitted)
-        scored = score_with_pool(packer, pool, t, seed=derive_seed(0, KFCA, t))
-        paid[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
-        for done in close_defaults(pool, packer, t, scored, derive_seed(0, KFCA, t)):
-            paid[done.round][done.participant] = done.reward
-            settled.add((done.round, done.participant))
-        flipper = next((c for c in paid[t] if deviating.get(c) == "flip"), None)
-        meetings += [(t, c, flipper) for c in paid[t] if flipper and c not in deviating]
-    # A meeting whose partner was never paid (undetermined, not settled) is counted apart: neither side was paid.
-    open_ = [(t, c, f) for t, c, f in meetings if c in unsure[t] and (t, c) not in settled]
-    judged = [(t, c, f) for t, c, f in meetings if (t, c, f) not in open_]
-    good = sum(paid[t][c] > 0 and paid[t][c] > paid[t][f] for t, c, f in judged)
-    totals: dict[str, list[float]] = {}
-    for rewards in paid.values():
-        for c, r in rewards.items():
-            totals.setdefault(c, []).append(r)
-    means = {c: float(np.mean(v)) for c, v in totals.items()}
-    ordered = max(m for c, m in means.items() if c in deviating) < min(m for c, m in means.items() if c not in deviating)
-    return {"met": len(judged), "good": good, "unpaid": len(open_), "ordered": ordered,
-            "misranked": [t for t, c, f in judged if not (paid[t][c] > 0 and paid[t][c] > paid[t][f])]}
-
-
-def done_when_table(updates, seeds: int, length: int = 60) -> str:
-    """``done_when_replay`` over ``seeds`` draws in each window of ``length`` rounds (starts 70 rounds apart)."""
-    length = min(length, len(updates))
-    lines = ["| window | replays | partners paid > 0 and > flipper (paid rounds) | meetings never settled (neither "
-             "paid) | replays: every meeting right | replays: deviators below honest | replays: both |",
-             "|---|---|---|---|---|---|---|"]
-    for start in range(1, len(updates) - length + 2, 70):
-        runs = [done_when_replay(updates, seed, start, length) for seed in range(seeds)]
-        right = [r["good"] == r["met"] for r in runs]
-        lines.append(f"| rounds {start}-{start + length - 1} | {seeds} | {sum(r['good'] for r in runs)}/"
-                     f"{sum(r['met'] for r in runs)} | {sum(r['unpaid'] for r in runs)} | {sum(right)} | "
-                     f"{sum(r['ordered'] for r in runs)} | {sum(a and r['ordered'] for a, r in zip(right, runs))} |")
-    return "\n".join(lines)
 
 
 def markdown(rows: list[dict]) -> str:
     checkpoints = sorted({t for r in rows for t in r["auroc"]})
     lines = ["| deviation | setting | partner's fine / deviator's | partners paid > 0 and > deviator | honest paid < 0 | "
-             + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds never settled |",
-             "|---|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
+             "honest charged back | " + " | ".join(f"AUROC @{t}" for t in checkpoints) + " | AUROC 1.0 from round | undetermined rounds never settled |",
+             "|---|---|---|---|---|---|" + "---|" * len(checkpoints) + "---|---|"]
     for r in rows:
         ratio = "-" if r["partner_fine_ratio"] is None else f"{r['partner_fine_ratio']:.2f}"
         aurocs = " | ".join(f"{r['auroc'][t]:.3f}" if t in r["auroc"] else "" for t in checkpoints)
         good, meetings = r["partners_paid_more"]
-        lines.append(f"| {r['deviation']} | {r['setting']} | {ratio} | {good}/{meetings} | {r['honest_negative_share']:.2f} | {aurocs} | "
+        charged = "-" if r.get("honest_charged_back") is None else r["honest_charged_back"]
+        lines.append(f"| {r['deviation']} | {r['setting']} | {ratio} | {good}/{meetings} | {r['honest_negative_share']:.2f} | "
+                     f"{charged} | {aurocs} | "
                      f"{r['separated_from_round'] if r['separated_from_round'] is not None else 'never'} | "
                      f"{r['undetermined_rounds']} |")
-    return "\n".join(lines)
-
-
-def lag_table(updates, max_lag: int = 6) -> str:
-    """Mean payment of an honest update against other clients' honest updates k rounds older (k = 0: the same
-    round), on the newer round's partition, and the share of such pairs paid < 0."""
-    by_lag: dict[int, list[float]] = {}
-    updates = {t: {c: u for c, u in clients.items() if c != REFERENCE} for t, clients in updates.items()}
-    for t, clients in updates.items():
-        for client, update in clients.items():
-            others = {f"{c}@{s}": u for s in range(max(1, t - max_lag), t + 1) for c, u in updates[s].items()
-                      if c != client}
-            if not others:
-                continue
-            report = pack_updates({"me": update, **others}).score(pairs=[("me", o) for o in others],
-                                                                  seed=derive_seed(0, KFCA, t))
-            for (_, other), payment in report.pairwise.items():
-                by_lag.setdefault(t - int(other.rpartition("@")[2]), []).append(payment)
-    lines = ["| lag (rounds) | pairs | mean payment | paid < 0 |", "|---|---|---|---|"]
-    lines += [f"| {k} | {len(v)} | {np.mean(v):+.4f} | {np.mean(np.array(v) < 0):.2f} |" for k, v in sorted(by_lag.items())]
     return "\n".join(lines)
 
 
@@ -369,7 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deviations", default=",".join(DEVIATIONS))
     parser.add_argument("--figure", type=Path, default=None, help="draw the AUROC curves into this PNG")
     parser.add_argument("--synthetic", action="store_true", help="synthetic updates instead of training (CI smoke)")
-    parser.add_argument("--lags", action="store_true", help="print how honest updates agree across rounds, and stop")
+    parser.add_argument("--data-order", choices=("both", *DATA_ORDERS), default="both",
+                        help="the clients' train.dynamic-data-seed: false (static), true (dynamic); both: static first")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe key for the capture")
+    parser.add_argument("--attackers", action="append", default=[], metavar="NODE=SPEC",
+                        help="--done-when: replace a deviating node's attack (e.g. 3=flip-after:3, 3=on-off)")
+    parser.add_argument("--rank-by", choices=RANK_RULES, default="record", help="PoolSettings.rank_by (--done-when)")
+    parser.add_argument("--own-replay-limit", type=float, default=None,
+                        help="signs an own resubmission may differ in (rule 3: 0.02; default: the data order's)")
     parser.add_argument("--done-when", type=int, default=0, metavar="SEEDS",
                         help="replay the issue's done-when run (20 nodes, 2 a round, flip/zero/random/stale) SEEDS "
                              "times per 60-round window of the captured updates, print the table, and stop")
@@ -378,20 +331,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    started = time.time()
-    if args.lags:
-        print(lag_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache)))
-        return 0
-    if args.done_when:
-        print(done_when_table(synthetic(args.rounds) if args.synthetic else capture(args.rounds, args.cache),
-                              args.done_when))
-        print(f"\n({time.time() - started:.0f} s)")
-        return 0
-    rows = run(args.rounds, args.cache, args.grid, tuple(args.deviations.split(",")), fake=args.synthetic)
-    print(markdown(rows))
-    if args.figure is not None:
-        figure(rows, args.figure)
-    print(f"\n({time.time() - started:.0f} s)")
+    orders = list(DATA_ORDERS) if args.data_order == "both" else [args.data_order]
+    for order in orders:
+        started = time.time()
+        dynamic = DATA_ORDERS[order]
+        # As simulate and the recipes' app set it for the data order, unless asked for another.
+        limit = args.own_replay_limit if args.own_replay_limit is not None else (
+            DYNAMIC_ORDER_OWN_REPLAY_LIMIT if dynamic else OWN_REPLAY_MAX_DISAGREEMENT)
+        updates = (synthetic(args.rounds, dynamic) if args.synthetic
+                   else capture(args.rounds, args.cache, dynamic, tuple(args.set)))
+        print(f"## data order: {order} (train.dynamic-data-seed = {str(dynamic).lower()})\n")
+        if args.done_when:
+            attackers = {**DONE_WHEN, **{int(i): spec for i, _, spec in (part.partition("=") for part in args.attackers)}}
+            print(done_when_table(updates, args.done_when, own_replay_limit=limit, attackers=attackers,
+                                  rank_by=args.rank_by))
+        else:
+            rows = run(updates, args.grid, tuple(args.deviations.split(",")), limit)
+            print(markdown(rows))
+            if args.figure is not None:
+                figure(rows, args.figure.with_suffix(f".{order}{args.figure.suffix}") if len(orders) > 1 else args.figure)
+        print(f"\n({time.time() - started:.0f} s)\n")
     return 0
 
 

@@ -4,6 +4,10 @@ deviating nodes (``kfca.attackers`` by partition id: flip, zero, random, stale b
 
     .venv/bin/python benchmarks/flower_few_peers.py --rounds 60 --out /tmp/flower60.json
 
+Each client's data order: ``--data-order static`` (FlowerTune's ``train.dynamic-data-seed = false``: every
+participation of a client trains on the same samples), ``dynamic`` (seeded by the round) or ``both`` (the default:
+static first, then dynamic, one process each; ``--out`` gets ``.static`` / ``.dynamic`` before its suffix).
+
 Prints, per round, the two participants (partition and attack) and their rewards, then the figures the issue
 asks for: every round in which the flipper met an honest node (honest partner paid > 0 and > flipper?, counted
 apart in undetermined rounds, where neither is paid), the
@@ -31,6 +35,36 @@ def auroc(deviators: list[float], honest: list[float]) -> float:
     return wins / (len(honest) * len(deviators))
 
 
+DATA_ORDERS = {"static": False, "dynamic": True}
+"""``--data-order`` -> ``train.dynamic-data-seed``."""
+
+
+def config_value(text: str):
+    """A run-config value as Flower's ``--run-config`` reads it: a number or a boolean, else the word."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def run_each_data_order(args) -> int:
+    """Each data order in a process of its own (Ray's workers read the run config from the environment at start)."""
+    import subprocess
+
+    for order in DATA_ORDERS:
+        argv = [sys.executable, __file__, "--nodes", str(args.nodes), "--fraction", str(args.fraction), "--rounds",
+                str(args.rounds), "--attackers", args.attackers, "--max-steps", str(args.max_steps),
+                "--data-order", order]
+        argv += [] if args.min_peers is None else ["--min-peers", str(args.min_peers)]
+        argv += [] if args.own_replay_limit is None else ["--own-replay-limit", str(args.own_replay_limit)]
+        argv += [f"--set={pair}" for pair in args.set]
+        argv += [] if args.out is None else ["--out", str(args.out.with_suffix(f".{order}{args.out.suffix}"))]
+        print(f"== data order: {order} (train.dynamic-data-seed = {str(DATA_ORDERS[order]).lower()})", flush=True)
+        if subprocess.run(argv).returncode:
+            return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=20)
@@ -39,27 +73,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attackers", default="3=flip,7=zero,11=random,15=stale")
     parser.add_argument("--min-peers", type=int, default=None, help="KFCAStrategy min_peers (default: its default)")
     parser.add_argument("--max-steps", type=int, default=8, help="local steps per round (the tiny recipe: 8)")
+    parser.add_argument("--data-order", choices=("both", *DATA_ORDERS), default="both",
+                        help="train.dynamic-data-seed false (static) or true (dynamic); both: static, then dynamic")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe key of the run config (a number or a word), e.g. train.learning-rate-max=5e-5")
+    parser.add_argument("--own-replay-limit", type=float, default=None,
+                        help="signs an own resubmission may differ in (rule 3: 0.02; default: the data order's)")
     parser.add_argument("--out", type=Path, default=None, help="write the per-round rewards as JSON here")
     return parser
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.data_order == "both":
+        return run_each_data_order(args)
 
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
     from kfca_llm.flower import KFCAStrategy
+    from kfca_llm.fl.scoring import own_replay_limit
     from kfca_llm.flower.server_app import make_server_app
+    from kfca_llm.flower.task import recipe_from_config
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     os.environ["PYTHONPATH"] = str(ROOT / "benchmarks") + os.pathsep + os.environ.get("PYTHONPATH", "")
     config = {"num-server-rounds": args.rounds, "num-clients": args.nodes, "strategy.fraction-train": args.fraction,
               "train.training-arguments.max-steps": args.max_steps, "kfca.attackers": args.attackers,
-              "kfca.ledger": "", "kfca.keep-signs": False}
+              "kfca.ledger": "", "kfca.keep-signs": False, "train.dynamic-data-seed": DATA_ORDERS[args.data_order]}
+    config |= {key: config_value(value) for key, _, value in (pair.partition("=") for pair in args.set)}
     os.environ["KFCA_FEW_PEERS_CONFIG"] = json.dumps(config)
     import flower_few_peers_client as client_module  # the ClientApp Ray's workers import
     extra = {} if args.min_peers is None else {"min_peers": args.min_peers}
+    # As the recipes' app sets it for the data order, unless asked for another.
+    extra["own_replay_limit"] = (args.own_replay_limit if args.own_replay_limit is not None
+                                 else own_replay_limit(recipe_from_config(config)))
 
     class Strategy(KFCAStrategy):
         """The default KFCAStrategy around FedAvg(fraction_train); remembers each node's partition."""
@@ -67,6 +115,12 @@ def main(argv=None) -> int:
         def __init__(self, *unused, **ignored):
             super().__init__(FedAvg(fraction_train=args.fraction, fraction_evaluate=0.0), ledger=None, **extra)
             self.partition_of: dict[str, int] = {}
+            self.resubmitted: dict[int, dict[str, tuple[str, ...]]] = {}
+
+        def _record(self, server_round, paid, identities, scored, failures, arrays):
+            super()._record(server_round, paid, identities, scored, failures, arrays)
+            if scored is not None:
+                self.resubmitted[server_round] = dict(scored.pooled.resubmitted)
 
         def aggregate_train(self, server_round, replies):
             replies = list(replies)
@@ -98,12 +152,14 @@ def main(argv=None) -> int:
                        "undetermined": [strategy.partition_of[nodes[w]] for w in strategy.undetermined.get(t, ())
                                         if (t, w) not in settled],
                        "settled": {str(strategy.partition_of[nodes[w]]): settled[(t, w)] for w in rewards
-                                   if (t, w) in settled}})
+                                   if (t, w) in settled},
+                       "resubmitted": [strategy.partition_of[nodes[w]] for w in strategy.resubmitted.get(t, {})]})
     print(summarise(rounds, attack_of, args, wall))
     from bench_few_peers import markdown, measure
 
     figures = measure({r["round"]: r["rewards"] for r in rounds}, sum(bool(r["undetermined"]) for r in rounds),
-                      len(rounds), deviators={str(p) for p in attack_of})
+                      len(rounds), deviators={str(p) for p in attack_of},
+                      resubmitted={r["round"]: {str(p) for p in r["resubmitted"]} for r in rounds})
     print(markdown([{"deviation": ", ".join(sorted(attacks.values())), "setting": "today (min_peers 0)"
                      if args.min_peers == 0 else "pool (defaults)" if args.min_peers is None
                      else f"min_peers {args.min_peers}", **figures}]))
@@ -114,7 +170,7 @@ def main(argv=None) -> int:
 
 
 def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) -> str:
-    lines = [f"{args.nodes} nodes, fraction_train {args.fraction}, {len(rounds)} rounds scored, "
+    lines = [f"{args.nodes} nodes, fraction_train {args.fraction}, data order {args.data_order}, {len(rounds)} rounds scored, "
              f"min_peers {'default' if args.min_peers is None else args.min_peers}, wall {wall:.0f} s"]
     paid: dict[int, list[float]] = {}
     flipper = next((p for p, s in attack_of.items() if s == "flip"), None)
@@ -135,14 +191,22 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
                     meetings += 1
                     good += v > 0 and v > rewards[flipper]
     means = {p: sum(v) / len(v) for p, v in sorted(paid.items())}
+    honest_paid = [v for p, values in paid.items() if p not in attack_of for v in values]
+    honest_taken = sum(p not in attack_of for r in rounds for p in r.get("resubmitted", []))
+    lines.append(f"honest participations taken for own resubmissions (charged back): {honest_taken} of "
+                 f"{len(honest_paid)}; honest paid < 0: {sum(v < 0 for v in honest_paid)} "
+                 f"({sum(v < 0 for v in honest_paid) / max(len(honest_paid), 1):.0%}); honest nodes whose mean is "
+                 f"exactly 0: {sum(m == 0 for p, m in means.items() if p not in attack_of)} of "
+                 f"{sum(p not in attack_of for p in means)}")
     dev = [m for p, m in means.items() if p in attack_of]
     hon = [m for p, m in means.items() if p not in attack_of]
     lines.append("mean reward per node: " + ", ".join(
         f"{p}{'=' + attack_of[p] if p in attack_of else ''} {m:+.4f} ({len(paid[p])})" for p, m in means.items()))
     lines.append(f"flipper's honest partners paid > 0 and > the flipper: {good} of {meetings} meetings "
                  f"(+{unpaid} in undetermined rounds never settled, neither paid)")
-    lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
-                 f"AUROC {auroc(dev, hon):.3f}")
+    if dev and hon:  # a short run may never sample a deviator
+        lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
+                     f"AUROC {auroc(dev, hon):.3f}")
     lines.append(f"undetermined rounds never settled: {[r['round'] for r in rounds if r['undetermined']]}; settled "
                  f"later: {[r['round'] for r in rounds if r.get('settled')]}")
     return "\n".join(lines)

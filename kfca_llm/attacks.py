@@ -300,6 +300,12 @@ def flip_after_update(honest, history, generator, after: int):
     return flipped_update(honest, history, generator) if len(history) >= after else honest_update(honest, history, generator)
 
 
+@register_attack("on-off")
+def on_off_update(honest, history, generator):
+    # Honest on its 1st, 3rd, ... update, flipped on its 2nd, 4th, ...: a record half good, never wholly spent.
+    return flipped_update(honest, history, generator) if len(history) % 2 else honest_update(honest, history, generator)
+
+
 @register_attack("zero")
 def zero_update(honest, history, generator):
     import torch

@@ -116,6 +116,9 @@ class TrainConfig(_Section):
     # model gains nothing from more, and on busy cores the threads spin waiting for each other), torch's own
     # default (a thread per core) otherwise, or whatever OMP_NUM_THREADS says where it is set.
     torch_threads: StrictInt = Field(0, ge=0)
+    # FlowerTune's default (all four apps): false, each participation of a client trains on the same samples in the
+    # same order; true seeds the data order (and LoRA dropout) by the round as well (``fl.seeds.train_seed``).
+    dynamic_data_seed: StrictBool = False
     training_arguments: TrainingArguments = TrainingArguments()
 
 

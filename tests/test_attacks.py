@@ -61,6 +61,14 @@ def test_flip_after_is_honest_for_its_first_k_updates_then_flipped():
         resolve_attack("flip-after:0")
 
 
+def test_on_off_flips_every_other_update_from_its_second():
+    honest, hist = _update(1), _history(4)
+    attack = resolve_attack("on-off")
+    for before in range(5):
+        expected = {k: -v for k, v in honest.items()} if before % 2 else honest
+        assert _same(attack(honest, hist[:before], _gen()), expected)
+
+
 def test_stale_and_lagged_pick_the_right_round():
     # history[r] is the honest update of round r+1; the current round is len(history)+1.
     hist = _history(6)

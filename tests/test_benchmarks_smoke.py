@@ -185,8 +185,9 @@ def test_few_peers_benchmark_smoke(tmp_path, run_script):
     """Synthetic updates at two per round (no training): the pool fines the flipper's honest partners far less
     than round peers alone, which fine them as the flipper (ratio 1.00), and the figure is drawn."""
     figure = tmp_path / "few_peers.png"
-    printed = run_script(["benchmarks/bench_few_peers.py", "--synthetic", "--rounds", "30", "--deviations", "flip,copy-pool",
-                    "--figure", str(figure)])
+    printed = run_script(["benchmarks/bench_few_peers.py", "--synthetic", "--data-order", "dynamic", "--rounds", "30",
+                          "--deviations", "flip,copy-pool",
+                          "--figure", str(figure)])
     rows = {tuple(cells[:2]): cells for cells in (
         [c.strip() for c in line.strip("|").split("|")] for line in printed.splitlines() if line.startswith("| f")
         or line.startswith("| c"))}
@@ -208,7 +209,8 @@ def test_few_peers_done_when_replay_smoke(run_script):
     """--done-when: the issue's done-when run replayed on synthetic updates (20 nodes drawn two a round, flip, zero,
     random, stale): one table row per 60-round window, its counts consistent with the replays, and the flipper's
     partners in determined rounds paid above 0 and above the flipper."""
-    printed = run_script(["benchmarks/bench_few_peers.py", "--synthetic", "--rounds", "30", "--done-when", "3"])
+    printed = run_script(["benchmarks/bench_few_peers.py", "--synthetic", "--data-order", "dynamic", "--rounds", "30",
+                          "--done-when", "3"])
     (row,) = [line for line in printed.splitlines() if line.startswith("| rounds ")]
     window, replays, partners, unpaid, right, ordered, both = [c.strip() for c in row.strip("|").split("|")]
     good, met = map(int, partners.split("/"))
@@ -238,3 +240,12 @@ def test_settle_benchmark_smoke(run_script):
     line = next(line for line in printed.splitlines() if line.startswith("pooled round scored:"))
     round_s, settle_s, ratio = (float(x) for x in re.findall(r"([0-9.]+)(?: s|$)", line))
     assert round_s > 0 and settle_s > 0 and ratio == pytest.approx(settle_s / round_s, abs=0.006 + 1e-6 / round_s)
+
+
+def test_honest_repeats_benchmark_smoke(run_script):
+    """honest_repeats.py --synthetic: per data order, how far a client's own updates of different rounds are apart;
+    the static order (the client's own noise in every round) brings them closer than the dynamic one."""
+    printed = run_script(["benchmarks/honest_repeats.py", "--synthetic", "--rounds", "30"])
+    static, dynamic = (float(re.search(r"all \d+ pairs: smallest ([0-9.]+)", part).group(1))
+                       for part in printed.split("## data order: ")[1:])
+    assert "static" in printed.split("## data order: ")[1][:10] and 0 < static < dynamic

@@ -5,21 +5,33 @@ Two clients a round of 20, as in test_pool_settle.py: client 4 trains in rounds 
 """
 
 import numpy as np
+import pytest
 from test_peer_pool import honest, round_updates
 from test_pool_settle import pair
 
 from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
-from kfca_llm.fl.peer_pool import PeerPool, score_with_pool
+from kfca_llm.errors import InputError
+from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 from kfca_llm.fl.pool_settle import close_round
 
 STALE = 4
 
 
-def run(rounds: int, schedule=pair, pool: PeerPool | None = None, duplicates: str = "zero"):
-    """Client 4 resubmits its first update whenever it trains; (pool, round -> PooledRound, round -> paid, settled)."""
-    first: dict[str, np.ndarray] = {}
-    stale = {STALE: lambda t: first.setdefault("w", honest(STALE, t))}
+def run(rounds: int, schedule=pair, pool: PeerPool | None = None, duplicates: str = "zero", changed: int = 0):
+    """Client 4 resubmits its first update whenever it trains, the signs of its first ``changed`` coordinates turned;
+    (pool, round -> PooledRound, round -> paid, settled)."""
+    first: dict[str, dict[str, np.ndarray]] = {}
+
+    def resubmit(t: int) -> dict[str, np.ndarray]:
+        if not first:
+            first["w"] = honest(STALE, t)
+            return first["w"]
+        again = first["w"]["w"].copy()
+        again.flat[:changed] *= -1
+        return {"w": again}
+
+    stale = {STALE: resubmit}
     pool = pool or PeerPool()
     scored, paid, settled = {}, {}, []
     for t in range(1, rounds + 1):
@@ -88,3 +100,30 @@ def test_under_flag_a_resubmission_is_listed_never_charged():
     _, scored, paid, _ = run(13, duplicates="flag")
     assert scored[13].own_resubmissions == ("c04",) and scored[13].resubmitted == {} == scored[13].charged_back
     assert paid[13]["c04"] == scored[13].report.unadjusted_rewards["c04"] > 0
+
+
+@pytest.mark.parametrize("changed", [1, 31])
+def test_an_update_close_to_its_own_earlier_one_is_a_retrain_not_a_resubmission(changed):
+    """FlowerTune's static data order: a client retrained on the same samples lands within a few signs of its earlier
+    update (3 of 32,768 in benchmarks/honest_repeats.py). Only an update equal to the earlier one on every sign is a
+    replay: 1 sign of 3,072 turned, or 31 (1%, within the 2% that makes a copy of another's), is scored as any
+    submission, never charged back, and joins the pool."""
+    pool, scored, paid, _ = run(13, changed=changed)
+    who = f"c{STALE:02d}"
+    assert scored[13].resubmitted == {} == scored[13].charged_back and scored[13].own_resubmissions == ()
+    assert paid[13][who] == scored[13].report.unadjusted_rewards[who]
+    assert not pool.resubmitted(f"{who}@3") and pool.charge_of([f"{who}@3"]) == paid[3][who] > 0
+    assert any(e.name == f"{who}@13" for e in pool.entries(14))
+
+
+def test_where_clients_never_train_the_same_samples_again_a_replay_within_2_percent_is_charged_back():
+    """``own_replay_limit`` follows the data order: a recipe with ``train.dynamic-data-seed = true`` (the tiny one) keeps
+    rule 3's 2%, FlowerTune's static order (the real recipes) none; the pool refuses a limit that is no fraction."""
+    from kfca_llm.fl.scoring import own_replay_limit
+    from kfca_llm.recipe import load_recipe
+
+    _, scored, paid, _ = run(13, changed=31, pool=PeerPool(PoolSettings(own_replay_limit=0.02)))
+    assert scored[13].resubmitted == {"c04": ("c04@3",)} and scored[13].charged_back["c04"] == paid[3]["c04"] > 0
+    assert own_replay_limit(load_recipe("tiny")) == 0.02 and own_replay_limit(load_recipe("general-nlp")) == 0.0
+    with pytest.raises(InputError, match="own_replay_limit"):
+        PoolSettings(own_replay_limit=0.5)

@@ -165,6 +165,18 @@ def test_a_copy_of_another_participants_pool_entry_is_paid_nothing():
     assert scored[3].pool_peers["c08"]
 
 
+def test_a_near_copy_of_another_participants_entry_is_a_copy_where_one_of_its_own_would_be_a_retrain():
+    """1% of the signs turned (31 of 3,072): within the 2% of a copy of another's; an own earlier update must match on
+    every sign to be a replay (``fl.pool_copies.OWN_REPLAY_MAX_DISAGREEMENT``)."""
+    near = honest(5, 2)["w"].copy()
+    near.flat[:31] *= -1
+    scored = run_rounds({1: (3, 4), 2: (5, 6), 3: (8, 7)}, deviations={8: lambda t: {"w": near}})
+    assert [g.clients for g in scored[3].pool_copies] == [("c05@2", "c08")]
+    assert scored[3].report.rewards["c08"] == 0.0 < scored[3].report.unadjusted_rewards["c08"]
+    own = run_rounds({1: (3, 4), 2: (5, 6), 3: (5, 7)}, deviations={5: lambda t: {"w": near} if t == 3 else honest(5, t)})
+    assert own[3].pool_copies == () and own[3].report.rewards["c05"] == own[3].report.unadjusted_rewards["c05"]
+
+
 def test_a_copy_of_its_own_entry_and_another_participants_is_paid_nothing():
     first = honest(3, 1)
     stale = {3: lambda t: first}

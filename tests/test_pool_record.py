@@ -6,6 +6,7 @@ import pytest
 from test_peer_pool import SCHEDULE, round_updates, run_rounds
 
 from kfca_llm.api import pack_updates
+from kfca_llm.errors import InputError
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 
 
@@ -51,3 +52,27 @@ def test_a_record_is_the_lower_of_the_windows_and_the_runs():
     assert pool.record("other", 16) is None  # never recorded
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
     assert again.record("flipper", 16) == pool.record("flipper", 16)  # a resumed run keeps the run's scores
+
+
+@pytest.mark.parametrize("rank_by", ["record", "verdict-first"])
+def test_a_record_cannot_outvote_a_clear_verdict_when_verdicts_come_first(rank_by):
+    """The flipper c03 of round 8 with a record of +1 (honest so far: a sleeper that just turned). Ranked by verdict
+    plus record, its record outvotes the round's verdicts and its honest partner c01 is fined; with
+    ``rank_by="verdict-first"`` the two verdicts, far apart against their standard errors, settle the pair alone."""
+    from kfca_llm.fl.pool_store import VERDICT_GATE
+    from kfca_llm.fl.pool_weights import verdict_settles
+
+    pool = PeerPool(PoolSettings(rank_by=rank_by))
+    for t in range(1, 8):
+        scored = run_rounds({t: SCHEDULE[t]}, deviations={3: "flip"})[t]
+        packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))
+        scores = dict(scored.report.unadjusted_rewards) | ({"c03": 1.0} if "c03" in scored.report.rewards else {})
+        pool.add_round(t, dict(zip(packer.clients, packer.words()[0])), scores)
+    rewards = score_with_pool(pack_updates(round_updates(8, (1, 3), {3: "flip"})), pool, 8, seed=8).report.rewards
+    if rank_by == "record":
+        assert rewards["c03"] > 0 > rewards["c01"]
+    else:
+        assert rewards["c01"] > 0 > rewards["c03"]
+    assert verdict_settles((0.1, 0.01), (-0.1, 0.01), VERDICT_GATE) and not verdict_settles((0.1, 0.1), (-0.1, 0.1), 2.0)
+    with pytest.raises(InputError, match="rank_by"):
+        PoolSettings(rank_by="reputation")

@@ -227,3 +227,16 @@ def test_typed_values_override_the_recipe_without_toml_text():
         load_recipe(TINY, values={"train.max-stepz": 1})
     with pytest.raises(InputError, match="train.training-arguments.max-steps"):
         load_recipe(TINY, values={"train.training-arguments.max-steps": "three"})
+
+
+def test_the_data_order_is_flowertunes_static_one_unless_a_recipe_asks_for_a_dynamic_seed():
+    """``train.dynamic-data-seed`` defaults to FlowerTune's false (a client's training seed is the same every round);
+    true seeds it by the round as well, the seed the tiny recipe's published tables were measured with."""
+    from kfca_llm.fl.seeds import TRAIN, derive_seed, train_seed
+
+    assert load_recipe("general-nlp").train.dynamic_data_seed is False
+    assert load_recipe(TINY).train.dynamic_data_seed is True
+    assert load_recipe(TINY, ["train.dynamic-data-seed=false"]).train.dynamic_data_seed is False
+    assert train_seed(0, 1, 3, False) == train_seed(0, 7, 3, False) != train_seed(0, 1, 4, False)
+    assert train_seed(0, 1, 3, True) != train_seed(0, 2, 3, True)
+    assert [train_seed(5, t, 3, True) for t in (1, 2)] == [derive_seed(5, TRAIN, t, 3) for t in (1, 2)]

@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+from helpers import TINY
 
 from kfca_llm.cli import main
 from kfca_llm.fl.peer_pool import PoolSettings
@@ -105,3 +106,27 @@ def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_s
     assert [r["settlements"] for r in again] == [r["settlements"] for r in records]
     assert [r["honest_rewards"] for r in again] == [r["honest_rewards"] for r in records]
     assert [r["strategy_rewards"] for r in again] == [r["strategy_rewards"] for r in records]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_simulate_seeds_a_clients_training_by_the_round_only_with_a_dynamic_data_seed(monkeypatch, dynamic):
+    """``train.dynamic-data-seed``: false (FlowerTune's), each client trains with the same seed (data order, dropout)
+    in every round it is sampled; true, with a seed of the round."""
+    import kfca_llm.fl.rounds as rounds
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+    from kfca_llm.recipe import load_recipe
+
+    seeds: dict[str, list[int]] = {}
+    train = rounds.train_client
+
+    def recording(model, global_state, examples, recipe, *, seed, **kwargs):
+        seeds.setdefault(id(examples), []).append(seed)
+        return train(model, global_state, examples, recipe, seed=seed, **kwargs)
+
+    monkeypatch.setattr(rounds, "train_client", recording)
+    recipe = load_recipe(TINY, ["num-server-rounds=2", "num-clients=2", "strategy.fraction-train=1.0",
+                                'kfca.attacks=["honest"]', "train.training-arguments.max-steps=1",
+                                "train.save-client-updates=false", f"train.dynamic-data-seed={str(dynamic).lower()}"])
+    run_federation(recipe, FederationOptions(progress=False))
+    assert len(seeds) == 2 and all(len(s) == 2 for s in seeds.values())
+    assert all((first == again) is not dynamic for first, again in seeds.values())

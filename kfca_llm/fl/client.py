@@ -4,8 +4,9 @@ Every training key of the recipe acts here, with Hugging Face ``Trainer`` semant
 optimizer, ``lr-scheduler-type`` (with ``warmup-steps`` / ``warmup-ratio``) shapes the learning rate over
 the round's optimizer steps starting from the round's FlowerTune cosine value, each micro-batch loss is
 divided by ``gradient-accumulation-steps``, and gradients are clipped to ``max-grad-norm`` (0: off).
-Data order, dropout and LoRA noise are seeded from the client's seed alone, so the update does not
-depend on which process trains the client or what it trained before.
+Data order, dropout and LoRA noise are seeded from the client's seed alone (``fl.seeds.train_seed``: by the round only
+with ``train.dynamic-data-seed``), so the update does not depend on which process trains the client or what it
+trained before.
 """
 
 from __future__ import annotations

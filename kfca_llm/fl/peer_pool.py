@@ -63,9 +63,10 @@ from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
-from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
-                         recorded_pool_settings)
-from .pool_weights import cautious_means, orientation, pool_lag_weights, pool_scores, weighted_means
+from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
+                         pool_name, recorded_pool_settings)
+from .pool_weights import (cautious_means, orientation, pool_lag_weights, pool_scores, verdict_errors, verdict_settles,
+                           weighted_means)
 from .reference import REFERENCE, check_reference_weight
 
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
@@ -212,6 +213,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
             words, task, round_, duplicate_rule.max_disagreement))
         lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), pool.settings.window)
+        pool_copies = own_replays_only(pool_copies, owner, pool.settings.own_replay_limit)
     own = _own_resubmissions(pool_copies, owner)
     pool_copies = _one_group_each(pool_copies, own)
     in_round_keys = list(round_report.pairwise)
@@ -234,8 +236,17 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # Who the pool ranks lower in a disagreeing pair: this round's verdict plus, for a real participant, its recent
     # record (an analysis scorer's owner's record is an honest submission's, not the strategy's).
     rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
+    if pool is not None and pool.settings.rank_by == "verdict-first":  # a clear difference of verdicts settles alone
+        errors = verdict_errors(terms_of, verdict)
+        clear = {(c, p) for c, p in in_round_keys if c in verdict and p in verdict and p not in own and verdict_settles(
+            (verdict[c][0], errors[c]), (verdict[p][0], errors[p]), VERDICT_GATE)}
+        rank_of = {(c, p): ((verdict[c][0], verdict[p][0]) if (c, p) in clear else (rank[c], rank.get(p)))
+                   for c, p in in_round_keys if c in verdict}
+    else:
+        rank_of = {(c, p): (rank[c], rank.get(p)) for c, p in in_round_keys if c in verdict}
     weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
-               else orientation(pay[(c, p)], rank[c], None if p in own else rank.get(p)) for c, p in in_round_keys]
+               else orientation(pay[(c, p)], rank_of[(c, p)][0], None if p in own else rank_of[(c, p)][1])
+               for c, p in in_round_keys]
     weights += [lag_of[p] * pool.settings.weight / verdict[c][1] if c in verdict else 0.0 for c, p in pool_keys]
     weights += [reference_weight] * len(reference_keys)
     terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))
@@ -304,6 +315,26 @@ def resubmitted_entries(participant: str, group: Sequence[str] | None) -> tuple[
     others = sorted(set(group or ()) - {participant})
     named = [parse_pool_name(m) for m in others]
     return tuple(others) if others and all(n is not None and n[0] == participant for n in named) else ()
+
+
+def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float
+                     ) -> tuple[DuplicateGroup, ...]:
+    """The pool copy groups with every match of a scorer to an earlier submission of its own participant (``owner``)
+    that differs in more than ``limit`` of the signs left out (a retrain on the same samples, not a replay: see
+    ``fl.pool_copies``); groups left with no match drop."""
+    out = []
+    for group in groups:
+        scorer = next(c for c in group.clients if c in owner)
+
+        def kept(pair) -> bool:
+            entry = parse_pool_name(pair.peer if pair.client == scorer else pair.client)
+            return 1.0 - pair.agreement <= limit or entry is None or entry[0] != owner[scorer]
+
+        pairs = tuple(filter(kept, group.pairs))
+        if pairs:
+            members = {scorer, *(p.peer if p.client == scorer else p.client for p in pairs)}
+            out.append(dataclasses.replace(group, clients=tuple(sorted(members)), pairs=pairs))
+    return tuple(out)
 
 
 def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str, str]) -> set[str]:

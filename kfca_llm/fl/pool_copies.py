@@ -2,6 +2,12 @@
 pool entry of the window (the absolute rule on every bit), or, on a fixed 4,096-bit sketch, to any earlier
 submission of the run (its own included: ``stale``), is a copy; the round's duplicate policy pays it as a group whose
 other members were paid already.
+
+A match with an earlier submission of the scorer's *own* participant is a replay only where the two agree on every
+sign (``PoolSettings.own_replay_limit``, default ``OWN_REPLAY_MAX_DISAGREEMENT``, ``fl.peer_pool.own_replays_only``; on
+the sketch beyond the window, every sketch bit; a dynamic data order may loosen it to 2%): a client that trains again on the same samples (FlowerTune's static data order, ``train.dynamic-data-seed =
+false``) from a newer global lands close to its earlier update, often within the 2% that tells a copy of *another*
+participant, yet never on all of its signs in the runs measured (``benchmarks/honest_repeats.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +20,17 @@ import numpy as np
 from ..engine.duplicates import DuplicateGroup, DuplicatePair, DuplicateRule, apply_duplicate_policy, disagreement_counts, find_duplicates
 
 SKETCH_WORDS = 128
+OWN_REPLAY_MAX_DISAGREEMENT = 0.0
+"""The default fraction of signs in which a submission may differ from an earlier one of its own participant and still
+be a replay of it (``PoolSettings.own_replay_limit``): none (a copy of another participant's:
+``DuplicateRule.max_disagreement``, 2%). Retrained on the same samples at FlowerTune's learning rates, an honest
+client's updates came within 3 of 32,768 signs of each other late in training (lag 1; 448 of 1,864 pairs within 2%),
+so any looser limit takes honest repeats for replays sooner or later; a replay of an update's bytes differs in none
+(benchmarks/ROBUSTNESS.md, "Honest repeats")."""
+DYNAMIC_ORDER_OWN_REPLAY_LIMIT = 0.02
+"""The limit where clients train on other samples at every participation (``train.dynamic-data-seed = true``): their
+updates of different rounds were at least 25% apart (benchmarks/ROBUSTNESS.md), so rule 3's 2% also catches a replay
+with a few signs turned."""
 
 
 def sketch(words: np.ndarray) -> np.ndarray:
@@ -73,3 +90,4 @@ def apply_pool_policy(rewards: dict[str, float], in_round: Sequence[DuplicateGro
             if client in out:
                 out[client] = min(out[client], 0.0)
     return out
+

@@ -13,16 +13,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from .pool_copies import sketch
+from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
-POOL_RULE = 3
+POOL_RULE = 4
 """1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2: in-round peers read the way the
 pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards not paid; pool
-peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``: the window's); 3 (this
-version): as 2, a participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged
-back (``fl.peer_pool``), and a participant's record is the lower of its window's and its run's."""
+peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``: the window's); 3: as 2, a
+participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged back
+(``fl.peer_pool``), and a participant's record is the lower of its window's and its run's; 4 (this version): as 3, an
+own resubmission is a replay within ``PoolSettings.own_replay_limit`` of the signs (default none), no longer the 2% of a
+copy of another's (an honest client retrained on the same samples is not charged back)."""
+
+
+RANK_RULES = ("record", "verdict-first")
+VERDICT_GATE = 2.0
+"""Standard errors by which two verdicts must differ to settle a disagreeing pair alone (``rank_by="verdict-first"``)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,16 @@ class PoolSettings:
     """Pool peers per short participant (distinct participants, most recent first)."""
     weight: float = 0.5
     """The weight of the pool's verdict as a whole (its weighted mean payment) against an in-round peer's 1."""
+    own_replay_limit: float = OWN_REPLAY_MAX_DISAGREEMENT
+    """The fraction of signs in which a submission may differ from an earlier one of its own participant and still be
+    a replay of it (``fl.pool_copies``): 0 where a client may train on the same samples again (FlowerTune's static data
+    order); ``DYNAMIC_ORDER_OWN_REPLAY_LIMIT`` (rule 3's 2%) is safe only where every participation trains on other
+    samples (``train.dynamic-data-seed = true``)."""
+    rank_by: str = "record"
+    """How a disagreeing pair is settled (``fl.pool_weights.orientation``): ``"record"``, by each one's verdict plus its
+    record; ``"verdict-first"``, by the verdicts alone where they differ by more than ``VERDICT_GATE`` standard errors
+    of their difference (a participant that turns deviator cannot spend its record against a clear verdict), else as
+    ``"record"``."""
     rule: int = POOL_RULE
     """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
     a ledger of an earlier rule is not rescored with this one)."""
@@ -49,6 +66,11 @@ class PoolSettings:
                 raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
             raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
+        if self.rank_by not in RANK_RULES:
+            raise InputError(f"peer pool: rank_by must be one of {', '.join(RANK_RULES)}, got {self.rank_by!r}")
+        if (isinstance(self.own_replay_limit, bool) or not isinstance(self.own_replay_limit, (int, float))
+                or not 0 <= self.own_replay_limit < 0.5):
+            raise InputError(f"peer pool: own_replay_limit must be a fraction in [0, 0.5), got {self.own_replay_limit!r}")
         if self.rule != POOL_RULE:
             raise InputError(f"peer pool: rule {self.rule!r} is not the rule this version computes ({POOL_RULE})")
 

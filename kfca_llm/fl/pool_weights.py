@@ -54,6 +54,20 @@ def pool_scores(pool_terms: Mapping[str, Sequence[tuple[float, float]]]) -> dict
     return out
 
 
+def verdict_errors(pool_terms: Mapping[str, Sequence[tuple[float, float]]],
+                   verdicts: Mapping[str, tuple[float, float]]) -> dict[str, float]:
+    """Scorer -> the standard error of its verdict: the weighted spread of its pool payments about it,
+    ``sqrt(sum w^2 (payment - z)^2) / sum |w|``; infinite with fewer than two weighted payments (no spread to tell how
+    far the verdict could be off)."""
+    return {c: float(np.sqrt(sum(w * w * (pay - z) ** 2 for w, pay in pool_terms[c]))) / total
+            if sum(w != 0.0 for w, _ in pool_terms[c]) >= 2 else float("inf") for c, (z, total) in verdicts.items()}
+
+
+def verdict_settles(mine: tuple[float, float], peer: tuple[float, float] | None, gate: float) -> bool:
+    """Whether two (verdict, standard error) differ by more than ``gate`` standard errors of their difference."""
+    return peer is not None and abs(mine[0] - peer[0]) > gate * float(np.hypot(mine[1], peer[1]))
+
+
 def orientation(payment: float, mine: float, peer: float | None) -> float:
     """How an in-round peer's payment counts for a scorer ranked ``mine``: +1 as it is, -1 read back (the pair
     disagrees and the peer ranks lower), 0 when the pool has no verdict on the peer."""

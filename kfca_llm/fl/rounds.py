@@ -42,7 +42,7 @@ from .evaluate import evaluate_global
 from .peer_pool import PeerPool
 from .records import FederationResult, RoundClock, RoundRecord, aggregated_shares
 from .scoring import RoundScores, Submission, pool_settings, score_round
-from .seeds import ATTACK, KFCA, SAMPLE, TRAIN, client_id, derive_seed
+from .seeds import ATTACK, KFCA, SAMPLE, client_id, derive_seed, train_seed
 from .state import last_complete_round, load_checkpoint, load_pool, save_checkpoint, save_client_updates, save_pool
 
 
@@ -224,7 +224,7 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
     histories: dict[str, list[StateDict]] = {cid: [] for cid in [*([analysis_client] if analysis else []), *fixed]}
-    pool = PeerPool(pool_settings(recipe.kfca))
+    pool = PeerPool(pool_settings(recipe))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
     if options.resume:
@@ -248,7 +248,8 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
         steps_bar = tqdm(total=sum(local_steps(recipe, len(datasets[i])) for i in mine),
                          desc=f"round {t} local steps", unit="step", leave=False, disable=not show)
         local = [(client_id(i), train_client(model, global_state, datasets[i], recipe, server_round=t,
-                                             seed=derive_seed(seed, TRAIN, t, i), device=procs.device,
+                                             seed=train_seed(seed, t, i, recipe.train.dynamic_data_seed),
+                                             device=procs.device,
                                              pad_token_id=pad_id, step_callback=lambda: steps_bar.update(1)))
                  for i in mine]
         steps_bar.close()

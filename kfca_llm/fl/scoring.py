@@ -28,10 +28,11 @@ from ..api import pack_updates
 from ..engine.duplicates import DuplicateRule
 from .aggregate import WeakVerdicts
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
+from .pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
 from .pool_settle import Settlement, close_round
 from .reference import reference_signs
 from ..errors import InputError, NoTasksError
-from ..recipe import KfcaConfig
+from ..recipe import KfcaConfig, Recipe
 from ..tensors import StateDict
 from .records import PairRecord, wait_for_device
 from .seeds import derive_seed
@@ -99,9 +100,16 @@ def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> lis
     return sorted(rng.choice(sorted(candidates), size=count, replace=False).tolist())
 
 
-def pool_settings(kfca: KfcaConfig) -> PoolSettings:
+def pool_settings(recipe: Recipe) -> PoolSettings:
+    """The recipe's pool: its ``kfca.*`` keys, and the own-replay limit its clients' data order allows."""
+    kfca = recipe.kfca
     return PoolSettings(min_peers=kfca.min_peers, window=kfca.pool_window, pool_peers=kfca.pool_peers,
-                        weight=kfca.pool_weight)
+                        weight=kfca.pool_weight, own_replay_limit=own_replay_limit(recipe))
+
+
+def own_replay_limit(recipe: Recipe) -> float:
+    """``PoolSettings.own_replay_limit`` for the recipe's data order (``train.dynamic-data-seed``)."""
+    return DYNAMIC_ORDER_OWN_REPLAY_LIMIT if recipe.train.dynamic_data_seed else OWN_REPLAY_MAX_DISAGREEMENT
 
 
 def score_round(submissions: Sequence[Submission], *, analysis_client: str | None, kfca: KfcaConfig,

@@ -15,5 +15,11 @@ def derive_seed(seed: int, *keys: int) -> int:
     return int(np.random.SeedSequence([int(seed), *map(int, keys)]).generate_state(1, np.uint32)[0])
 
 
+def train_seed(seed: int, server_round: int, partition: int, dynamic: bool) -> int:
+    """The seed of a client's local training (data order, dropout): by the round with ``train.dynamic-data-seed``,
+    else the same in every round it trains (FlowerTune's default; round key 0, never a real round)."""
+    return derive_seed(seed, TRAIN, server_round if dynamic else 0, partition)
+
+
 def client_id(index: int) -> str:
     return f"client-{index:03d}"

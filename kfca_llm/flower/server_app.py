@@ -29,6 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum, Result
 
 from ..errors import InputError
+from ..fl.scoring import own_replay_limit
 from ..recipe import Recipe
 from .logs import report_input_errors_on_one_line
 from .strategy import KFCAStrategy
@@ -93,6 +94,7 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           receipt_key=str(config.get("kfca.receipt-key", "")) or None,
                           min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
                           pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight,
+                          own_replay_limit=own_replay_limit(recipe),
                           reference=reference, reference_weight=recipe.kfca.reference_weight,
                           weak_verdict=recipe.kfca.weak_verdict)
 

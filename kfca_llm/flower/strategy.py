@@ -115,6 +115,9 @@ class KFCAStrategy(Strategy):
     (the in-round peer read the way the pool's verdict says: ``fl.pool_weights``); ``min_peers=0`` scores rounds
     alone, as before the pool. A participant left with fewer than ``min_peers`` distinct peers is *undetermined*
     and not paid (ledger ``rounds.undetermined``, metric ``kfca.undetermined``, a warning in the log).
+    ``own_replay_limit``: the fraction of signs in which a submission may differ from an earlier one of its own
+    participant and still be resubmission of it (charged back): 0 (default) where nodes may train on the same samples
+    again (FlowerTune's ``train.dynamic-data-seed = false``), up to 0.02 where they never do.
 
     A trusted reference (``kfca_llm.fl.reference``): ``reference`` is called once per scored round with the
     round's global arrays (a dict name -> numpy array, copies the callable may keep), and with ``server_round=t``
@@ -141,7 +144,7 @@ class KFCAStrategy(Strategy):
                  duplicates: str = "zero", identity: str = "auto", keep_signs: bool = False, resume: bool = False,
                  receipt_key: str | os.PathLike | None = None, min_peers: int = PoolSettings.min_peers,
                  pool_window: int = PoolSettings.window, pool_peers: int = PoolSettings.pool_peers,
-                 pool_weight: float = PoolSettings.weight,
+                 pool_weight: float = PoolSettings.weight, own_replay_limit: float = PoolSettings.own_replay_limit,
                  reference: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None,
                  reference_weight: float = DEFAULT_REFERENCE_WEIGHT, weak_verdict: str = DEFAULT_WEAK_VERDICT):
         strategy = FedAvg() if strategy is None else strategy
@@ -167,7 +170,7 @@ class KFCAStrategy(Strategy):
         self.identity = identity
         self.keep_signs = bool(keep_signs)
         self.pool = PeerPool(PoolSettings(min_peers=min_peers, window=pool_window, pool_peers=pool_peers,
-                                          weight=pool_weight))
+                                          weight=pool_weight, own_replay_limit=own_replay_limit))
         if reference is not None and not callable(reference):
             raise InputError(f"reference must be a callable (global arrays -> update), got {type(reference).__name__}")
         self.reference = reference

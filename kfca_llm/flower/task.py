@@ -19,7 +19,7 @@ from ..attacks import resolve_attack
 from ..errors import InputError
 from ..fl.client import ClientUpdate, adapter_state, train_client
 from ..fl.rounds import attack_context
-from ..fl.seeds import TRAIN, client_id, derive_seed
+from ..fl.seeds import client_id, train_seed
 from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
 APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume",
@@ -85,7 +85,7 @@ def train_partition(recipe: Recipe, partition: int, global_state: Mapping[str, t
     model, tokenizer, _ = _model(key)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return train_client(model, global_state, _datasets(key)[partition], recipe, server_round=server_round,
-                        seed=derive_seed(recipe.kfca.seed, TRAIN, server_round, partition),
+                        seed=train_seed(recipe.kfca.seed, server_round, partition, recipe.train.dynamic_data_seed),
                         device=torch.device("cpu"), pad_token_id=pad_id)
 
 

@@ -37,6 +37,10 @@ def test_the_server_app_pays_copies_by_the_recipes_kfca_duplicates(tmp_path):
     assert build_strategy(recipe_from_config(CONFIG), ledger).duplicates == "zero"
     split = recipe_from_config({**CONFIG, "kfca.duplicates": "split"})
     assert build_strategy(split, ledger).duplicates == "split"
+    # an own earlier update is replayed within 2% of the signs where nodes train other samples every round, else none
+    assert build_strategy(recipe_from_config(CONFIG), ledger).pool.settings.own_replay_limit == 0.02
+    static = recipe_from_config({**CONFIG, "train.dynamic-data-seed": False})
+    assert build_strategy(static, ledger).pool.settings.own_replay_limit == 0.0
 
 
 def test_the_server_app_takes_the_weak_verdict_rule_from_the_recipe_or_the_run_config(tmp_path):
@@ -119,6 +123,17 @@ def test_client_app_replies_global_plus_update_and_attacks_on_its_own_history():
     global2 = {k: v + 0.01 for k, v in global1.items()}
     lagged = train_reply(_message(global2, 2), lagger, CONFIG)
     assert all(torch.equal(v, global2[k] + honest1[k]) for k, v in _returned(lagged).items())
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_node_trains_on_the_same_samples_every_round_unless_the_data_seed_is_dynamic(dynamic):
+    """FlowerTune's ``train.dynamic-data-seed``: false, a node's participations train the same samples in the same
+    order (at one learning rate from one global: the same update); true, the order is seeded by the round."""
+    recipe = recipe_from_config({**CONFIG, "train.learning-rate-min": 3e-3, "train.learning-rate-max": 3e-3,
+                                 "train.dynamic-data-seed": dynamic}, num_partitions=4)
+    start = initial_adapter(recipe)
+    first, again = (train_partition(recipe, 2, start, t).update for t in (1, 2))
+    assert all(torch.equal(first[k], again[k]) for k in first) is not dynamic
 
 
 def test_client_app_evaluates_the_global_adapter_it_is_sent_on_the_held_out_rows():

@@ -163,12 +163,13 @@ def test_undetermined_rewards_are_not_paid_in_their_round_and_settled_by_a_later
     assert sum(s["settled_rounds"] for s in summary) == 6
 
 
-@pytest.mark.parametrize("rule", [1, 2])
+@pytest.mark.parametrize("rule", [1, 2, 3])
 def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_never_a_false_mismatch(pooled, tmp_path,
                                                                                                     rule):
-    """Rounds paid under pool rule 1 (one weighted mean of in-round and pool peers; recorded no ``rule``) or rule 2
-    (own resubmissions paid their agreement, never charged back): this version's rule would pay them differently,
-    which must not read as tampering."""
+    """Rounds paid under pool rule 1 (one weighted mean of in-round and pool peers; recorded no ``rule``), rule 2
+    (own resubmissions paid their agreement, never charged back) or rule 3 (an own submission within 2% of the signs
+    charged back as a resubmission): this version's rule would pay them differently, which must not read as
+    tampering."""
     import json
     import shutil
     import sqlite3
@@ -183,7 +184,7 @@ def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_ne
     with sqlite3.connect(old) as conn:
         for run_id, t, settings in conn.execute("SELECT run_id, round, settings FROM rounds").fetchall():
             settings = json.loads(settings)
-            assert settings["pool"].pop("rule") == POOL_RULE == 3
+            assert settings["pool"].pop("rule") == POOL_RULE == 4
             if rule > 1:
                 settings["pool"]["rule"] = rule
             conn.execute("UPDATE rounds SET settings = ? WHERE run_id = ? AND round = ?", (json.dumps(settings), run_id, t))
