@@ -203,3 +203,27 @@ def test_a_resumed_run_gives_free_riders_the_globals_received_before_the_interru
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False,
                                                        evaluate=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
+
+
+def test_simulate_accepts_free_riders_as_strategies_and_as_fixed_attackers(tmp_path, capsys):
+    from kfca_llm.cli import main
+
+    assert main(["simulate", "--dry-run", "--attacks", ",".join(["honest", *FREE_RIDERS]),
+                 "--set", 'kfca.attackers=["3=free-ride-noise:0.05"]', "--out", str(tmp_path / "x")]) == 0
+    assert "free-ride-signs:1" in capsys.readouterr().out
+    assert main(["simulate", "--dry-run", "--attacks", "honest,free-ride:0", "--out", str(tmp_path / "x")]) == 2
+    assert "free-ride:K" in capsys.readouterr().err
+
+
+def test_check_measures_expectations_that_name_free_riders(free_rider_run, tmp_path, capsys):
+    from kfca_llm.cli import main
+    from kfca_llm.report import write_json
+
+    _, _, result, _ = free_rider_run
+    write_json(tmp_path / "report.json", result.to_report())
+    expect = tmp_path / "free-riders.toml"
+    expect.write_text('[[expect]]\nname = "a free rider earns little"\ncheck = "free-ride:1 < 0.1 x honest"\n\n'
+                      '[[expect]]\nname = "a two-round free rider is measured"\ncheck = "free-ride:2 > -1 x honest"\n')
+    code = main(["check", str(tmp_path / "report.json"), "--expect", str(expect)])
+    table = capsys.readouterr().out
+    assert code in (0, 1) and "a free rider earns little" in table and "a two-round free rider is measured" in table
