@@ -4,8 +4,9 @@ A node attacks when its node config says so (``attack = "flip"``; any spec of ``
 when ``kfca.attackers`` names its ``partition-id``: it trains honestly, then submits the attack on its own
 history of honest updates (kept in the node's ``context.state``), as ``kfca-llm simulate`` does; a free rider
 (``free-ride:1``, ``kfca_llm.attacks_public``) replays the change of the globals the node received, the newest it
-reads kept there too. A node config ``participant = "alice"`` is sent back with every reply: the identity the ServerApp pays
-(``KFCAStrategy(identity="auto" | "declared")``), stable when the SuperNode restarts under a new node id.
+reads kept there too. A node config ``participant = "alice"`` is sent back with every reply: the identity the
+ServerApp pays (``KFCAStrategy(identity="auto" | "declared")``), stable when the SuperNode restarts under a new
+node id.
 A node config ``receipts-dir = "/path"`` keeps the signed receipts the server sends (``receipts.py``) there,
 for ``kfca-llm verify LEDGER --receipts /path --server-key KEY.pub``.
 
