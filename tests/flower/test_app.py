@@ -129,7 +129,8 @@ def test_a_free_riding_node_replays_the_change_of_the_globals_it_received():
     assert all(torch.equal(v, received[1][k]) for k, v in first.items())  # no change seen yet: a zero update
     for before, t in ((1, 3), (3, 4)):  # not sampled in round 2: its step spans rounds 1-3
         honest = train_partition(recipe, 2, received[t], t).update
-        update = {k: v - received[t][k] for k, v in _returned(train_reply(_message(received[t], t), node, config)).items()}
+        submitted = _returned(train_reply(_message(received[t], t), node, config))
+        update = {k: v - received[t][k] for k, v in submitted.items()}
         for k, v in update.items():
             step = received[t][k] - received[before][k]
             assert torch.allclose(v, step * (honest[k].norm() / step.norm()), rtol=1e-4, atol=1e-6), (t, k)
