@@ -18,9 +18,10 @@ the analysis client receives every global, so its oldest is the initial adapter)
                          Gaussian values with the honest tensor's standard deviation (zero where the step is)
 =======================  ==========================================================================
 
-They register with ``kfca_llm.attacks.register_attack`` (``context=True``); ``kfca_llm/__init__`` imports this
-module, so every spec is valid wherever an attack spec is. ``public_window(spec)`` is how many of the newest
-globals a spec reads (0 for an attack that reads none), so a round loop keeps no more than that.
+They register through ``register_public_attack`` (``kfca_llm.attacks.register_attack`` with ``context=True``,
+plus how many of the newest globals the attack reads: ``public_window(spec)``, 0 for any other attack, so a round
+loop keeps no more than that); ``kfca_llm/__init__`` imports this module, so every spec is valid wherever an attack
+spec is.
 """
 
 from __future__ import annotations
@@ -100,7 +101,10 @@ def _standard_normal(t: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     return torch.randn(t.shape, generator=generator, device=generator.device).to(t.device)
 
 
-def _register(name: str, usage: str, window: Callable[[object], int], parse: Callable[[str], object]):
+def register_public_attack(name: str, usage: str, window: Callable[[object], int], parse: Callable[[str], object]):
+    """``register_attack(name, parse=parse, usage=usage, context=True)`` for an attack that reads
+    ``AttackContext.public``; ``window(param)`` is how many of the newest globals it reads (a round loop keeps
+    only those: an attack registered without it sees none in ``simulate``)."""
     def decorate(fn):
         _WINDOWS[name] = window
         return register_attack(name, parse=parse, usage=usage, context=True)(fn)
@@ -111,20 +115,21 @@ def _as_honest(context: AttackContext, out: StateDict) -> StateDict:
     return {name: out[name].to(t.dtype) for name, t in context.honest.items()}
 
 
-@_register("free-ride", "free-ride:K (the global's change over K rounds, at the honest norm)",
-           window=lambda rounds: rounds + 1, parse=_rounds)
+@register_public_attack("free-ride", "free-ride:K (the global's change over K rounds, at the honest norm)",
+                        window=lambda rounds: rounds + 1, parse=_rounds)
 def free_ride_update(context: AttackContext, rounds: int) -> StateDict:
     return _as_honest(context, _rescaled(context, global_step(context, rounds)))
 
 
-@_register("free-ride-flip", "free-ride-flip:K (free-ride:K negated)", window=lambda rounds: rounds + 1,
-           parse=_rounds)
+@register_public_attack("free-ride-flip", "free-ride-flip:K (free-ride:K negated)",
+                        window=lambda rounds: rounds + 1, parse=_rounds)
 def free_ride_flipped_update(context: AttackContext, rounds: int) -> StateDict:
     return _as_honest(context, {name: -v for name, v in _rescaled(context, global_step(context, rounds)).items()})
 
 
-@_register("free-ride-noise", "free-ride-noise:SIGMA (free-ride:1 plus SIGMA x its norm of Gaussian noise)",
-           window=lambda sigma: NOISY_STEPS + 1, parse=_noise_scale)
+@register_public_attack("free-ride-noise",
+                        "free-ride-noise:SIGMA (free-ride:1 plus SIGMA x its norm of Gaussian noise)",
+                        window=lambda sigma: NOISY_STEPS + 1, parse=_noise_scale)
 def free_ride_noisy_update(context: AttackContext, sigma: float) -> StateDict:
     rescaled = _rescaled(context, global_step(context, NOISY_STEPS))
     out = {}
@@ -135,8 +140,8 @@ def free_ride_noisy_update(context: AttackContext, sigma: float) -> StateDict:
     return _as_honest(context, out)
 
 
-@_register("free-ride-signs", "free-ride-signs:K (the signs of the global's change over K rounds, "
-           "magnitudes drawn)", window=lambda rounds: rounds + 1, parse=_rounds)
+@register_public_attack("free-ride-signs", "free-ride-signs:K (the signs of the global's change over K rounds, "
+                        "magnitudes drawn)", window=lambda rounds: rounds + 1, parse=_rounds)
 def free_ride_signs_update(context: AttackContext, rounds: int) -> StateDict:
     step = global_step(context, rounds)
     out = {}

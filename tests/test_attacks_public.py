@@ -116,6 +116,22 @@ def test_the_window_is_what_each_spec_reads():
     assert public_windows(["honest", "free-ride-flip:2", "free-ride:1"]) == 3 and public_windows(["flip"]) == 0
 
 
+def test_a_registered_public_attack_declares_its_window(monkeypatch):
+    from kfca_llm import attacks, attacks_public
+
+    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))  # the user attack stays in this test
+    monkeypatch.setattr(attacks_public, "_WINDOWS", dict(attacks_public._WINDOWS))
+
+    @attacks_public.register_public_attack("replay-global", "replay-global:K", window=lambda k: k, parse=int)
+    def replay_global(context, k):
+        return {name: context.public[-k][name].clone() for name in context.honest}
+
+    assert public_window("replay-global:3") == 3 and "replay-global:K" in attacks.valid_specs()
+    public = _trajectory(4)
+    out = resolve_attack("replay-global:2").submit(_context(public))
+    assert all(torch.equal(out[n], public[-2][n]) for n in out)
+
+
 @pytest.mark.parametrize("bad", ["free-ride", "free-ride:0", "free-ride:x", "free-ride-flip:-1",
                                  "free-ride-noise:-0.1", "free-ride-noise:inf", "free-ride-signs:1.5"])
 def test_bad_free_rider_specs_raise_listing_them(bad):
