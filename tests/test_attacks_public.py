@@ -219,6 +219,9 @@ def test_a_resumed_run_gives_free_riders_the_globals_received_before_the_interru
     resumed = run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False,
                                                        evaluate=False))
     assert [asdict(r) for r in resumed.rounds] == [asdict(r) for r in result.rounds]
+    (resumed_dir / "state" / "round-005" / "public.safetensors").unlink()
+    with pytest.raises(InputError, match="public.safetensors is missing"):
+        run_federation(recipe, FederationOptions(out_dir=resumed_dir, resume=True, progress=False, evaluate=False))
 
 
 def test_simulate_accepts_free_riders_as_strategies_and_as_fixed_attackers(tmp_path, capsys):
