@@ -9,6 +9,7 @@ import logging
 from importlib import import_module
 
 from .errors import InputError
+from . import attacks_public  # noqa: F401  registers the free riders beside the built-in attacks
 
 # bitsandbytes (which peft imports) looks for an optional 4-bit CPU kernel in the Hugging Face hub package
 # `kernels` on CPUs with AVX512-BF16, and warns in every process where that package is absent (kfca-llm runs

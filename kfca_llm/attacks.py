@@ -73,6 +73,9 @@ class AttackContext:
     """The other clients' honest updates of this round, by client id."""
     round_seed: int = 0
     """A seed every attacker of this round shares (for colluding groups)."""
+    public: Sequence[Mapping[str, torch.Tensor]] = ()
+    """The global adapters the client received, oldest first, the last one this round's (what free riders
+    replay, ``attacks_public``); a round loop may keep only the newest ones the attacks read."""
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,12 @@ LABELS = ("negative", "non-negative")  # delta rows/columns, as in RewardReport.
 HOLDS_COLOUR, BROKEN_COLOUR = "#2ca02c", "#d62728"
 # (line style, marker) per attack family: colours alone do not separate lagged from sparse in print.
 FAMILY_STYLES = {"honest": ("-", "o"), "stale": ("--", "s"), "lagged": ("-.", "^"), "sparse": (":", "D"),
-                 "flip": ("-", "X"), "zero": ((0, (1, 1)), "v"), "random": ((0, (5, 1, 1, 1)), "P")}
+                 "flip": ("-", "X"), "zero": ((0, (1, 1)), "v"), "random": ((0, (5, 1, 1, 1)), "P"),
+                 **dict.fromkeys(("free-ride", "free-ride-flip", "free-ride-noise", "free-ride-signs"),
+                                 ((0, (4, 1, 1, 1, 1, 1)), "h"))}
+# Free riders (kfca_llm.attacks_public) share a style; a colour tells the variants apart.
+FREE_RIDER_COLOURS = {"free-ride": "#8c564b", "free-ride-noise": "#c49c94", "free-ride-signs": "#bcbd22",
+                      "free-ride-flip": "#e377c2"}
 
 
 def strategy_style(spec: str) -> tuple[Any, str]:
@@ -53,7 +58,7 @@ def strategy_colour(spec: str) -> str:
         except ValueError:
             return "#fd8d3c"
         return matplotlib.colormaps["Oranges"](0.35 + 0.5 * p)
-    return {"flip": "#d62728", "zero": "#7f7f7f", "random": "#9467bd"}.get(name, "#17becf")
+    return {"flip": "#d62728", "zero": "#7f7f7f", "random": "#9467bd", **FREE_RIDER_COLOURS}.get(name, "#17becf")
 
 
 def _title(report: Report) -> str:

@@ -62,10 +62,11 @@ def test_delta_colours_follow_the_sign_and_the_condition(tmp_path):
 
 
 def test_families_have_distinct_line_styles_and_markers():
-    families = ["honest", "stale", "lagged:2", "sparse:0.5", "flip", "zero", "random", "my-attack"]
+    families = ["honest", "stale", "lagged:2", "sparse:0.5", "flip", "zero", "random", "free-ride:1", "my-attack"]
     styles = {spec: strategy_style(spec) for spec in families}
     assert len({str(v) for v in styles.values()}) == len(families)
     assert strategy_style("lagged:2") == strategy_style("lagged:5")
+    assert strategy_style("free-ride:1") == strategy_style("free-ride-noise:0.05") == strategy_style("free-ride-flip:2")
 
 
 def test_strategy_colours_group_families():
@@ -73,3 +74,5 @@ def test_strategy_colours_group_families():
     assert len({strategy_colour(f"lagged:{k}") for k in (2, 3, 4, 5)}) == 4
     assert strategy_colour("sparse:0.25") != strategy_colour("sparse:0.75")
     assert strategy_colour("my-attack")  # user attacks get a colour too
+    riders = ["free-ride:1", "free-ride-flip:1", "free-ride-noise:0.05", "free-ride-signs:1"]
+    assert len({strategy_colour(spec) for spec in [*riders, "my-attack", "flip"]}) == len(riders) + 2

@@ -9,7 +9,8 @@ Round t = 1..T:
 2. Every client trains from the global adapter (``client.train_client``), on whichever process.
 3. Submissions: each client sends its honest update, except the fixed attackers (``kfca.attackers =
    ["3=flip", ...]``), which send their attack; the analysis client also sends every listed strategy
-   side by side. Attacks see the round's context (own history, the others' honest updates).
+   side by side. Attacks see the round's context (own history, the others' honest updates, the globals the
+   client received: the newest ones the listed free riders read, this round's last).
 4. ``scoring.score_round`` pays every submission against its peers on one task partition; copies among
    the real submissions are paid by ``kfca.duplicates`` (default: nothing).
 5. FedAvg (weighted by examples) over the clients' honest updates (``kfca.aggregate = "honest"``: attacks
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
+from ..attacks_public import public_windows
 from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
 from ..tensors import StateDict
@@ -43,7 +45,8 @@ from .peer_pool import PeerPool
 from .records import FederationResult, RoundClock, RoundRecord, aggregated_shares
 from .scoring import RoundScores, Submission, pool_settings, score_round
 from .seeds import ATTACK, KFCA, SAMPLE, client_id, derive_seed, train_seed
-from .state import last_complete_round, load_checkpoint, load_pool, save_checkpoint, save_client_updates, save_pool
+from .state import (last_complete_round, load_checkpoint, load_pool, load_publics, save_checkpoint,
+                    save_client_updates, save_pool)
 
 
 @dataclass(frozen=True)
@@ -124,27 +127,30 @@ def sample_round_clients(recipe: Recipe, t: int, seed: int) -> list[int]:
 
 
 def attack_context(seed: int, t: int, client: str, key: str, honest: dict[str, StateDict],
-                   history: list[StateDict]) -> AttackContext:
+                   history: list[StateDict], public: list[StateDict] = ()) -> AttackContext:
     """What ``client`` knows in round ``t``; its generator is keyed by ``key`` (the spec text), so a
     strategy draws the same noise whatever else is listed."""
     generator = torch.Generator().manual_seed(derive_seed(seed, ATTACK, t, zlib.crc32(key.encode())))
     return AttackContext(client=client, round=t, honest=honest[client], history=history, generator=generator,
                          others={c: u for c, u in honest.items() if c != client},
-                         round_seed=derive_seed(seed, ATTACK, t))
+                         round_seed=derive_seed(seed, ATTACK, t), public=public)
 
 
 def make_submissions(recipe: Recipe, t: int, trained: dict[str, ClientUpdate], analysis_client: str | None,
-                     analysis: list[Attack], fixed: dict[str, Attack], histories: dict[str, list[StateDict]]
-                     ) -> list[Submission]:
-    """Every submission the server receives in round ``t`` (see the module docstring)."""
+                     analysis: list[Attack], fixed: dict[str, Attack], histories: dict[str, list[StateDict]],
+                     publics: dict[str, list[StateDict]] | None = None) -> list[Submission]:
+    """Every submission the server receives in round ``t`` (see the module docstring); ``publics``: the
+    attacking clients' received globals (``AttackContext.public``), this round's included."""
     seed = recipe.kfca.seed
     honest = {cid: r.update for cid, r in trained.items()}
+    publics = publics or {}
     out = []
     for cid in sorted(trained):
         n = trained[cid].num_examples
         if cid in fixed:
             attack = fixed[cid]
-            context = attack_context(seed, t, cid, f"{cid}={attack.spec}", honest, histories[cid])
+            context = attack_context(seed, t, cid, f"{cid}={attack.spec}", honest, histories[cid],
+                                     publics.get(cid, ()))
             out.append(Submission(cid, attack.spec, attack.submit(context), n))
         else:
             out.append(Submission(cid, "honest", honest[cid], n))
@@ -152,7 +158,8 @@ def make_submissions(recipe: Recipe, t: int, trained: dict[str, ClientUpdate], a
         n = trained[analysis_client].num_examples
         for attack in analysis:
             if attack.spec != "honest":
-                context = attack_context(seed, t, analysis_client, attack.spec, honest, histories[analysis_client])
+                context = attack_context(seed, t, analysis_client, attack.spec, honest, histories[analysis_client],
+                                         publics.get(analysis_client, ()))
                 out.append(Submission(analysis_client, attack.spec, attack.submit(context), n, analysis=True))
     return out
 
@@ -224,6 +231,9 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     global_state: StateDict = procs.broadcast(adapter_state(model))
     # Each attacking client's own honest updates, oldest first (what stale and lagged:K replay).
     histories: dict[str, list[StateDict]] = {cid: [] for cid in [*([analysis_client] if analysis else []), *fixed]}
+    # The globals each attacking client received, oldest first: the newest ``window`` the free riders read.
+    window = public_windows([a.spec for a in [*analysis, *fixed.values()]])
+    publics: dict[str, list[StateDict]] = {cid: [] for cid in histories} if window else {}
     pool = PeerPool(pool_settings(recipe))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
@@ -235,6 +245,8 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             shapes = {name: tuple(v.shape) for name, v in global_state.items()}
             global_state, saved, result.rounds = load_checkpoint(out_dir, done, seed, strategies, recipe, shapes)
             histories.update(saved)
+            if window:
+                publics.update(load_publics(out_dir, done))
             pool = load_pool(out_dir, done, pool.settings)
             start = done + 1
 
@@ -255,7 +267,11 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
         steps_bar.close()
         trained = dict(sorted(procs.gather(local)))
         train_s = clock.lap()
-        submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories)
+        for cid, received in publics.items():
+            if cid in trained:
+                received.append(global_state)  # the global it trained from this round
+                del received[:-window]
+        submissions = make_submissions(recipe, t, trained, analysis_client, analysis, fixed, histories, publics)
         # The server's reference client: the same training from the same global on rows no client has (every
         # process trains it alike: a seeded, deterministic update; its time counts as training time).
         reference = None if reference_rows is None else train_reference(
@@ -300,7 +316,7 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
                                     {s.client: s.update for s in submissions if not s.analysis})
             if t % max(recipe.train.save_every_round, 1) == 0 or t == T:
                 save_pool(out_dir, t, pool)  # before the checkpoint's COMPLETE marker
-                save_checkpoint(out_dir, t, model, global_state, histories, result)
+                save_checkpoint(out_dir, t, model, global_state, histories, result, publics)
         result.timings[t] = clock.timing(train_s=train_s, pack_s=scores.pack_s, score_s=scoring_s - scores.pack_s,
                                          aggregate_s=aggregate_s, save_s=clock.lap())
         procs.barrier()

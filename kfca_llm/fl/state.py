@@ -4,7 +4,8 @@
 rounds and at the end. With ``train.save-client-updates``: ``<out>/updates/round-XXX/global/`` (the
 adapter the round started from) and ``<out>/updates/round-XXX/client-YYY/`` (that global plus what
 client YYY submitted), so ``kfca_llm.score_checkpoints(clients, reference=global)`` scores the round.
-``<out>/state/round-XXX/``: the attackers' histories and the records, then ``COMPLETE`` (written last).
+``<out>/state/round-XXX/``: the attackers' histories and the records (and, where free riders are listed,
+the newest globals each attacker received), then ``COMPLETE`` (written last).
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ def save_client_updates(out_dir: Path, t: int, model, start_state: Mapping[str, 
 
 
 def save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict,
-                    histories: Mapping[str, Sequence[StateDict]], result: FederationResult) -> None:
-    """Global adapter in PEFT's format, plus what a resume needs (histories, records), then a marker."""
+                    histories: Mapping[str, Sequence[StateDict]], result: FederationResult,
+                    publics: Mapping[str, Sequence[StateDict]] | None = None) -> None:
+    """Global adapter in PEFT's format, plus what a resume needs (histories, records, the attackers' received
+    globals where ``publics`` is given), then a marker."""
     from safetensors.torch import save_file
 
     state = out_dir / "state" / f"round-{t:03d}"
@@ -71,6 +74,13 @@ def save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict,
     tensors = {f"{cid}/{r + 1:03d}/{name}": v.contiguous()
                for cid, history in histories.items() for r, h in enumerate(history) for name, v in h.items()}
     save_file(tensors, str(state / "history.safetensors"))
+    if publics:
+        # Clients received the same globals: each is stored once, the clients' lists name them by index.
+        stored: dict[int, tuple[int, StateDict]] = {}
+        received = {cid: [stored.setdefault(id(g), (len(stored), g))[0] for g in listed]
+                    for cid, listed in publics.items()}
+        save_file({f"{i:03d}/{name}": v.contiguous() for i, g in stored.values() for name, v in g.items()},
+                  str(state / "public.safetensors"), metadata={"received": json.dumps(received)})
     write_atomic(state / "records.json", json.dumps(
         {"seed": result.seed, "strategies": result.strategies, "scoring": scoring_settings(result.recipe),
          "rounds": [asdict(r) for r in result.rounds]}))
@@ -181,6 +191,31 @@ def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], rec
         if set(shapes) - set(adapter):
             raise damaged(adapter_path, f"tensors missing: {sorted(set(shapes) - set(adapter))[:3]}")
     return adapter, {cid: [rs[r] for r in sorted(rs)] for cid, rs in histories.items()}, rounds
+
+
+def load_publics(out_dir: Path, t: int) -> dict[str, list[StateDict]]:
+    """The globals each attacking client had received, as ``save_checkpoint`` kept them after round ``t``."""
+    path = out_dir / "state" / f"round-{t:03d}" / "public.safetensors"
+    if not path.is_file():
+        raise InputError(f"cannot resume from {out_dir}: {path} is missing (a free rider reads the globals its "
+                         "client received); run without --resume into a new --out")
+    from safetensors import safe_open
+
+    def damaged(why: str) -> InputError:
+        return InputError(f"cannot resume from {out_dir}: {path} is damaged ({why}); run without --resume "
+                          "into a new --out")
+
+    tensors = _tensors(path, lambda _, why: damaged(why))
+    try:
+        stored: dict[int, StateDict] = {}
+        for key, v in tensors.items():
+            index, name = key.split("/", 1)
+            stored.setdefault(int(index), {})[name] = v
+        with safe_open(str(path), framework="pt") as f:
+            received = json.loads((f.metadata() or {})["received"])
+        return {cid: [stored[i] for i in listed] for cid, listed in received.items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise damaged(str(exc)[:200]) from None
 
 
 def _tensors(path: Path, damaged) -> StateDict:

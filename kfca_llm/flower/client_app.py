@@ -2,9 +2,11 @@
 
 A node attacks when its node config says so (``attack = "flip"``; any spec of ``kfca_llm.attacks``) or
 when ``kfca.attackers`` names its ``partition-id``: it trains honestly, then submits the attack on its own
-history of honest updates (kept in the node's ``context.state``), as ``kfca-llm simulate`` does. A node
-config ``participant = "alice"`` is sent back with every reply: the identity the ServerApp pays
-(``KFCAStrategy(identity="auto" | "declared")``), stable when the SuperNode restarts under a new node id.
+history of honest updates (kept in the node's ``context.state``), as ``kfca-llm simulate`` does; a free rider
+(``free-ride:1``, ``kfca_llm.attacks_public``) replays the change of the globals the node received, the newest it
+reads kept there too. A node config ``participant = "alice"`` is sent back with every reply: the identity the
+ServerApp pays (``KFCAStrategy(identity="auto" | "declared")``), stable when the SuperNode restarts under a new
+node id.
 A node config ``receipts-dir = "/path"`` keeps the signed receipts the server sends (``receipts.py``) there,
 for ``kfca-llm verify LEDGER --receipts /path --server-key KEY.pub``.
 
@@ -22,16 +24,28 @@ import torch
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from ..attacks_public import public_window
 from .receipts import RECEIPTS_DIR_KEY, receipts_in_message, save_receipts
 from .replies import declare_participant
 from .task import attacked_update, evaluate_global_adapter, node_attack, recipe_from_config, train_partition
 
 HISTORY_PREFIX = "kfca.honest-update."
+RECEIVED_PREFIX = "kfca.received-global."
 
 
-def _history(state: RecordDict) -> list[dict[str, torch.Tensor]]:
-    rounds = sorted(int(k[len(HISTORY_PREFIX):]) for k in state.array_records if k.startswith(HISTORY_PREFIX))
-    return [state[f"{HISTORY_PREFIX}{t}"].to_torch_state_dict() for t in rounds]
+def _history(state: RecordDict, prefix: str = HISTORY_PREFIX) -> list[dict[str, torch.Tensor]]:
+    rounds = sorted(int(k[len(prefix):]) for k in state.array_records if k.startswith(prefix))
+    return [state[f"{prefix}{t}"].to_torch_state_dict() for t in rounds]
+
+
+def _received(state: RecordDict, server_round: int, global_state: dict[str, torch.Tensor],
+              window: int) -> list[dict[str, torch.Tensor]]:
+    """The globals this node received, oldest first, this round's last; the state keeps the newest ``window``."""
+    state[f"{RECEIVED_PREFIX}{server_round}"] = ArrayRecord(dict(global_state))
+    rounds = sorted(int(k[len(RECEIVED_PREFIX):]) for k in state.array_records if k.startswith(RECEIVED_PREFIX))
+    for t in rounds[:-window]:
+        del state[f"{RECEIVED_PREFIX}{t}"]
+    return _history(state, RECEIVED_PREFIX)
 
 
 def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}) -> Message:
@@ -50,7 +64,9 @@ def train_reply(msg: Message, context: Context, defaults: Mapping[str, Any] = {}
     if spec is not None:
         history = _history(context.state)
         context.state[f"{HISTORY_PREFIX}{server_round}"] = ArrayRecord(dict(update))
-        update = attacked_update(recipe, spec, partition, server_round, update, history)
+        window = public_window(spec)
+        public = _received(context.state, server_round, global_state, window) if window else []
+        update = attacked_update(recipe, spec, partition, server_round, update, history, public)
     arrays = ArrayRecord({k: Array((global_state[k] + update[k]).numpy()) for k in global_state})
     metrics = MetricRecord({"num-examples": result.num_examples, "train-loss-before": result.loss_before,
                             "train-loss-after": result.loss_after})

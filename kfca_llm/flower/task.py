@@ -156,11 +156,13 @@ def node_attack(recipe: Recipe, node_config: Mapping[str, Any], partition: int) 
 
 
 def attacked_update(recipe: Recipe, spec: str, partition: int, server_round: int,
-                    honest: dict[str, torch.Tensor], history: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """A node's submission under attack ``spec``, with the noise `kfca-llm simulate` gives that client.
+                    honest: dict[str, torch.Tensor], history: list[dict[str, torch.Tensor]],
+                    public: list[dict[str, torch.Tensor]] = ()) -> dict[str, torch.Tensor]:
+    """A node's submission under attack ``spec``, with the noise `kfca-llm simulate` gives that client
+    (``public``: the globals the node received, oldest first, this round's last).
 
     A node sees no other node's update, so attacks that need one (``copy``) raise ``InputError``: the
     node replies with an error, which the strategy records."""
     cid = client_id(partition)
-    context = attack_context(recipe.kfca.seed, server_round, cid, f"{cid}={spec}", {cid: honest}, history)
+    context = attack_context(recipe.kfca.seed, server_round, cid, f"{cid}={spec}", {cid: honest}, history, public)
     return resolve_attack(spec).submit(context)

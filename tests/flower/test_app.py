@@ -136,6 +136,28 @@ def test_a_node_trains_on_the_same_samples_every_round_unless_the_data_seed_is_d
     assert all(torch.equal(first[k], again[k]) for k in first) is not dynamic
 
 
+def test_a_free_riding_node_replays_the_change_of_the_globals_it_received():
+    from kfca_llm.flower.client_app import RECEIVED_PREFIX
+
+    config = {**CONFIG, "num-server-rounds": 4}
+    recipe = recipe_from_config(config, num_partitions=4)
+    g = torch.Generator().manual_seed(3)
+    received = {t: {k: v + 0.01 * t * torch.randn(v.shape, generator=g) for k, v in initial_adapter(recipe).items()}
+                for t in (1, 3, 4)}
+    node = _context({"partition-id": 2, "attack": "free-ride:1"})
+    first = _returned(train_reply(_message(received[1], 1), node, config))
+    assert all(torch.equal(v, received[1][k]) for k, v in first.items())  # no change seen yet: a zero update
+    for before, t in ((1, 3), (3, 4)):  # not sampled in round 2: its step spans rounds 1-3
+        honest = train_partition(recipe, 2, received[t], t).update
+        submitted = _returned(train_reply(_message(received[t], t), node, config))
+        update = {k: v - received[t][k] for k, v in submitted.items()}
+        for k, v in update.items():
+            step = received[t][k] - received[before][k]
+            assert torch.allclose(v, step * (honest[k].norm() / step.norm()), rtol=1e-4, atol=1e-6), (t, k)
+    assert sorted(k for k in node.state.array_records if k.startswith(RECEIVED_PREFIX)) == [
+        f"{RECEIVED_PREFIX}3", f"{RECEIVED_PREFIX}4"]  # free-ride:1 reads two globals: older ones are dropped
+
+
 def test_client_app_evaluates_the_global_adapter_it_is_sent_on_the_held_out_rows():
     """Flower's evaluate round: the reply's loss and accuracy are those of the adapter in the message, measured
     again here on another model instance, whichever adapter the node's cached model last held (the trained
