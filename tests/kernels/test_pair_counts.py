@@ -29,9 +29,9 @@ def test_triton_gram_matches_reference(n_clients, rng, device):
     np.testing.assert_array_equal(sizes.cpu().numpy(), ref_sizes)
 
 
-@pytest.mark.parametrize("config", [GramConfig(tile=2, num_warps=1, target_programs=5, planes_block=32),
-                                    GramConfig(tile=4, num_warps=2, target_programs=3, planes_block=64),
-                                    GramConfig(tile=4, num_warps=4, target_programs=200, planes_block=128)])
+@pytest.mark.parametrize("config", [GramConfig(tile=2, num_warps=8, target_programs=5, planes_block=128),
+                                    GramConfig(tile=4, num_warps=4, target_programs=3, planes_block=256),
+                                    GramConfig(tile=4, num_warps=16, target_programs=200, planes_block=512)])
 @pytest.mark.parametrize("n_clients", [1, 5, 9])
 def test_every_tiling_counts_what_the_reference_counts(n_clients, config, rng, device):
     """Tiles that pad the clients (5, 9 in tiles of 2 or 4), word ranges that split blocks unevenly, programs
