@@ -200,9 +200,9 @@ def _valid_text() -> str:
     return "valid specs: " + ", ".join(valid_specs())
 
 
-# --- parameter parsers -------------------------------------------------------------------------
+# --- parameter parsers (public: attacks registered elsewhere parse with them too) ---------------------
 
-def _positive_int(what: str) -> Callable[[str], int]:
+def positive_int(what: str) -> Callable[[str], int]:
     """A parser of an integer >= 1; ``what`` names it in the error."""
     def parse(text: str) -> int:
         try:
@@ -267,7 +267,7 @@ def stale_update(honest, history, generator):
     return {k: source[k].clone() for k in honest}
 
 
-@register_attack("lagged", parse=_positive_int("lag"), usage="lagged:K (K >= 1)", replays=lambda t, lag: max(1, t - lag))
+@register_attack("lagged", parse=positive_int("lag"), usage="lagged:K (K >= 1)", replays=lambda t, lag: max(1, t - lag))
 def lagged_update(honest, history, generator, lag: int):
     # history[-1] is round t-1, so round t-K is history[-K]; before round K+1 the oldest there is.
     if not history:
@@ -297,7 +297,7 @@ def flipped_update(honest, history, generator):
     return {k: -v for k, v in honest.items()}
 
 
-@register_attack("flip-after", parse=_positive_int("the honest updates before flipping"), usage="flip-after:K (honest for K updates, then flipped)")
+@register_attack("flip-after", parse=positive_int("the honest updates before flipping"), usage="flip-after:K (honest for K updates, then flipped)")
 def flip_after_update(honest, history, generator, after: int):
     # ``history`` holds the updates this client made before this one: honest while fewer than K.
     return flipped_update(honest, history, generator) if len(history) >= after else honest_update(honest, history, generator)
@@ -325,7 +325,7 @@ def random_update(honest, history, generator):
     return {name: out[name] for name in honest}
 
 
-def _non_negative_float(text: str) -> float:
+def non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -356,7 +356,7 @@ def _group_name(text: str) -> str:
     return text
 
 
-@register_attack("copy", parse=_non_negative_float, usage="copy:NOISE (NOISE >= 0)", context=True)
+@register_attack("copy", parse=non_negative_float, usage="copy:NOISE (NOISE >= 0)", context=True)
 def copy_update(context: AttackContext, noise: float):
     """Another honest client's update of this round plus ``noise`` x its tensors' std of Gaussian noise."""
     import torch

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .attacks import AttackContext, register_attack, resolve_attack
+from .attacks import AttackContext, non_negative_float, positive_int, register_attack, resolve_attack
 from .errors import InputError
 from .tensors import StateDict
 
@@ -43,24 +43,7 @@ NOISY_STEPS = 1
 _WINDOWS: dict[str, Callable[[object], int]] = {}
 
 
-def _rounds(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"the rounds of the global step must be >= 1, got {value}")
-    return value
-
-
-def _noise_scale(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < math.inf:
-        raise ValueError(f"noise scale must be a finite number >= 0, got {value}")
-    return value
+_rounds = positive_int("the rounds of the global step")
 
 
 def public_window(spec: str) -> int:
@@ -129,7 +112,7 @@ def free_ride_flipped_update(context: AttackContext, rounds: int) -> StateDict:
 
 @register_public_attack("free-ride-noise",
                         "free-ride-noise:SIGMA (free-ride:1 plus SIGMA x its norm of Gaussian noise)",
-                        window=lambda sigma: NOISY_STEPS + 1, parse=_noise_scale)
+                        window=lambda sigma: NOISY_STEPS + 1, parse=non_negative_float)
 def free_ride_noisy_update(context: AttackContext, sigma: float) -> StateDict:
     rescaled = _rescaled(context, global_step(context, NOISY_STEPS))
     out = {}

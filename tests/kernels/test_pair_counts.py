@@ -18,15 +18,19 @@ def _random_words(rng, n_clients):
     return signs, task
 
 
-@pytest.mark.parametrize("n_clients", [2, 3, 16, 33])
-def test_triton_gram_matches_reference(n_clients, rng, device):
+def _assert_triton_gram_is_the_reference(rng, device, n_clients, config=None):
     signs, task = _random_words(rng, n_clients)
     seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
     gram, sizes = binary_gram(torch.from_numpy(signs).to(device), torch.from_numpy(task).to(device),
-                              *partition_params(seed, fraction))
+                              *partition_params(seed, fraction), config=config)
     ref_gram, ref_sizes = reference.binary_gram(signs, task, seed, fraction)
     np.testing.assert_array_equal(gram.cpu().numpy(), ref_gram)
     np.testing.assert_array_equal(sizes.cpu().numpy(), ref_sizes)
+
+
+@pytest.mark.parametrize("n_clients", [2, 3, 16, 33])
+def test_triton_gram_matches_reference(n_clients, rng, device):
+    _assert_triton_gram_is_the_reference(rng, device, n_clients)
 
 
 @pytest.mark.parametrize("config", [GramConfig(tile=2, num_warps=8, target_programs=5, planes_block=128),
@@ -36,13 +40,7 @@ def test_triton_gram_matches_reference(n_clients, rng, device):
 def test_every_tiling_counts_what_the_reference_counts(n_clients, config, rng, device):
     """Tiles that pad the clients (5, 9 in tiles of 2 or 4), word ranges that split blocks unevenly, programs
     more than blocks (200): the integers stay the reference's."""
-    signs, task = _random_words(rng, n_clients)
-    seed, fraction = int(rng.integers(2**32)), float(rng.uniform(0.05, 0.95))
-    gram, sizes = binary_gram(torch.from_numpy(signs).to(device), torch.from_numpy(task).to(device),
-                              *partition_params(seed, fraction), config=config)
-    ref_gram, ref_sizes = reference.binary_gram(signs, task, seed, fraction)
-    np.testing.assert_array_equal(gram.cpu().numpy(), ref_gram)
-    np.testing.assert_array_equal(sizes.cpu().numpy(), ref_sizes)
+    _assert_triton_gram_is_the_reference(rng, device, n_clients, config)
 
 
 def test_a_round_without_words_counts_nothing(device):
