@@ -5,23 +5,28 @@ Partition: the class of coordinate ``c = 32 * w + lane`` is derived from the cou
 so no index array of size d is ever built. The kernels take those integers as they are:
 ``kfca_llm.partition.partition_params`` derives them from a seed.
 
-Two launches:
+Three launches:
 
 * ``_set_planes_kernel`` hashes every coordinate once and writes the three set planes (a set's member word
   is its class's lanes AND-ed with the task word: 3 words per word of signs) and each program's set sizes.
   Hashing 32 lanes per word costs ~10x a word's popcounts, so it is done once per round, not once per pair;
   each thread builds whole words, lane by lane, with 32-bit compares.
 * ``_gram_tiles_kernel`` counts. A program owns one tile pair (``TILE`` row clients x ``TILE`` column
-  clients, ``ti <= tj``) and one contiguous range of words. Each thread holds one word per client of the
+  clients, ``ti < tj``) and one contiguous range of words. Each thread holds one word per client of the
   tile and the three set words, and keeps ``3 x TILE x TILE`` per-thread counters in registers across the
   whole range (no reduction inside the loop): per word and pair, one 3-input AND, one ``popc`` and one add
   per set, so the loop runs at the popcount unit's rate. The counters are summed across threads once, at
   the end. Programs are numbered tile pair first, so the programs resident at one time read the same range
   of words, which stays in L2 while every tile pair reads it.
 
+* ``_gram_diagonal_kernel`` counts the pairs inside one tile (``ti == tj``) without the lower triangle: a
+  tile's ``TILE (TILE + 1) / 2`` pairs as the tile's words against themselves (the diagonal), against the
+  tile rotated by one client (``TILE`` pairs, for ``TILE = 4``) and the first half against the second
+  (``TILE / 2`` pairs): 10 popcounts per set for a tile of 4 where the full block takes 16. At 20 clients
+  that is the 210 pairs needed instead of 240.
+
 Every program writes its own int64 counts, which torch sums on the device in int64: no float, no atomics,
-deterministic and exact. Diagonal tiles count their full ``TILE x TILE`` block (both triangles); the waste
-is ``(TILE - 1) / n`` of the pairs.
+deterministic and exact.
 """
 
 from __future__ import annotations
@@ -74,19 +79,15 @@ def _set_planes_kernel(task_ptr, params_ptr, planes_ptr, sizes_ptr, n_words, BLO
 
 
 @triton.jit
-def _gram_tiles_kernel(signs_ptr, planes_ptr, tiles_ptr, partial_ptr, n_clients, n_words, words_per_program,
-                       TILE: tl.constexpr, BLOCK: tl.constexpr):
-    """partial [parts, tile pairs, 3, TILE, TILE] int64: this program's counts of its tile pair and word range."""
-    pair = tl.program_id(0)
-    part = tl.program_id(1)
+def _count_tile_pair(signs_ptr, planes_ptr, tiles_ptr, out, pair, n_clients, n_words, start, stop,
+                     TILE: tl.constexpr, BLOCK: tl.constexpr):
+    """out [3, TILE, TILE] int64: the counts of tile pair ``pair`` (``ti < tj``) over words ``[start, stop)``."""
     ti = tl.load(tiles_ptr + 2 * pair)
     tj = tl.load(tiles_ptr + 2 * pair + 1)
     rows = ti * TILE + tl.arange(0, TILE)
     cols = tj * TILE + tl.arange(0, TILE)
     row_base = rows.to(tl.int64) * n_words
     col_base = cols.to(tl.int64) * n_words
-    start = part * words_per_program
-    stop = tl.minimum(start + words_per_program, n_words)
     acc_bonus = tl.zeros((TILE, TILE, BLOCK), dtype=tl.int32)
     acc_m1 = tl.zeros((TILE, TILE, BLOCK), dtype=tl.int32)
     acc_m2 = tl.zeros((TILE, TILE, BLOCK), dtype=tl.int32)
@@ -105,11 +106,105 @@ def _gram_tiles_kernel(signs_ptr, planes_ptr, tiles_ptr, partial_ptr, n_clients,
         acc_m1 += popcount32(both & m1[None, None, :]).to(tl.int32)
         acc_m2 += popcount32(both & m2[None, None, :]).to(tl.int32)
     tile = tl.arange(0, TILE)[:, None] * TILE + tl.arange(0, TILE)[None, :]
-    out = partial_ptr + (part * tl.num_programs(0) + pair).to(tl.int64) * (3 * TILE * TILE)
     # A thread's counter is at most 32 x (range / BLOCK); summed over the BLOCK threads in int64.
     tl.store(out + tile, tl.sum(acc_bonus.to(tl.int64), axis=2))
     tl.store(out + TILE * TILE + tile, tl.sum(acc_m1.to(tl.int64), axis=2))
     tl.store(out + 2 * TILE * TILE + tile, tl.sum(acc_m2.to(tl.int64), axis=2))
+
+
+@triton.jit
+def _store_diagonal_block(out, own, following, half, diagonal, upper, lower, lanes, TILE: tl.constexpr):
+    """One set's TILE x TILE block of a diagonal tile from the three groups of per-thread counters."""
+    tl.store(out + diagonal, tl.sum(own.to(tl.int64), axis=1))
+    if TILE == 4:
+        rotated = tl.sum(following.to(tl.int64), axis=1)
+        tl.store(out + lanes * TILE + (lanes + 1) % TILE, rotated)
+        tl.store(out + ((lanes + 1) % TILE) * TILE + lanes, rotated)
+    halves = tl.sum(half.to(tl.int64), axis=1)
+    tl.store(out + upper, halves)
+    tl.store(out + lower, halves)
+
+
+@triton.jit
+def _count_diagonal_tile(signs_ptr, out, planes_ptr, t, n_clients, n_words, start, stop,
+                         TILE: tl.constexpr, BLOCK: tl.constexpr):
+    """out [3, TILE, TILE] int64: the counts of the pairs inside tile ``t`` (TILE 2 or 4) over words ``[start, stop)``.
+
+    A thread's words of the tile against themselves (the diagonal), against the tile rotated by one client (pairs
+    (0, 1), (1, 2), (2, 3), (3, 0) of a tile of 4) and the first half against the second ((0, 2), (1, 3)): every
+    unordered pair once, each written to both of its cells.
+    """
+    tl.static_assert(TILE == 2 or TILE == 4, "the diagonal kernel covers tiles of 2 or 4 clients")
+    HALF: tl.constexpr = TILE // 2
+    lanes = tl.arange(0, TILE)
+    halves = tl.arange(0, HALF)
+    own_base = (t * TILE + lanes).to(tl.int64) * n_words
+    next_base = (t * TILE + (lanes + 1) % TILE).to(tl.int64) * n_words
+    first_base = (t * TILE + halves).to(tl.int64) * n_words
+    second_base = (t * TILE + HALF + halves).to(tl.int64) * n_words
+    own_valid = t * TILE + lanes < n_clients
+    next_valid = t * TILE + (lanes + 1) % TILE < n_clients
+    first_valid = t * TILE + halves < n_clients
+    second_valid = t * TILE + HALF + halves < n_clients
+    own_bonus = tl.zeros((TILE, BLOCK), dtype=tl.int32)
+    own_m1 = tl.zeros((TILE, BLOCK), dtype=tl.int32)
+    own_m2 = tl.zeros((TILE, BLOCK), dtype=tl.int32)
+    next_bonus = tl.zeros((TILE, BLOCK), dtype=tl.int32)
+    next_m1 = tl.zeros((TILE, BLOCK), dtype=tl.int32)
+    next_m2 = tl.zeros((TILE, BLOCK), dtype=tl.int32)
+    half_bonus = tl.zeros((HALF, BLOCK), dtype=tl.int32)
+    half_m1 = tl.zeros((HALF, BLOCK), dtype=tl.int32)
+    half_m2 = tl.zeros((HALF, BLOCK), dtype=tl.int32)
+    for offset in range(start, stop, BLOCK):
+        words = offset + tl.arange(0, BLOCK)
+        in_range = words < stop
+        bonus = as_uint32(tl.load(planes_ptr + words, mask=in_range, other=0))
+        m1 = as_uint32(tl.load(planes_ptr + n_words + words, mask=in_range, other=0))
+        m2 = as_uint32(tl.load(planes_ptr + 2 * n_words + words, mask=in_range, other=0))
+        own = as_uint32(tl.load(signs_ptr + own_base[:, None] + words[None, :],
+                                mask=own_valid[:, None] & in_range[None, :], other=0))
+        own_bonus += popcount32(own & bonus[None, :]).to(tl.int32)
+        own_m1 += popcount32(own & m1[None, :]).to(tl.int32)
+        own_m2 += popcount32(own & m2[None, :]).to(tl.int32)
+        if TILE == 4:  # with 2 clients the rotation repeats the halves' pair
+            following = as_uint32(tl.load(signs_ptr + next_base[:, None] + words[None, :],
+                                          mask=next_valid[:, None] & in_range[None, :], other=0))
+            both = own & following
+            next_bonus += popcount32(both & bonus[None, :]).to(tl.int32)
+            next_m1 += popcount32(both & m1[None, :]).to(tl.int32)
+            next_m2 += popcount32(both & m2[None, :]).to(tl.int32)
+        first = tl.load(signs_ptr + first_base[:, None] + words[None, :],
+                        mask=first_valid[:, None] & in_range[None, :], other=0)
+        second = tl.load(signs_ptr + second_base[:, None] + words[None, :],
+                         mask=second_valid[:, None] & in_range[None, :], other=0)
+        both = as_uint32(first) & as_uint32(second)
+        half_bonus += popcount32(both & bonus[None, :]).to(tl.int32)
+        half_m1 += popcount32(both & m1[None, :]).to(tl.int32)
+        half_m2 += popcount32(both & m2[None, :]).to(tl.int32)
+    diagonal = lanes * TILE + lanes
+    upper = halves * TILE + HALF + halves
+    lower = (HALF + halves) * TILE + halves
+    _store_diagonal_block(out, own_bonus, next_bonus, half_bonus, diagonal, upper, lower, lanes, TILE)
+    _store_diagonal_block(out + TILE * TILE, own_m1, next_m1, half_m1, diagonal, upper, lower, lanes, TILE)
+    _store_diagonal_block(out + 2 * TILE * TILE, own_m2, next_m2, half_m2, diagonal, upper, lower, lanes, TILE)
+
+
+@triton.jit
+def _gram_tiles_kernel(signs_ptr, planes_ptr, tiles_ptr, partial_ptr, n_pairs, n_clients, n_words,
+                       words_per_program, TILE: tl.constexpr, BLOCK: tl.constexpr):
+    """partial [parts, tile pairs + tiles, 3, TILE, TILE] int64: this program's counts of its tile pair (the first
+    ``n_pairs`` programs of a part) or diagonal tile (the rest) over its range of words."""
+    program = tl.program_id(0)
+    part = tl.program_id(1)
+    start = part * words_per_program
+    stop = tl.minimum(start + words_per_program, n_words)
+    out = partial_ptr + (part * tl.num_programs(0) + program).to(tl.int64) * (3 * TILE * TILE)
+    # One launch for both kinds: the programs resident at one time share their word range in L2.
+    if program < n_pairs:
+        _count_tile_pair(signs_ptr, planes_ptr, tiles_ptr, out, program, n_clients, n_words, start, stop, TILE, BLOCK)
+    else:
+        _count_diagonal_tile(signs_ptr, out, planes_ptr, program - n_pairs, n_clients, n_words, start, stop, TILE,
+                             BLOCK)
 
 
 @dataclass(frozen=True)
@@ -139,12 +234,30 @@ def gram_config(n_clients: int, t: torch.Tensor) -> GramConfig:
 
 
 @lru_cache(maxsize=64)
-def _tile_pairs(n_tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """([P, 2] int32 (ti, tj) for the kernel, ti and tj as int64 for indexing): ti <= tj, row-major over the upper
-    triangle. Cached per device: a round's launches then need no copy from the host."""
-    ti, tj = np.triu_indices(n_tiles)
-    table = torch.from_numpy(np.stack([ti, tj], axis=1).astype(np.int32)).to(device)
-    return table, table[:, 0].long(), table[:, 1].long()
+def _tile_pairs(n_tiles: int, device: torch.device) -> torch.Tensor:
+    """[P, 2] int32 (ti, tj), ti < tj, row-major over the upper triangle (diagonal tiles have their own code path).
+    Cached per device: a round's launches then need no copy from the host."""
+    ti, tj = np.triu_indices(n_tiles, 1)
+    return torch.from_numpy(np.stack([ti, tj], axis=1).astype(np.int32)).to(device)
+
+
+@lru_cache(maxsize=64)
+def _gram_index(n_clients: int, tile: int, device: torch.device) -> torch.Tensor:
+    """[3, n, n] int64: where count (set, i, j) lies in the flat [tile pairs + tiles, 3, TILE, TILE] sums, so that
+    one gather assembles the Gram matrices (the lower triangle read from the upper's transposed block)."""
+    n_tiles = -(-n_clients // tile)
+    pair_of = np.full((n_tiles, n_tiles), -1, dtype=np.int64)
+    ti, tj = np.triu_indices(n_tiles, 1)
+    pair_of[ti, tj] = np.arange(ti.size)
+    pair_of[np.arange(n_tiles), np.arange(n_tiles)] = ti.size + np.arange(n_tiles)  # diagonal tiles come last
+    i, j = np.meshgrid(np.arange(n_clients), np.arange(n_clients), indexing="ij")
+    upper = i // tile <= j // tile
+    row = np.where(upper, i, j)  # (row, col) of the count in the upper triangle of tiles
+    col = np.where(upper, j, i)
+    block = pair_of[row // tile, col // tile]
+    cell = (row % tile) * tile + col % tile
+    index = (block * _SETS)[None] * tile * tile + np.arange(_SETS)[:, None, None] * tile * tile + cell[None]
+    return torch.from_numpy(index).to(device)
 
 
 def set_planes(task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
@@ -175,18 +288,15 @@ def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
     planes, sizes = set_planes(task, key, t_bonus, t_m1, config.planes_block)
     tile, block = config.tile, config.block
     n_tiles = -(-n_clients // tile)
-    tiles, ti, tj = _tile_pairs(n_tiles, device)
+    tiles = _tile_pairs(n_tiles, device)
     n_pairs = tiles.shape[0]
     n_blocks = -(-n_words // block)
-    parts = min(max(-(-config.target_programs // n_pairs), 1), n_blocks)
+    parts = min(max(-(-config.target_programs // (n_pairs + n_tiles)), 1), n_blocks)
     words_per_program = -(-n_blocks // parts) * block
     parts = -(-n_words // words_per_program)
-    partial = torch.empty((parts, n_pairs, _SETS, tile, tile), dtype=torch.int64, device=device)
-    _gram_tiles_kernel[(n_pairs, parts)](signs, planes, tiles, partial, n_clients, n_words, words_per_program,
-                                         TILE=tile, BLOCK=block, num_warps=config.num_warps)
-    blocks = partial.sum(dim=0).transpose(0, 1)  # [3, P, TILE, TILE]
-    by_tile = torch.zeros((_SETS, n_tiles, n_tiles, tile, tile), dtype=torch.int64, device=device)
-    by_tile[:, tj, ti] = blocks.transpose(-1, -2)  # the lower triangle mirrors the upper
-    by_tile[:, ti, tj] = blocks  # diagonal tiles: their own (symmetric) block
-    gram = by_tile.permute(0, 1, 3, 2, 4).reshape(_SETS, n_tiles * tile, n_tiles * tile)
-    return gram[:, :n_clients, :n_clients].contiguous(), sizes
+    partial = torch.empty((parts, n_pairs + n_tiles, _SETS, tile, tile), dtype=torch.int64, device=device)
+    # One tile: no tile pairs; a non-empty int32 buffer stands in for the empty table (never read).
+    _gram_tiles_kernel[(n_pairs + n_tiles, parts)](signs, planes, tiles if n_pairs else planes, partial, n_pairs,
+                                                   n_clients, n_words, words_per_program, TILE=tile, BLOCK=block,
+                                                   num_warps=config.num_warps)
+    return partial.sum(dim=0).view(-1)[_gram_index(n_clients, tile, device)], sizes

@@ -78,9 +78,10 @@ def _two_bits(v):
 
 
 @triton.jit
-def _classify_words(x, LANES: tl.constexpr, EXP_MASK: tl.constexpr):
-    """[BW, LANES] raw lanes -> (sign words, non-zero words, non-finite per word), int32 [BW] x 2 and bool [BW]."""
-    if LANES == 16:
+def _classify_chunk(x, PAIRS: tl.constexpr, EXP_MASK: tl.constexpr):
+    """[BW, C] raw lanes, one 16-byte vector of each word -> (sign bits, non-zero bits, non-finite) of its elements:
+    int32 [BW] x 2 with the chunk's elements in the low bits (2 per lane with PAIRS), bool [BW]."""
+    if PAIRS:
         # Two 16-bit floats per lane. Per half, magnitude m = h & 0x7FFF: m + 0x7FFF reaches bit 15 iff m != 0,
         # m + (0x7FFF - EXP) iff m > EXP (NaN), m + (0x8000 - EXP) iff m >= EXP (NaN or Inf); no sum carries
         # into the other half.
@@ -90,19 +91,19 @@ def _classify_words(x, LANES: tl.constexpr, EXP_MASK: tl.constexpr):
         nan = (m + (0x7FFF - EXP_MASK) * 0x00010001) & 0x80008000
         nonfinite = (m + (0x8000 - EXP_MASK) * 0x00010001) & 0x80008000
         negative = u & nonzero & ~nan
-        shift = (2 * tl.arange(0, LANES)).to(tl.uint32)[None, :]
-        sign_words = tl.sum(_two_bits(negative) << shift, axis=1).to(tl.int32, bitcast=True)
-        nonzero_words = tl.sum(_two_bits(nonzero) << shift, axis=1).to(tl.int32, bitcast=True)
+        shift = (2 * tl.arange(0, x.shape[1])).to(tl.uint32)[None, :]
+        sign_bits = tl.sum(_two_bits(negative) << shift, axis=1).to(tl.int32, bitcast=True)
+        nonzero_bits = tl.sum(_two_bits(nonzero) << shift, axis=1).to(tl.int32, bitcast=True)
         bad = tl.max(nonfinite, axis=1) != 0
     else:
         magnitude = x & ~(tl.full((), 1, x.dtype) << (x.dtype.primitive_bitwidth - 1))
         nonzero = magnitude != 0
         negative = (x < 0) & nonzero & (magnitude <= EXP_MASK)
-        lanes = tl.arange(0, LANES)[None, :]
-        sign_words = tl.sum(negative.to(tl.int32) << lanes, axis=1)  # disjoint lanes: the sum is the OR
-        nonzero_words = tl.sum(nonzero.to(tl.int32) << lanes, axis=1)
+        lanes = tl.arange(0, x.shape[1])[None, :]
+        sign_bits = tl.sum(negative.to(tl.int32) << lanes, axis=1)  # disjoint lanes: the sum is the OR
+        nonzero_bits = tl.sum(nonzero.to(tl.int32) << lanes, axis=1)
         bad = tl.max((magnitude >= EXP_MASK).to(tl.int32), axis=1) != 0
-    return sign_words, nonzero_words, bad
+    return sign_bits, nonzero_bits, bad
 
 
 @triton.jit
@@ -129,7 +130,9 @@ def _pack_words_kernel(table_ptr, subset_ptr, block_tensor_ptr, block_word_ptr, 
     words = tl.load(block_word_ptr + block) + tl.arange(0, BLOCK_WORDS)
     full = tl.load(full_words_ptr + tensor)
     in_words = words < full
-    elements = words[:, None] * LANES + tl.arange(0, LANES)[None, :]
+    CHUNK: tl.constexpr = 128 // RAW.primitive_bitwidth  # lanes of one 16-byte vector
+    BITS: tl.constexpr = 32 // (LANES // CHUNK)  # elements of one 16-byte vector
+    elements = words[:, None] * LANES + tl.arange(0, CHUNK)[None, :]
     task_words = tl.zeros((BLOCK_WORDS,), dtype=tl.int32)
     for source in range(n_sources):
         row = tl.load(table_ptr + source)
@@ -143,8 +146,18 @@ def _pack_words_kernel(table_ptr, subset_ptr, block_tensor_ptr, block_word_ptr, 
         base = tl.multiple_of(address.to(tl.pointer_type(RAW)), 16)
         if FLAT:
             base += offset * LANES
-        x = tl.load(base + elements, mask=keep[:, None], other=0, eviction_policy="evict_first")
-        sign_words, nonzero_words, bad = _classify_words(x, LANES, EXP_MASK)
+        sign_words = tl.zeros((BLOCK_WORDS,), dtype=tl.int32)
+        nonzero_words = tl.zeros((BLOCK_WORDS,), dtype=tl.int32)
+        bad = tl.zeros((BLOCK_WORDS,), dtype=tl.int1)
+        # A word's 16-byte vectors one at a time: each [BLOCK_WORDS, CHUNK] load gives a thread whole rows, so the
+        # bits of a word are gathered in one thread's registers (one [BLOCK_WORDS, LANES] load spread a word over
+        # 4-8 threads, whose bits then met through shuffles).
+        for chunk in tl.static_range(LANES // CHUNK):
+            x = tl.load(base + elements + chunk * CHUNK, mask=keep[:, None], other=0, eviction_policy="evict_first")
+            chunk_signs, chunk_nonzero, chunk_bad = _classify_chunk(x, LANES == 16, EXP_MASK)
+            sign_words |= chunk_signs << (chunk * BITS)
+            nonzero_words |= chunk_nonzero << (chunk * BITS)
+            bad |= chunk_bad
         tl.store(signs_ptr + row * row_words + offset + words, sign_words, mask=keep)
         task_words |= nonzero_words
         # Every word that saw a NaN/Inf stores the same 1: no reduction over the block needed.

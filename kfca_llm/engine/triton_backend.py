@@ -214,7 +214,8 @@ class TritonBackend(Backend):
                      pairs: np.ndarray | None = None) -> RoundCounts:
         # The tiled kernel counts every pair in one pass (a superset of ``pairs``).
         gram, sizes = pair_counts.binary_gram(buffers.signs, buffers.task, *partition_params(seed, bonus_fraction))
-        return RoundCounts(gram.cpu().numpy(), sizes.cpu().numpy())
+        counts = torch.cat([gram.view(-1), sizes]).cpu().numpy()  # one copy to the host: one wait for the device
+        return RoundCounts(counts[:gram.numel()].reshape(gram.shape), counts[gram.numel():])
 
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
                         pairs: np.ndarray) -> np.ndarray:
