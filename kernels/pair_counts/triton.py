@@ -5,28 +5,25 @@ Partition: the class of coordinate ``c = 32 * w + lane`` is derived from the cou
 so no index array of size d is ever built. The kernels take those integers as they are:
 ``kfca_llm.partition.partition_params`` derives them from a seed.
 
-Three launches:
+Two launches:
 
 * ``_set_planes_kernel`` hashes every coordinate once and writes the three set planes (a set's member word
-  is its class's lanes AND-ed with the task word: 3 words per word of signs) and each program's set sizes.
+  is its class's lanes AND-ed with the task word: 3 words per word of signs) and adds up the set sizes.
   Hashing 32 lanes per word costs ~10x a word's popcounts, so it is done once per round, not once per pair;
   each thread builds whole words, lane by lane, with 32-bit compares.
 * ``_gram_tiles_kernel`` counts. A program owns one tile pair (``TILE`` row clients x ``TILE`` column
-  clients, ``ti < tj``) and one contiguous range of words. Each thread holds one word per client of the
-  tile and the three set words, and keeps ``3 x TILE x TILE`` per-thread counters in registers across the
-  whole range (no reduction inside the loop): per word and pair, one 3-input AND, one ``popc`` and one add
-  per set, so the loop runs at the popcount unit's rate. The counters are summed across threads once, at
-  the end. Programs are numbered tile pair first, so the programs resident at one time read the same range
-  of words, which stays in L2 while every tile pair reads it.
+  clients, ``ti < tj``) or one diagonal tile, and one contiguous range of words. Each thread holds one word
+  per client of the tile(s) and the three set words, and keeps its counters in registers across the whole
+  range (no reduction inside the loop): per word and pair, one 3-input AND, one ``popc`` and one add per
+  set, so the loop runs at the popcount unit's rate. The counters are summed across threads once, at the
+  end. A diagonal tile counts only its ``TILE (TILE + 1) / 2`` pairs: its words against themselves (the
+  diagonal), against the tile rotated by one client (``TILE`` pairs, for ``TILE = 4``) and its first half
+  against its second (``TILE / 2``): 10 popcounts per set for a tile of 4 where a tile pair takes 16, so 20
+  clients count the 210 pairs they need, not 240. Programs are numbered tile pair first, so the programs
+  resident at one time read the same range of words, which stays in L2 while every tile reads it.
 
-* ``_gram_diagonal_kernel`` counts the pairs inside one tile (``ti == tj``) without the lower triangle: a
-  tile's ``TILE (TILE + 1) / 2`` pairs as the tile's words against themselves (the diagonal), against the
-  tile rotated by one client (``TILE`` pairs, for ``TILE = 4``) and the first half against the second
-  (``TILE / 2`` pairs): 10 popcounts per set for a tile of 4 where the full block takes 16. At 20 clients
-  that is the 210 pairs needed instead of 240.
-
-Every program writes its own int64 counts, which torch sums on the device in int64: no float, no atomics,
-deterministic and exact.
+Every program adds its int64 counts to the totals with integer atomics: exact, and the same whatever order
+they land in (no float), with no partial sums to reduce afterwards.
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ _SETS = 3
 
 @triton.jit
 def _set_planes_kernel(task_ptr, params_ptr, planes_ptr, sizes_ptr, n_words, BLOCK_WORDS: tl.constexpr):
-    """planes [3, n_words]: bonus, M_1 and M_2 member words (class lanes & task); sizes [programs, 3]."""
+    """planes [3, n_words]: bonus, M_1 and M_2 member words (class lanes & task); sizes [3]: their members, added."""
     pid = tl.program_id(0)
     key = tl.load(params_ptr).to(tl.uint32)
     t_bonus = tl.load(params_ptr + 1)
@@ -73,15 +70,15 @@ def _set_planes_kernel(task_ptr, params_ptr, planes_ptr, sizes_ptr, n_words, BLO
     tl.store(planes_ptr + words, bonus, mask=in_range)
     tl.store(planes_ptr + n_words + words, m1, mask=in_range)
     tl.store(planes_ptr + 2 * n_words + words, m2, mask=in_range)
-    tl.store(sizes_ptr + pid * 3, tl.sum(popcount32(as_uint32(bonus)).to(tl.int64)))
-    tl.store(sizes_ptr + pid * 3 + 1, tl.sum(popcount32(as_uint32(m1)).to(tl.int64)))
-    tl.store(sizes_ptr + pid * 3 + 2, tl.sum(popcount32(as_uint32(m2)).to(tl.int64)))
+    tl.atomic_add(sizes_ptr, tl.sum(popcount32(as_uint32(bonus)).to(tl.int64)), sem="relaxed")
+    tl.atomic_add(sizes_ptr + 1, tl.sum(popcount32(as_uint32(m1)).to(tl.int64)), sem="relaxed")
+    tl.atomic_add(sizes_ptr + 2, tl.sum(popcount32(as_uint32(m2)).to(tl.int64)), sem="relaxed")
 
 
 @triton.jit
 def _count_tile_pair(signs_ptr, planes_ptr, tiles_ptr, out, pair, n_clients, n_words, start, stop,
                      TILE: tl.constexpr, BLOCK: tl.constexpr):
-    """out [3, TILE, TILE] int64: the counts of tile pair ``pair`` (``ti < tj``) over words ``[start, stop)``."""
+    """out [3, TILE, TILE] int64 += the counts of tile pair ``pair`` (``ti < tj``) over words ``[start, stop)``."""
     ti = tl.load(tiles_ptr + 2 * pair)
     tj = tl.load(tiles_ptr + 2 * pair + 1)
     rows = ti * TILE + tl.arange(0, TILE)
@@ -107,28 +104,28 @@ def _count_tile_pair(signs_ptr, planes_ptr, tiles_ptr, out, pair, n_clients, n_w
         acc_m2 += popcount32(both & m2[None, None, :]).to(tl.int32)
     tile = tl.arange(0, TILE)[:, None] * TILE + tl.arange(0, TILE)[None, :]
     # A thread's counter is at most 32 x (range / BLOCK); summed over the BLOCK threads in int64.
-    tl.store(out + tile, tl.sum(acc_bonus.to(tl.int64), axis=2))
-    tl.store(out + TILE * TILE + tile, tl.sum(acc_m1.to(tl.int64), axis=2))
-    tl.store(out + 2 * TILE * TILE + tile, tl.sum(acc_m2.to(tl.int64), axis=2))
+    tl.atomic_add(out + tile, tl.sum(acc_bonus.to(tl.int64), axis=2), sem="relaxed")
+    tl.atomic_add(out + TILE * TILE + tile, tl.sum(acc_m1.to(tl.int64), axis=2), sem="relaxed")
+    tl.atomic_add(out + 2 * TILE * TILE + tile, tl.sum(acc_m2.to(tl.int64), axis=2), sem="relaxed")
 
 
 @triton.jit
 def _store_diagonal_block(out, own, following, half, diagonal, upper, lower, lanes, TILE: tl.constexpr):
-    """One set's TILE x TILE block of a diagonal tile from the three groups of per-thread counters."""
-    tl.store(out + diagonal, tl.sum(own.to(tl.int64), axis=1))
+    """One set's TILE x TILE block of a diagonal tile += the three groups of per-thread counters."""
+    tl.atomic_add(out + diagonal, tl.sum(own.to(tl.int64), axis=1), sem="relaxed")
     if TILE == 4:
         rotated = tl.sum(following.to(tl.int64), axis=1)
-        tl.store(out + lanes * TILE + (lanes + 1) % TILE, rotated)
-        tl.store(out + ((lanes + 1) % TILE) * TILE + lanes, rotated)
+        tl.atomic_add(out + lanes * TILE + (lanes + 1) % TILE, rotated, sem="relaxed")
+        tl.atomic_add(out + ((lanes + 1) % TILE) * TILE + lanes, rotated, sem="relaxed")
     halves = tl.sum(half.to(tl.int64), axis=1)
-    tl.store(out + upper, halves)
-    tl.store(out + lower, halves)
+    tl.atomic_add(out + upper, halves, sem="relaxed")
+    tl.atomic_add(out + lower, halves, sem="relaxed")
 
 
 @triton.jit
 def _count_diagonal_tile(signs_ptr, out, planes_ptr, t, n_clients, n_words, start, stop,
                          TILE: tl.constexpr, BLOCK: tl.constexpr):
-    """out [3, TILE, TILE] int64: the counts of the pairs inside tile ``t`` (TILE 2 or 4) over words ``[start, stop)``.
+    """out [3, TILE, TILE] int64 += the counts of the pairs inside tile ``t`` (TILE 2 or 4) over words ``[start, stop)``.
 
     A thread's words of the tile against themselves (the diagonal), against the tile rotated by one client (pairs
     (0, 1), (1, 2), (2, 3), (3, 0) of a tile of 4) and the first half against the second ((0, 2), (1, 3)): every
@@ -190,15 +187,15 @@ def _count_diagonal_tile(signs_ptr, out, planes_ptr, t, n_clients, n_words, star
 
 
 @triton.jit
-def _gram_tiles_kernel(signs_ptr, planes_ptr, tiles_ptr, partial_ptr, n_pairs, n_clients, n_words,
+def _gram_tiles_kernel(signs_ptr, planes_ptr, tiles_ptr, blocks_ptr, n_pairs, n_clients, n_words,
                        words_per_program, TILE: tl.constexpr, BLOCK: tl.constexpr):
-    """partial [parts, tile pairs + tiles, 3, TILE, TILE] int64: this program's counts of its tile pair (the first
+    """blocks [tile pairs + tiles, 3, TILE, TILE] int64 += this program's counts of its tile pair (the first
     ``n_pairs`` programs of a part) or diagonal tile (the rest) over its range of words."""
     program = tl.program_id(0)
     part = tl.program_id(1)
     start = part * words_per_program
     stop = tl.minimum(start + words_per_program, n_words)
-    out = partial_ptr + (part * tl.num_programs(0) + program).to(tl.int64) * (3 * TILE * TILE)
+    out = blocks_ptr + program * (3 * TILE * TILE)
     # One launch for both kinds: the programs resident at one time share their word range in L2.
     if program < n_pairs:
         _count_tile_pair(signs_ptr, planes_ptr, tiles_ptr, out, program, n_clients, n_words, start, stop, TILE, BLOCK)
@@ -243,7 +240,7 @@ def _tile_pairs(n_tiles: int, device: torch.device) -> torch.Tensor:
 
 @lru_cache(maxsize=64)
 def _gram_index(n_clients: int, tile: int, device: torch.device) -> torch.Tensor:
-    """[3, n, n] int64: where count (set, i, j) lies in the flat [tile pairs + tiles, 3, TILE, TILE] sums, so that
+    """[3, n, n] int64: where count (set, i, j) lies in the flat [tile pairs + tiles, 3, TILE, TILE] totals, so that
     one gather assembles the Gram matrices (the lower triangle read from the upper's transposed block)."""
     n_tiles = -(-n_clients // tile)
     pair_of = np.full((n_tiles, n_tiles), -1, dtype=np.int64)
@@ -266,11 +263,10 @@ def set_planes(task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
     n_words = task.numel()
     params = round_params(key, t_bonus, t_m1, task.device)
     planes = torch.empty((_SETS, n_words), dtype=torch.int32, device=task.device)
-    n_programs = triton.cdiv(n_words, block_words)
-    size_partial = torch.empty((n_programs, _SETS), dtype=torch.int64, device=task.device)
-    _set_planes_kernel[(n_programs,)](task, params, planes, size_partial, n_words, BLOCK_WORDS=block_words,
-                                      num_warps=4)
-    return planes, size_partial.sum(dim=0)
+    sizes = torch.zeros(_SETS, dtype=torch.int64, device=task.device)
+    _set_planes_kernel[(triton.cdiv(n_words, block_words),)](task, params, planes, sizes, n_words,
+                                                             BLOCK_WORDS=block_words, num_warps=4)
+    return planes, sizes
 
 
 def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int, t_m1: int,
@@ -294,9 +290,9 @@ def binary_gram(signs: torch.Tensor, task: torch.Tensor, key: int, t_bonus: int,
     parts = min(max(-(-config.target_programs // (n_pairs + n_tiles)), 1), n_blocks)
     words_per_program = -(-n_blocks // parts) * block
     parts = -(-n_words // words_per_program)
-    partial = torch.empty((parts, n_pairs + n_tiles, _SETS, tile, tile), dtype=torch.int64, device=device)
+    blocks = torch.zeros((n_pairs + n_tiles, _SETS, tile, tile), dtype=torch.int64, device=device)
     # One tile: no tile pairs; a non-empty int32 buffer stands in for the empty table (never read).
-    _gram_tiles_kernel[(n_pairs + n_tiles, parts)](signs, planes, tiles if n_pairs else planes, partial, n_pairs,
+    _gram_tiles_kernel[(n_pairs + n_tiles, parts)](signs, planes, tiles if n_pairs else planes, blocks, n_pairs,
                                                    n_clients, n_words, words_per_program, TILE=tile, BLOCK=block,
                                                    num_warps=config.num_warps)
-    return partial.sum(dim=0).view(-1)[_gram_index(n_clients, tile, device)], sizes
+    return blocks.view(-1)[_gram_index(n_clients, tile, device)], sizes
