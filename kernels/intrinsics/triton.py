@@ -41,6 +41,13 @@ def as_uint32(words):
 
 
 @triton.jit
+def not32(x):
+    """``~x`` of uint32 words, as ``x ^ 0xFFFFFFFF``: Triton 3.7's interpreter (what pip gives Python 3.13 beside
+    torch 2.13) cannot build the all-ones uint32 that ``~`` takes under numpy >= 2.5."""
+    return x ^ 0xFFFFFFFF
+
+
+@triton.jit
 def coordinates(words):
     """Task coordinates [BW, 32] (uint32) of the bits of the given word indices."""
     lanes = tl.arange(0, 32)

@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..intrinsics.triton import (as_uint32, coordinates, lanes_to_words, mix32, on_interpreter, popcount32, program_cap,
-                                 round_params)
+from ..intrinsics.triton import (as_uint32, coordinates, lanes_to_words, mix32, not32, on_interpreter, popcount32,
+                                 program_cap, round_params)
 
 _PAIRS = 4  # ordered pairs per draw tile: their 2 x 4 plane rows are what the programs read at a time
 # Shared draws keep a tile of columns in registers and pick two of their words per combination: up to
@@ -103,7 +103,7 @@ def _compress_stage(mask, mk, SHIFT: tl.constexpr):
     mp = mp ^ (mp << 8)
     mp = mp ^ (mp << 16)
     move = mp & mask
-    return move, (mask ^ move) | (move >> SHIFT), mk & ~mp
+    return move, (mask ^ move) | (move >> SHIFT), mk & not32(mp)
 
 
 @triton.jit
@@ -116,7 +116,7 @@ def _plane_layout(member_words, start, BLOCK_WORDS: tl.constexpr):
     members land at a bit offset that grows by at most 32 per word, so they fill at most two
     consecutive output words. ``last``: the block's last output word (-1 when it has no member).
     """
-    move1, mask, mk = _compress_stage(member_words, ~member_words << 1, 1)
+    move1, mask, mk = _compress_stage(member_words, not32(member_words) << 1, 1)
     move2, mask, mk = _compress_stage(mask, mk, 2)
     move4, mask, mk = _compress_stage(mask, mk, 4)
     move8, mask, mk = _compress_stage(mask, mk, 8)
@@ -310,7 +310,7 @@ def _shared_draws_kernel(bonus_words_ptr, column1_ptr, column2_ptr, groups_ptr, 
                         bonus = as_uint32(tl.load(bonus_words_ptr + coord_words, mask=in_words, other=0))
                         bonus_bit = bonus[:, None] >> (lanes ^ (pair_key & 31).to(tl.int32)).to(tl.uint32)[None, :]
                         differ = (signs1 >> (i & 31).to(tl.uint32)) ^ (signs2 >> (j & 31).to(tl.uint32))
-                        hits = (bonus_bit & ~differ & 1).to(tl.int32)
+                        hits = (bonus_bit & not32(differ) & 1).to(tl.int32)
                         tl.atomic_add(matches_ptr + p, tl.sum(tl.sum(hits, axis=1), axis=0).to(tl.int64),
                                       mask=tl.sum(in_words.to(tl.int32), axis=0) > 0)
 

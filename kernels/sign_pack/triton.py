@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..intrinsics.triton import check_device
+from ..intrinsics.triton import check_device, not32
 from .plan import PackPlan
 
 
@@ -90,7 +90,7 @@ def _classify_chunk(x, PAIRS: tl.constexpr, EXP_MASK: tl.constexpr):
         nonzero = (m + 0x7FFF7FFF) & 0x80008000
         nan = (m + (0x7FFF - EXP_MASK) * 0x00010001) & 0x80008000
         nonfinite = (m + (0x8000 - EXP_MASK) * 0x00010001) & 0x80008000
-        negative = u & nonzero & ~nan
+        negative = u & nonzero & not32(nan)
         shift = (2 * tl.arange(0, x.shape[1])).to(tl.uint32)[None, :]
         sign_bits = tl.sum(_two_bits(negative) << shift, axis=1).to(tl.int32, bitcast=True)
         nonzero_bits = tl.sum(_two_bits(nonzero) << shift, axis=1).to(tl.int32, bitcast=True)
