@@ -114,15 +114,18 @@ def real_run(fed: Federation, settings: PoolSettings, reference_weight: float) -
 
 def case(seed: int, long: bool = False) -> dict:
     """The settings a seed is tried with: the window (a short one: entries leave it, the run's record and sketch still
-    count), the own-replay limit, the reference (none, in every round, in some) and its weight."""
+    count), ``min_peers`` (3: a reference then determines what the peer and it alone would not), the own-replay limit,
+    the reference (none, in every round, in some) and its weight."""
     reference = "none" if long else ("none", "all", "some")[seed // 4 % 3]
-    return dict(window=4 if long or seed % 2 else 10, own_replay_limit=(0.0, 0.01, 0.02)[seed % 3],
+    return dict(window=4 if long or seed % 2 else 10, min_peers=3 if seed % 4 == 3 else 2,
+                own_replay_limit=(0.0, 0.01, 0.02)[seed % 3],
                 reference=reference, reference_weight=4.0 if reference == "all" else 1.0 + seed % 2 * 3.0,
                 coords=LONG if long else SHORT)
 
 
 def naive_of(fed: Federation, settings: dict, verdict_first: bool = False) -> list[dict[str, float]]:
-    return naive_run(fed.rounds, fed.seeds, window=settings["window"], verdict_first=verdict_first,
+    return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"],
+                     verdict_first=verdict_first,
                      own_replay_limit=settings["own_replay_limit"], owners=fed.owners, references=fed.references,
                      reference_weight=settings["reference_weight"])
 
@@ -131,7 +134,7 @@ def assert_equal(seed: int, long: bool, rank_by: str) -> None:
     settings = case(seed, long)
     fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
     expected = naive_of(fed, settings, verdict_first=rank_by == "verdict-first")
-    paid = real_run(fed, PoolSettings(window=settings["window"], rank_by=rank_by,
+    paid = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
                                       own_replay_limit=settings["own_replay_limit"]), settings["reference_weight"])
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
     for t, (got, want) in enumerate(zip(paid, expected), start=1):
