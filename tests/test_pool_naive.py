@@ -238,3 +238,33 @@ def test_an_honest_retrain_is_no_replay_under_the_default_limit():
     finally:
         pool_naive.score = original
     assert not found
+
+
+def test_an_own_replay_at_exactly_the_limit_is_a_replay():
+    """A resubmission differing from its participant's earlier update in exactly ``own_replay_limit`` of the tasks (5 of
+    250 at 2%) is a replay, as one of another's exactly 2% away is a copy: "within" the limit includes it."""
+    rng = np.random.default_rng(7)
+    first = rng.standard_normal(250)
+    again = first.copy()
+    again[:5] *= -1
+    rounds = [{"a": first, "b": rng.standard_normal(250)}, {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
+              {"a": again, "e": rng.standard_normal(250)}]
+    fed = Federation([{c: u.astype(np.float32).tolist() for c, u in r.items()} for r in rounds], [{}] * 3, [None] * 3,
+                     [11, 12, 13])
+    from kfca_llm.fl import pool_naive
+
+    original, copies = pool_naive.score, set()
+
+    def spy(t, *args, **kwargs):
+        result = original(t, *args, **kwargs)
+        copies.update((t, c) for c in result.copies)
+        return result
+
+    pool_naive.score = spy
+    try:
+        expected = naive_run(fed.rounds, fed.seeds, own_replay_limit=0.02)
+    finally:
+        pool_naive.score = original
+    assert (3, "a") in copies
+    paid = real_run(fed, PoolSettings(own_replay_limit=0.02), 0.0)
+    assert paid == [pytest.approx(want, abs=1e-12) for want in expected]
