@@ -240,6 +240,34 @@ def test_an_honest_retrain_is_no_replay_under_the_default_limit():
     assert not found
 
 
+def copies_found(rounds: list[dict[str, np.ndarray]], **rules) -> tuple[set[tuple[int, str]], Federation]:
+    """(round, scorer) of the copies the naive reference finds in their rounds in a run of ``rounds`` (and the run as a
+    federation)."""
+    from kfca_llm.fl import pool_naive
+
+    fed = Federation([{c: u.astype(np.float32).tolist() for c, u in r.items()} for r in rounds], [{}] * len(rounds),
+                     [None] * len(rounds), [11 + t for t in range(len(rounds))])
+    original, copies = pool_naive.score, set()
+
+    def spy(t, *args, horizon, **kwargs):
+        result = original(t, *args, horizon=horizon, **kwargs)
+        copies.update((t, c) for c in result.copies if horizon is None)
+        return result
+
+    pool_naive.score = spy
+    try:
+        naive_run(fed.rounds, fed.seeds, **rules)
+    finally:
+        pool_naive.score = original
+    return copies, fed
+
+
+def assert_pays_as_naive(fed: Federation, **rules) -> None:
+    expected = naive_run(fed.rounds, fed.seeds, **rules)
+    paid = real_run(fed, PoolSettings(window=rules.get("window", 10), own_replay_limit=rules["own_replay_limit"]), 0.0)
+    assert paid == [pytest.approx(want, abs=1e-12) for want in expected]
+
+
 def test_an_own_replay_at_exactly_the_limit_is_a_replay():
     """A resubmission differing from its participant's earlier update in exactly ``own_replay_limit`` of the tasks (5 of
     250 at 2%) is a replay, as one of another's exactly 2% away is a copy: "within" the limit includes it."""
@@ -247,24 +275,41 @@ def test_an_own_replay_at_exactly_the_limit_is_a_replay():
     first = rng.standard_normal(250)
     again = first.copy()
     again[:5] *= -1
-    rounds = [{"a": first, "b": rng.standard_normal(250)}, {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
-              {"a": again, "e": rng.standard_normal(250)}]
-    fed = Federation([{c: u.astype(np.float32).tolist() for c, u in r.items()} for r in rounds], [{}] * 3, [None] * 3,
-                     [11, 12, 13])
-    from kfca_llm.fl import pool_naive
-
-    original, copies = pool_naive.score, set()
-
-    def spy(t, *args, **kwargs):
-        result = original(t, *args, **kwargs)
-        copies.update((t, c) for c in result.copies)
-        return result
-
-    pool_naive.score = spy
-    try:
-        expected = naive_run(fed.rounds, fed.seeds, own_replay_limit=0.02)
-    finally:
-        pool_naive.score = original
+    copies, fed = copies_found([{"a": first, "b": rng.standard_normal(250)},
+                                {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
+                                {"a": again, "e": rng.standard_normal(250)}], own_replay_limit=0.02)
     assert (3, "a") in copies
-    paid = real_run(fed, PoolSettings(own_replay_limit=0.02), 0.0)
-    assert paid == [pytest.approx(want, abs=1e-12) for want in expected]
+    assert_pays_as_naive(fed, own_replay_limit=0.02)
+
+
+def test_an_own_replay_is_a_copy_first():
+    """An own replay must be within the copy rule's 2% as well as within ``own_replay_limit``: at a limit of 5% a
+    resubmission 3.2% away (8 of 250 signs) is scored as a fresh submission."""
+    rng = np.random.default_rng(8)
+    first = rng.standard_normal(250)
+    again = first.copy()
+    again[:8] *= -1
+    copies, fed = copies_found([{"a": first, "b": rng.standard_normal(250)},
+                                {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
+                                {"a": again, "e": rng.standard_normal(250)}], own_replay_limit=0.05)
+    assert not copies
+    assert_pays_as_naive(fed, own_replay_limit=0.05)
+
+
+def test_no_copy_is_found_while_the_window_holds_no_entry():
+    """Copies of earlier submissions are looked for only while the window (and the round before it) holds a pool entry:
+    after window + 1 rounds that added none (here in-round copies), a byte-identical resubmission of round 1's update
+    is scored as a fresh submission (undetermined, settled later), the sketch notwithstanding."""
+    rng = np.random.default_rng(9)
+    first = rng.standard_normal(256)
+    rounds = [{"a": first, "b": rng.standard_normal(256)}]
+    for t in range(2, 7):
+        twin = rng.standard_normal(256)
+        rounds.append({f"x{t}": twin, f"y{t}": twin})
+    shared = rng.standard_normal(256)  # the later rounds' clients agree: the pool can settle round 7
+    rounds.append({"a": first, "c": shared + rng.standard_normal(256)})
+    rounds += [{f"p{t}": shared + rng.standard_normal(256), f"q{t}": shared + rng.standard_normal(256)} for t in range(8)]
+    copies, fed = copies_found(rounds, window=4, own_replay_limit=0.0)
+    assert (7, "a") not in copies and {(t, c) for t in range(2, 7) for c in (f"x{t}", f"y{t}")} <= copies
+    assert_pays_as_naive(fed, window=4, own_replay_limit=0.0)
+    assert any(naive_run(fed.rounds, fed.seeds, window=4)[6].values())

@@ -155,9 +155,9 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
     if not rows and reference is None:  # nothing to weigh: all undetermined
         return Scored({c: 0.0 for c in scorers}, in_round, set(scorers), set(scorers), twins, [])
 
-    # Copies of earlier submissions (a settled round's judged as they were then): those whose words the pool holds on
-    # every task, and every one older than the window on the sketch's tasks; one's own participant's only within
-    # ``own_replay_limit`` of them.
+    # Copies of earlier submissions (a settled round's judged as they were then; none while the window holds no entry):
+    # those whose words the pool holds on every task, and every one older than the window on the sketch's tasks; one's
+    # own participant's only within ``own_replay_limit`` of them too.
     def copies(c: str, e: Entry, on: list[int]) -> bool:
         d = differing(negative[c], e.negative, on)
         return bool(on) and d <= max_copy * len(on) and (e.client != owner[c] or d <= own_replay_limit * len(on))
