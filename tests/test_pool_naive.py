@@ -1,11 +1,13 @@
 """The peer pool at two participants per round equals its naive reference (``fl.pool_naive``) on random federations:
 honest clients, a flipper, a zero-submitter, a stale node (its first update, resubmitted byte for byte), a copier of
-another client's latest update (1% of its signs turned), a retrainer close to its own first update (1 sign to 3% of its
-signs turned, outside the sketch when the update is longer than the sketch: a replay only within ``own_replay_limit``), a twin (its in-round partner's update, 1% turned: an in-round copy),
-an old copier (another client's first update, 3% of its signs turned outside the sketch when the update is longer than
-the sketch, else 1%), and an analysed client whose side-by-side submissions (a flip of its update, its first, its
-update of two participations back) the attack analysis scores; with a trusted reference in every round, in some or in
-none; updates of 256 coordinates (the sketch is the whole update) and of 8,492 (the sketch is 128 of its 266 words).
+another client's latest update (1% of its signs turned), a retrainer close to its own first update (1 sign to 3% of
+its signs turned, outside the sketch when the update is longer than the sketch: a replay only within
+``own_replay_limit``), a twin (its in-round partner's update, 1% turned: an in-round copy), an old copier (another
+client's first update, 3% of its signs turned outside the sketch when the update is longer than the sketch, else 1%),
+and an analysed client whose side-by-side submissions the attack analysis scores (a flip of its update, its first,
+its update of two participations back, its round's other participant's with 1% turned); with a trusted reference in
+every round, in some or in none; updates of 256 coordinates (the sketch is the whole update) and of 8,492 (the sketch
+is 128 of its 266 words).
 
 The real pool sums a reward's terms in another order than the naive one: equal within 1e-12, not bit for bit."""
 
@@ -83,7 +85,10 @@ def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: 
         owners = {}
         if ANALYST in pair:
             own = mine[ANALYST]
-            for kind, update in (("flip", -own[-1]), ("stale", own[0]), ("lagged", own[max(0, len(own) - 3)])):
+            other = round_[f"c{next(c for c in pair if c != ANALYST)}"].copy()
+            other[:coords // 100] *= -1  # the attack analysis' copy:NOISE of the round's other participant
+            for kind, update in (("flip", -own[-1]), ("stale", own[0]), ("lagged", own[max(0, len(own) - 3)]),
+                                 ("copy", other)):
                 round_[f"c{ANALYST}:{kind}"] = update
                 owners[f"c{ANALYST}:{kind}"] = f"c{ANALYST}"
         with_reference = reference == "all" or (reference == "some" and rng.random() < 0.5)
@@ -178,6 +183,9 @@ def test_the_federations_meet_every_rule():
             seen.update({"owned own resubmission"} if c in result.copies else set())
             seen.update({"owned undetermined"} if c in result.unsure and horizon is None else set())
             seen.update({"owned settled"} if c not in result.unsure and horizon is not None else set())
+            # an owned copy of its in-round peer is no in-round copy (only participants are) nor one of the pool's
+            seen.update({"owned in-round copy paid"} if c.endswith(":copy") and c not in result.copies
+                        and result.paid[c] > 0 else set())
         for c, found in result.matches.items():
             for e in found:
                 whole = sum(negative[c][k] != e.negative[k] for k in tasks)
@@ -206,6 +214,7 @@ def test_the_federations_meet_every_rule():
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
             "charged back", "fined", "owned own resubmission", "owned undetermined", "owned settled",
+            "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen
     # and the verdicts settle some disagreeing pairs otherwise than verdict plus record do
@@ -308,7 +317,8 @@ def test_no_copy_is_found_while_the_window_holds_no_entry():
         rounds.append({f"x{t}": twin, f"y{t}": twin})
     shared = rng.standard_normal(256)  # the later rounds' clients agree: the pool can settle round 7
     rounds.append({"a": first, "c": shared + rng.standard_normal(256)})
-    rounds += [{f"p{t}": shared + rng.standard_normal(256), f"q{t}": shared + rng.standard_normal(256)} for t in range(8)]
+    rounds += [{f"p{t}": shared + rng.standard_normal(256), f"q{t}": shared + rng.standard_normal(256)}
+               for t in range(8)]
     copies, fed = copies_found(rounds, window=4, own_replay_limit=0.0)
     assert (7, "a") not in copies and {(t, c) for t in range(2, 7) for c in (f"x{t}", f"y{t}")} <= copies
     assert_pays_as_naive(fed, window=4, own_replay_limit=0.0)

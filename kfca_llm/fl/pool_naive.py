@@ -68,7 +68,8 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
     def round_of(r: int):
         submissions, reference = rounds[r - 1], (references or [None] * r)[r - 1]
         negative = {c: [v < 0 for v in u] for c, u in submissions.items()}
-        tasks = [k for k in range(len(next(iter(submissions.values())))) if any(u[k] != 0 for u in submissions.values())]
+        length = len(next(iter(submissions.values())))
+        tasks = [k for k in range(length) if any(u[k] != 0 for u in submissions.values())]
         reference = None if reference is None or reference_weight == 0 else [v < 0 for v in reference]
         return negative, (owners or [{}] * r)[r - 1], tasks, seeds[r - 1], reference
 
@@ -92,7 +93,8 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
             if r < t:
                 again = score(r, *round_of(r), history, horizon=t, **rules)
                 last = t - r >= window
-                settled[r] = {c: again for c in pending[r] if c not in again.unsure and (last or c not in again.warming)}
+                settled[r] = {c: again for c in pending[r]
+                              if c not in again.unsure and (last or c not in again.warming)}
         for r, done in settled.items():
             for c, again in done.items():
                 for entry in (e for e in history if (e.round, e.client) == (r, c)):  # none for a copy or owned scorer
