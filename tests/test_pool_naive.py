@@ -1,7 +1,17 @@
 """The peer pool at two participants per round equals its naive reference (``fl.pool_naive``) on random federations:
 honest clients, a flipper, a zero-submitter, a stale node (its first update, resubmitted byte for byte), a copier of
-another client's earlier update (1% of its signs turned) and a retrainer close to its own earlier update (one sign
-turned: no replay). What the naive reference leaves out is in its module's docstring."""
+another client's latest update (1% of its signs turned), a retrainer close to its own first update (1 sign to 3% of
+its signs turned, outside the sketch when the update is longer than the sketch: a replay only within
+``own_replay_limit``), a twin (its in-round partner's update, 1% turned: an in-round copy), an old copier (another
+client's first update, 3% of its signs turned outside the sketch when the update is longer than the sketch, else 1%),
+and an analysed client whose side-by-side submissions the attack analysis scores (a flip of its update, its first,
+its update of two participations back, its round's other participant's with 1% turned); with a trusted reference in
+every round, in some or in none; updates of 256 coordinates (the sketch is the whole update) and of 8,492 (the sketch
+is 128 of its 266 words).
+
+The real pool sums a reward's terms in another order than the naive one: equal within 1e-12, not bit for bit."""
+
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -9,71 +19,146 @@ import pytest
 from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.pool_naive import naive_run, sketched
 from kfca_llm.fl.pool_settle import close_round
-from kfca_llm.fl.pool_naive import naive_run
+from kfca_llm.fl.reference import reference_signs
 
-COORDS = 256
-CLIENTS = 8
-FLIP, ZERO, STALE, COPIER, RETRAINER = 1, 2, 3, 4, 5
+SHORT, LONG = 256, 8492
+CLIENTS = 10
+ANALYST, FLIP, ZERO, STALE, COPIER, RETRAINER, TWIN, OLD_COPIER = range(8)
+ROUNDS = 18
 
 
-def federation(seed: int, rounds: int) -> list[dict[str, list[float]]]:
-    """Each round: two clients drawn at random, each submitting what its role says."""
+@dataclass
+class Federation:
+    rounds: list[dict[str, list[float]]]
+    """Each round's submissions: its two participants' and the analysed client's side-by-side ones."""
+    owners: list[dict[str, str]]
+    references: list[list[float] | None]
+    seeds: list[int]
+
+
+def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: str = "none") -> Federation:
+    """Each round: two clients drawn at random, each submitting what its role says; ``reference``: "none", "all"
+    (an honest update of its own every round) or "some" (in a random half of the rounds)."""
     rng = np.random.default_rng(seed)
-    persistent = rng.standard_normal(COORDS)
-    direction = rng.standard_normal(COORDS)
+    persistent = rng.standard_normal(coords)
+    direction = rng.standard_normal(coords)
+    outside = np.setdiff1d(np.arange(coords), sketched(list(range(coords)), coords))
     earlier: list[tuple[int, np.ndarray]] = []  # (client, submission) of every round so far
-    mine: dict[int, np.ndarray] = {}  # each client's first submission
-    out = []
+    mine: dict[int, list[np.ndarray]] = {}  # each client's submissions
+    out = Federation([], [], [], [1000 * seed + t for t in range(1, rounds + 1)])
     for _ in range(rounds):
-        direction = -0.5 * direction + rng.standard_normal(COORDS)
+        direction = -0.5 * direction + rng.standard_normal(coords)
+
+        def honest():
+            return 0.4 * persistent + direction + rng.standard_normal(coords)
+
         round_ = {}
-        for c in sorted(rng.choice(CLIENTS, size=2, replace=False).tolist()):
-            update = 0.4 * persistent + direction + rng.standard_normal(COORDS)
+        pair = sorted(rng.choice(CLIENTS, size=2, replace=False).tolist(), key=lambda c: c == TWIN)
+        for c in pair:
+            update = honest()
             if c == FLIP:
                 update = -update
             elif c == ZERO:
-                update = np.zeros(COORDS)
+                update = np.zeros(coords)
             elif c == STALE and c in mine:
-                update = mine[c]
+                update = mine[c][0]
             elif c == COPIER and any(who not in (c, ZERO) for who, _ in earlier):
                 update = next(u for who, u in reversed(earlier) if who not in (c, ZERO)).copy()
-                update[:COORDS // 100] *= -1
+                update[:coords // 100] *= -1
             elif c == RETRAINER and c in mine:
-                update = mine[c].copy()
-                update[rng.integers(COORDS)] *= -1
-            mine.setdefault(c, update)
+                update = mine[c][0].copy()
+                turned = outside if len(outside) else np.arange(coords)
+                update[rng.choice(turned, size=rng.choice([1, 2, coords // 100, coords // 30]), replace=False)] *= -1
+            elif c == TWIN and pair[0] != ZERO:
+                update = round_[f"c{pair[0]}"].copy()
+                update[:coords // 100] *= -1
+            elif c == OLD_COPIER and any(who not in (c, ZERO) for who, _ in earlier):
+                update = next(u for who, u in earlier if who not in (c, ZERO)).copy()
+                turned = outside if len(outside) else np.arange(coords)
+                update[rng.choice(turned, size=max(coords // 100, 3 * coords // 100 * bool(len(outside))),
+                                  replace=False)] *= -1
+            mine.setdefault(c, []).append(update)
             round_[f"c{c}"] = update
         earlier += [(int(name[1:]), u) for name, u in round_.items()]
-        out.append({name: u.astype(np.float32).tolist() for name, u in round_.items()})
+        owners = {}
+        if ANALYST in pair:
+            own = mine[ANALYST]
+            other = round_[f"c{next(c for c in pair if c != ANALYST)}"].copy()
+            other[:coords // 100] *= -1  # the attack analysis' copy:NOISE of the round's other participant
+            for kind, update in (("flip", -own[-1]), ("stale", own[0]), ("lagged", own[max(0, len(own) - 3)]),
+                                 ("copy", other)):
+                round_[f"c{ANALYST}:{kind}"] = update
+                owners[f"c{ANALYST}:{kind}"] = f"c{ANALYST}"
+        with_reference = reference == "all" or (reference == "some" and rng.random() < 0.5)
+        out.references.append(honest().astype(np.float32).tolist() if with_reference else None)
+        out.rounds.append({name: u.astype(np.float32).tolist() for name, u in sorted(round_.items())})
+        out.owners.append(owners)
     return out
 
 
-def real_run(rounds: list[dict[str, list[float]]], seeds: list[int], settings: PoolSettings) -> list[dict[str, float]]:
-    """``score_with_pool`` and ``close_round`` round after round; a settled participant is paid its settlement."""
+def real_run(fed: Federation, settings: PoolSettings, reference_weight: float) -> list[dict[str, float]]:
+    """``score_with_pool`` and ``close_round`` round after round; a settled scorer is paid its settlement."""
     pool, out = PeerPool(settings), []
-    for t, (submissions, seed) in enumerate(zip(rounds, seeds), start=1):
+    for t, (submissions, owners, reference, seed) in enumerate(
+            zip(fed.rounds, fed.owners, fed.references, fed.seeds), start=1):
         packer = pack_updates({c: {"w": np.array(u, dtype=np.float32)} for c, u in submissions.items()})
-        scored = score_with_pool(packer, pool, t, seed=seed)
+        a, b = sorted(c for c in submissions if c not in owners)
+        pairs = [(a, b), (b, a), *((s, b if owner == a else a) for s, owner in sorted(owners.items()))]
+        signs = None if reference is None else reference_signs(packer, {"w": np.array(reference, dtype=np.float32)})
+        scored = score_with_pool(packer, pool, t, pairs=pairs, seed=seed, copy_candidates=[a, b], owners=owners,
+                                 reference=signs, reference_weight=reference_weight)
         out.append(dict(scored.report.rewards))
-        for settled in close_round(pool, packer, t, scored, words=packer.words(), participants=packer.clients,
-                                   seed=seed, penalty="expected", bonus_fraction=0.5, duplicates="zero",
-                                   duplicate_rule=DuplicateRule()):
+        for settled in close_round(pool, packer, t, scored, words=packer.words(), participants=[a, b], seed=seed,
+                                   penalty="expected", bonus_fraction=0.5, duplicates="zero",
+                                   duplicate_rule=DuplicateRule(), owners=owners):
             out[settled.round - 1][settled.participant] = settled.reward
     return out
 
 
-@pytest.mark.parametrize("rank_by", ["record", "verdict-first"])
-@pytest.mark.parametrize("seed", range(12))
-def test_the_pool_pays_what_the_naive_reference_pays(seed, rank_by):
-    rounds = federation(seed, 18)
-    seeds = [1000 * seed + t for t in range(1, 19)]
-    window = 4 if seed % 2 else 10  # a short window: entries leave it, the run's record and sketch still count
-    expected = naive_run(rounds, seeds, window=window, verdict_first=rank_by == "verdict-first")
-    paid = real_run(rounds, seeds, PoolSettings(window=window, rank_by=rank_by))
+def case(seed: int, long: bool = False) -> dict:
+    """The settings a seed is tried with: the window (a short one: entries leave it, the run's record and sketch still
+    count), ``min_peers`` (3: a reference then determines what the peer and it alone would not), the own-replay limit,
+    the reference (none, in every round, in some) and its weight."""
+    reference = "none" if long else ("none", "all", "some")[seed // 4 % 3]
+    return dict(window=4 if long or seed % 2 else 10, min_peers=3 if seed % 4 == 3 else 2,
+                own_replay_limit=(0.0, 0.01, 0.02)[seed % 3],
+                reference=reference, reference_weight=4.0 if reference == "all" else 1.0 + seed % 2 * 3.0,
+                coords=LONG if long else SHORT)
+
+
+def naive_of(fed: Federation, settings: dict, verdict_first: bool = False) -> list[dict[str, float]]:
+    return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"],
+                     verdict_first=verdict_first,
+                     own_replay_limit=settings["own_replay_limit"], owners=fed.owners, references=fed.references,
+                     reference_weight=settings["reference_weight"])
+
+
+def assert_equal(seed: int, long: bool, rank_by: str) -> None:
+    settings = case(seed, long)
+    fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
+    expected = naive_of(fed, settings, verdict_first=rank_by == "verdict-first")
+    paid = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
+                                      own_replay_limit=settings["own_replay_limit"]), settings["reference_weight"])
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
     for t, (got, want) in enumerate(zip(paid, expected), start=1):
         assert got == pytest.approx(want, abs=1e-12), f"round {t}"
+
+
+@pytest.mark.parametrize("rank_by", ["record", "verdict-first"])
+@pytest.mark.parametrize("seed", range(16))
+def test_the_pool_pays_what_the_naive_reference_pays(seed, rank_by):
+    assert_equal(seed, False, rank_by)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pool_pays_what_the_naive_reference_pays_on_long_updates(seed):
+    """Updates longer than the sketch: beyond the window copies are judged on 4,096 of their signs."""
+    assert_equal(seed, True, "record")
+
+
+CASES = [(seed, False) for seed in range(16)] + [(seed, True) for seed in range(4)]
 
 
 def test_the_federations_meet_every_rule():
@@ -83,28 +168,158 @@ def test_the_federations_meet_every_rule():
     seen = set()
     original = pool_naive.score
 
-    def spy(t, negative, *args, horizon=None, **kwargs):
-        result = original(t, negative, *args, horizon=horizon, **kwargs)
-        seen.update(f"{c} left out" for c in result.copies)
+    def spy(t, negative, owners, tasks, seed, reference, history, *args, horizon=None, window, own_replay_limit,
+            **kwargs):
+        result = original(t, negative, owners, tasks, seed, reference, history, *args, horizon=horizon, window=window,
+                          own_replay_limit=own_replay_limit, **kwargs)
+        real = [c for c in negative if c not in owners]
+        seen.update(f"{c} left out" for c in result.copies if c in real)
+        seen.update("in-round copy" for c in result.copies if not result.matches.get(c))
         seen.update("undetermined" for c in result.unsure if horizon is None)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
+        for c in owners:
+            seen.update({"owned own resubmission"} if c in result.copies else set())
+            seen.update({"owned undetermined"} if c in result.unsure and horizon is None else set())
+            seen.update({"owned settled"} if c not in result.unsure and horizon is not None else set())
+            # an owned copy of its in-round peer is no in-round copy (only participants are) nor one of the pool's
+            seen.update({"owned in-round copy paid"} if c.endswith(":copy") and c not in result.copies
+                        and result.paid[c] > 0 else set())
+        for c, found in result.matches.items():
+            for e in found:
+                whole = sum(negative[c][k] != e.negative[k] for k in tasks)
+                owner = owners.get(c, c)
+                own = all(m.client == owner for m in found)
+                if e.client == owner and whole and own_replay_limit:
+                    seen.add("own replay within a non-zero limit")
+                if e.round < t - window and whole > 0.02 * len(tasks):
+                    seen.add("a copy only the sketch finds")
+                if own and e.round < t - window and whole and not own_replay_limit:
+                    seen.add("an own replay on the sketch alone")
+        if reference is not None and horizon is None:
+            alone = original(t, negative, owners, tasks, seed, None, history, *args, horizon=horizon, window=window,
+                             own_replay_limit=own_replay_limit, **kwargs)
+            seen.update({"a reference determines a round"} if alone.unsure else set())
+            seen.update({"a reference changes a reward"} if alone.paid != result.paid else set())
         return result
 
     pool_naive.score = spy
     try:
-        for seed in range(12):
-            naive_run(federation(seed, 18), [1000 * seed + t for t in range(1, 19)], window=4 if seed % 2 else 10)
+        for seed, long in CASES:
+            settings = case(seed, long)
+            naive_of(federation(seed, coords=settings["coords"], reference=settings["reference"]), settings)
     finally:
         pool_naive.score = original
-    assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", "undetermined", "settled",
-            "charged back", "fined"} <= seen
-    assert f"c{RETRAINER} left out" not in seen
+    assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
+            f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
+            "charged back", "fined", "owned own resubmission", "owned undetermined", "owned settled",
+            "owned in-round copy paid",
+            "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
+            "a reference determines a round", "a reference changes a reward"} <= seen, seen
     # and the verdicts settle some disagreeing pairs otherwise than verdict plus record do
     differing = 0
-    for seed in range(12):
-        rounds, seeds = federation(seed, 18), [1000 * seed + t for t in range(1, 19)]
-        record, first = (naive_run(rounds, seeds, window=4 if seed % 2 else 10, verdict_first=v) for v in (False, True))
-        differing += sum(record[t][c] != first[t][c] for t in range(18) for c in record[t])
+    for seed, long in CASES[:16]:
+        settings = case(seed, long)
+        fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
+        record, first = (naive_of(fed, settings, verdict_first=v) for v in (False, True))
+        differing += sum(record[t][c] != first[t][c] for t in range(ROUNDS) for c in record[t])
     assert differing > 0
+
+
+def test_an_honest_retrain_is_no_replay_under_the_default_limit():
+    """Under ``own_replay_limit`` 0 the retrainer (1 to 3% of its first update's signs turned) is never a copy within
+    the window, where every sign is compared."""
+    from kfca_llm.fl import pool_naive
+
+    original, found = pool_naive.score, []
+
+    def spy(t, negative, owners, tasks, seed, reference, history, *args, window, **kwargs):
+        result = original(t, negative, owners, tasks, seed, reference, history, *args, window=window, **kwargs)
+        found.extend(e for e in result.matches.get(f"c{RETRAINER}", []) if e.round >= t - window)
+        return result
+
+    pool_naive.score = spy
+    try:
+        for seed in range(0, 12, 3):
+            settings = case(seed)
+            naive_of(federation(seed, coords=settings["coords"], reference=settings["reference"]), settings)
+    finally:
+        pool_naive.score = original
+    assert not found
+
+
+def copies_found(rounds: list[dict[str, np.ndarray]], **rules) -> tuple[set[tuple[int, str]], Federation]:
+    """(round, scorer) of the copies the naive reference finds in their rounds in a run of ``rounds`` (and the run as a
+    federation)."""
+    from kfca_llm.fl import pool_naive
+
+    fed = Federation([{c: u.astype(np.float32).tolist() for c, u in r.items()} for r in rounds], [{}] * len(rounds),
+                     [None] * len(rounds), [11 + t for t in range(len(rounds))])
+    original, copies = pool_naive.score, set()
+
+    def spy(t, *args, horizon, **kwargs):
+        result = original(t, *args, horizon=horizon, **kwargs)
+        copies.update((t, c) for c in result.copies if horizon is None)
+        return result
+
+    pool_naive.score = spy
+    try:
+        naive_run(fed.rounds, fed.seeds, **rules)
+    finally:
+        pool_naive.score = original
+    return copies, fed
+
+
+def assert_pays_as_naive(fed: Federation, **rules) -> None:
+    expected = naive_run(fed.rounds, fed.seeds, **rules)
+    paid = real_run(fed, PoolSettings(window=rules.get("window", 10), own_replay_limit=rules["own_replay_limit"]), 0.0)
+    assert paid == [pytest.approx(want, abs=1e-12) for want in expected]
+
+
+def test_an_own_replay_at_exactly_the_limit_is_a_replay():
+    """A resubmission differing from its participant's earlier update in exactly ``own_replay_limit`` of the tasks (5 of
+    250 at 2%) is a replay, as one of another's exactly 2% away is a copy: "within" the limit includes it."""
+    rng = np.random.default_rng(7)
+    first = rng.standard_normal(250)
+    again = first.copy()
+    again[:5] *= -1
+    copies, fed = copies_found([{"a": first, "b": rng.standard_normal(250)},
+                                {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
+                                {"a": again, "e": rng.standard_normal(250)}], own_replay_limit=0.02)
+    assert (3, "a") in copies
+    assert_pays_as_naive(fed, own_replay_limit=0.02)
+
+
+def test_an_own_replay_is_a_copy_first():
+    """An own replay must be within the copy rule's 2% as well as within ``own_replay_limit``: at a limit of 5% a
+    resubmission 3.2% away (8 of 250 signs) is scored as a fresh submission."""
+    rng = np.random.default_rng(8)
+    first = rng.standard_normal(250)
+    again = first.copy()
+    again[:8] *= -1
+    copies, fed = copies_found([{"a": first, "b": rng.standard_normal(250)},
+                                {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
+                                {"a": again, "e": rng.standard_normal(250)}], own_replay_limit=0.05)
+    assert not copies
+    assert_pays_as_naive(fed, own_replay_limit=0.05)
+
+
+def test_no_copy_is_found_while_the_window_holds_no_entry():
+    """Copies of earlier submissions are looked for only while the window (and the round before it) holds a pool entry:
+    after window + 1 rounds that added none (here in-round copies), a byte-identical resubmission of round 1's update
+    is scored as a fresh submission (undetermined, settled later), the sketch notwithstanding."""
+    rng = np.random.default_rng(9)
+    first = rng.standard_normal(256)
+    rounds = [{"a": first, "b": rng.standard_normal(256)}]
+    for t in range(2, 7):
+        twin = rng.standard_normal(256)
+        rounds.append({f"x{t}": twin, f"y{t}": twin})
+    shared = rng.standard_normal(256)  # the later rounds' clients agree: the pool can settle round 7
+    rounds.append({"a": first, "c": shared + rng.standard_normal(256)})
+    rounds += [{f"p{t}": shared + rng.standard_normal(256), f"q{t}": shared + rng.standard_normal(256)}
+               for t in range(8)]
+    copies, fed = copies_found(rounds, window=4, own_replay_limit=0.0)
+    assert (7, "a") not in copies and {(t, c) for t in range(2, 7) for c in (f"x{t}", f"y{t}")} <= copies
+    assert_pays_as_naive(fed, window=4, own_replay_limit=0.0)
+    assert any(naive_run(fed.rounds, fed.seeds, window=4)[6].values())

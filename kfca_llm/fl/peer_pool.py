@@ -328,7 +328,9 @@ def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str],
 
         def kept(pair) -> bool:
             entry = parse_pool_name(pair.peer if pair.client == scorer else pair.client)
-            return 1.0 - pair.agreement <= limit or entry is None or entry[0] != owner[scorer]
+            # agreement is 1 - (differing / tasks) rounded: 1 - agreement can exceed the rate it came from (5 of 250
+            # signs: 0.020000000000000018), 1 - limit rounds the same way as the agreement did.
+            return pair.agreement >= 1.0 - limit or entry is None or entry[0] != owner[scorer]
 
         pairs = tuple(filter(kept, group.pairs))
         if pairs:

@@ -49,7 +49,8 @@ class PoolSettings:
     """The fraction of signs in which a submission may differ from an earlier one of its own participant and still be
     a replay of it (``fl.pool_copies``): 0 where a client may train on the same samples again (FlowerTune's static data
     order); ``DYNAMIC_ORDER_OWN_REPLAY_LIMIT`` (rule 3's 2%) is safe only where every participation trains on other
-    samples (``train.dynamic-data-seed = true``)."""
+    samples (``train.dynamic-data-seed = true``). A replay is a copy by ``DuplicateRule.max_disagreement`` as well:
+    a limit above that acts as it."""
     rank_by: str = "record"
     """How a disagreeing pair is settled (``fl.pool_weights.orientation``): ``"record"``, by each one's verdict plus its
     record; ``"verdict-first"``, by the verdicts alone where they differ by more than ``VERDICT_GATE`` standard errors
