@@ -13,6 +13,7 @@ from .checkpoints import AdapterFile, check_same_tensors, client_paths, open_ada
 from .engine.duplicates import DuplicateRule, check_duplicate_policy, find_duplicates
 from .engine.labels import LabelRound
 from .engine.layout import FlatUpdate, Layout
+from .engine.public import PublicConditioning
 from .engine.stats import PairPayment, label_pair_payments
 from .errors import InputError
 from .kernels.intrinsics import WORD_BITS
@@ -69,7 +70,8 @@ def _device_of(state_dicts: Mapping[str, Mapping]):
 def score_updates(updates: Mapping[str, object], *, peers: int | None = None, seed: int = 0,
                   penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
                   pairs: Sequence[tuple[str, str]] | None = None, duplicates: str = "zero",
-                  copy_candidates: Sequence[str] | None = None) -> RewardReport:
+                  copy_candidates: Sequence[str] | None = None, public: Sequence[Mapping] | None = None,
+                  conditioning: PublicConditioning = PublicConditioning()) -> RewardReport:
     """KFCA-QP rewards of adapter updates: each coordinate is a task, the report is its sign.
 
     ``updates`` maps client id -> state dict (name -> tensor, any float dtype, CPU or CUDA), ``FlatUpdate``
@@ -82,10 +84,16 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     the copy; ``"split"``: a group is paid as one client; ``"flag"``: report only). The rewards before
     the policy stay in ``report.unadjusted_rewards`` for review. ``copy_candidates`` restricts detection
     to those client ids (None: every client).
+
+    ``public``: the public trajectory, the global adapter's recent steps (state dicts shaped like the updates,
+    oldest first, the newest last). The penalty is then drawn within strata of what those steps say about each
+    coordinate (``engine.public``; ``conditioning`` picks how many steps and magnitude buckets), so a report
+    the trajectory predicts (a free rider's replay of it) earns 0 in expectation. Without ``public`` (or with
+    an empty list) the rewards are those without conditioning, bit for bit.
     """
     return pack_updates(updates, backend=backend).score(
         peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs, duplicates=duplicates,
-        copy_candidates=copy_candidates)
+        copy_candidates=copy_candidates, public=public, conditioning=conditioning)
 
 
 def pack_updates(updates: Mapping[str, object], *, backend: str = "auto") -> SignPacker:
