@@ -41,7 +41,7 @@ class PublicConditioning:
     """How scoring conditions on the public trajectory: ``steps`` newest global steps (0: off, today's
     rewards bit for bit) and ``magnitude_buckets`` quantile buckets of the newest step's magnitude."""
 
-    steps: int = 2
+    steps: int = 3
     magnitude_buckets: int = 2
 
     def __post_init__(self):
