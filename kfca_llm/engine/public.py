@@ -148,16 +148,20 @@ def magnitude_bucket_bits(magnitude: torch.Tensor, buckets: int) -> list[torch.T
     """Bit planes (least significant first) of each value's quantile bucket within ``magnitude``."""
     if buckets == 1:
         return []
-    ordered = torch.sort(magnitude).values
-    n = ordered.numel()
-    bucket = torch.zeros(n, dtype=torch.int64, device=magnitude.device)
+    n = magnitude.numel()
+    bucket = torch.zeros(n, dtype=torch.uint8, device=magnitude.device)
     for q in range(1, buckets):
-        bucket += magnitude >= ordered[min(q * n // buckets, n - 1)]
+        # The (q n // Q)-th smallest value (0-based): an element, found by selection, not a full sort.
+        threshold = torch.kthvalue(magnitude, min(q * n // buckets, n - 1) + 1).values
+        bucket += magnitude >= threshold
     return [((bucket >> b) & 1).bool() for b in range(int(math.log2(buckets)))]
 
 
 def pack_planes(bits: torch.Tensor) -> torch.Tensor:
-    """bool [P, 32 w] -> int32 [P, w]: bit e % 32 of word e // 32, as the sign words."""
-    lanes = torch.arange(WORD_BITS, dtype=torch.int64, device=bits.device)
-    words = (bits.reshape(bits.shape[0], -1, WORD_BITS).to(torch.int64) << lanes).sum(dim=-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    """bool [P, 32 w] -> int32 [P, w]: bit e % 32 of word e // 32, as the sign words. Packed a byte at a time
+    (bit e % 8 of byte e // 8), and four bytes read as one little-endian int32 word: the same bit order."""
+    lanes = torch.arange(8, dtype=torch.uint8, device=bits.device)
+    packed = (bits.reshape(bits.shape[0], -1, 8).to(torch.uint8) << lanes).sum(dim=-1, dtype=torch.uint8)
+    words = packed.reshape(bits.shape[0], -1, 4).to(torch.int32) << torch.arange(0, 32, 8, device=bits.device,
+                                                                                   dtype=torch.int32)
+    return words[..., 0] | words[..., 1] | words[..., 2] | words[..., 3]

@@ -34,6 +34,7 @@ import torch
 
 from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
 from ..attacks_public import public_windows
+from ..api import update_from_reference
 from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
 from ..tensors import StateDict
@@ -101,8 +102,9 @@ SERVER_SENT = "@server"
 
 
 def public_steps(globals_sent: Sequence[StateDict]) -> list[StateDict]:
-    """The steps between consecutive globals (oldest first): what the server's public trajectory says."""
-    return [{name: new[name].double() - old[name].double() for name in new}
+    """The steps between consecutive globals (oldest first): what the server's public trajectory says; each
+    difference as ``score_checkpoints`` takes it from saved globals (``api.update_from_reference``)."""
+    return [{name: update_from_reference(new[name], old[name]) for name in new}
             for old, new in zip(globals_sent, globals_sent[1:])]
 
 
