@@ -153,3 +153,39 @@ def test_bad_public_steps_are_refused_naming_the_step_and_tensor(rng):
 def test_conditioning_settings_are_validated(steps, buckets):
     with pytest.raises(InputError):
         PublicConditioning(steps=steps, magnitude_buckets=buckets)
+
+
+def test_saved_globals_give_the_steps_score_updates_takes(rng, tmp_path, capsys):
+    """``kfca-llm score ... --reference GLOBAL --public EARLIER ...`` (and ``score_checkpoints``) pay what
+    ``score_updates`` pays with the differences of consecutive globals ending at the reference, oldest first."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from kfca_llm.api import score_checkpoints, update_from_reference
+    from kfca_llm.cli import main
+
+    globals_ = [{k: torch.from_numpy(rng.normal(size=s).astype(np.float32)) for k, s in SHAPES.items()}]
+    for _ in range(4):
+        globals_.append({k: v + torch.from_numpy(rng.normal(size=v.shape).astype(np.float32))
+                         for k, v in globals_[-1].items()})
+    paths = []
+    for i, g in enumerate(globals_):
+        paths.append(tmp_path / f"global{i}.safetensors")
+        save_file(g, str(paths[-1]))
+    steps = [{k: new[k] - old[k] for k in SHAPES} for old, new in zip(globals_, globals_[1:])]
+    updates = _round(rng, steps)
+    clients = []
+    for name, update in updates.items():
+        clients.append(tmp_path / f"{name.replace(':', '_')}.safetensors")
+        save_file({k: (globals_[-1][k] + v.float()).contiguous() for k, v in update.items()}, str(clients[-1]))
+    report = score_checkpoints(clients, reference=paths[-1], public=paths[:-1], seed=4)
+    as_read = {p.stem: {k: update_from_reference(v, globals_[-1][k]) for k, v in load_file(str(p)).items()}
+               for p in clients}
+    expected = score_updates(as_read, seed=4, backend="cpu", public=steps[-3:])
+    assert report.rewards == expected.rewards and report.tasks["public_strata"] == 16
+    assert main(["score", *map(str, clients), "--reference", str(paths[-1]), "--public", *map(str, paths[:-1]),
+                 "--seed", "4", "--json", str(tmp_path / "r.json")]) == 0
+    assert json.loads((tmp_path / "r.json").read_text())["rewards"] == pytest.approx(report.rewards, abs=0)
+    with pytest.raises(InputError, match="needs the reference"):
+        score_checkpoints(clients, public=paths[:-1])
