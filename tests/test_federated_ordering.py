@@ -125,3 +125,18 @@ def test_a_report_just_past_a_margin_fails_that_expectation(report, tmp_path, ca
     assert code == 1
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("FAILED ")] == [f"FAILED {broken}"]
     assert "8/9 expectations hold" in out
+
+
+FREE_RIDERS = ("free-ride:1", "free-ride:2", "free-ride-flip:1", "free-ride-noise:0.05", "free-ride-signs:1")
+
+
+def test_the_free_riders_earn_at_most_a_tenth_of_honest_and_less_than_sparse(report):
+    """The default run scores conditioned on the globals the server sent (kfca.public-steps): a free rider replaying
+    them is paid about 0 (measured at most 2% of honest; with the steps a round late 35%, reversed 26%: the test
+    fails when simulate hands scoring the wrong steps), and less than sparse:0.25, whose information is real."""
+    honest = mean(report, "honest")
+    for spec in FREE_RIDERS:
+        assert abs(mean(report, spec)) <= 0.1 * honest, spec
+        assert mean(report, spec) < mean(report, "sparse:0.25"), spec
+    honest_rounds = [sum(r["honest_rewards"].values()) / len(r["honest_rewards"]) for r in report["round_records"]]
+    assert min(honest_rounds) > 0
