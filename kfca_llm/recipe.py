@@ -26,7 +26,6 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
                       ValidationError, field_validator, model_validator)
 
 from .attacks import resolve_attack, resolve_attacks
-from .engine.public import PublicConditioning
 from .errors import InputError
 from .partition import Penalty
 
@@ -185,8 +184,11 @@ class KfcaConfig(_Section):
         return self
 
     @property
-    def conditioning(self) -> PublicConditioning:
-        """The ``PublicConditioning`` of these keys (``public-steps = 0``: off)."""
+    def conditioning(self):
+        """The ``PublicConditioning`` of these keys (``public-steps = 0``: off). Imported here: validating a recipe
+        must not import torch (``engine`` does)."""
+        from .engine.public import PublicConditioning
+
         return PublicConditioning(steps=self.public_steps, magnitude_buckets=self.public_buckets)
 
     @field_validator("attacks")
