@@ -141,7 +141,8 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
         raise InputError("public (earlier global adapters) needs the reference: the global the clients trained from")
     earlier = [open_adapter(path, f"<public {i}>") for i, path in enumerate(public or ())]
     shapes = check_same_tensors(files, ref)
-    check_same_tensors(earlier, ref)
+    if earlier:
+        check_same_tensors(earlier, ref)
     packer = SignPacker(shapes, [f.client for f in files], backend=backend, device=device)
     base = None
     if ref is not None:

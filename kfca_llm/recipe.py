@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       ValidationError, field_validator, model_validator)
 
+from . import attacks_public  # noqa: F401  registers the free riders: recipes may list them (torch-free)
 from .attacks import resolve_attack, resolve_attacks
 from .errors import InputError
 from .partition import Penalty
