@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      ValidationError, field_validator, model_validator)
+                      ValidationError, field_validator)
 
 from . import attacks_public  # noqa: F401  registers the free riders: recipes may list them (torch-free)
 from .attacks import resolve_attack, resolve_attacks
@@ -176,13 +176,6 @@ class KfcaConfig(_Section):
         if buckets & (buckets - 1):
             raise ValueError(f"public-buckets must be a power of two (1, 2, 4, 8, 16), got {buckets}")
         return buckets
-
-    @model_validator(mode="after")
-    def _expected_penalty_with_public_steps(self) -> "KfcaConfig":
-        if self.public_steps and self.penalty == "sampled":
-            raise ValueError('kfca.penalty = "sampled" draws penalty tasks from the whole of M_1 and M_2, not within '
-                             "public strata: set kfca.public-steps = 0 with it (or keep the expected penalty)")
-        return self
 
     @property
     def conditioning(self):

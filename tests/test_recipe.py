@@ -249,7 +249,17 @@ def test_public_conditioning_keys_are_validated():
     from kfca_llm.recipe import RecipeError, load_recipe
 
     assert load_recipe(None, ["kfca.public-steps=0"]).kfca.conditioning.enabled is False
-    for bad in ("kfca.public-steps=5", "kfca.public-buckets=3", 'kfca.penalty="sampled"'):
+    for bad in ("kfca.public-steps=5", "kfca.public-buckets=3"):
         with pytest.raises(RecipeError):
             load_recipe(None, [bad])
-    assert load_recipe(None, ['kfca.penalty="sampled"', "kfca.public-steps=0"]).kfca.penalty == "sampled"
+
+
+def test_simulate_refuses_the_sampled_penalty_with_public_steps_before_training():
+    """The Flower app does not condition yet, so the recipe accepts the pair; simulate refuses it at once."""
+    from kfca_llm.errors import InputError
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+    from kfca_llm.recipe import load_recipe
+
+    recipe = load_recipe(None, ['kfca.penalty="sampled"'])
+    with pytest.raises(InputError, match="public-steps = 0"):
+        run_federation(recipe, FederationOptions(progress=False))
