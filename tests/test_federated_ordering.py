@@ -138,3 +138,12 @@ def test_the_free_riders_earn_at_most_a_tenth_of_honest_and_less_than_sparse(rep
         assert mean(report, spec) < mean(report, "sparse:0.25"), spec
     honest_rounds = [sum(r["honest_rewards"].values()) / len(r["honest_rewards"]) for r in report["round_records"]]
     assert min(honest_rounds) > 0
+
+
+def test_the_shipped_free_rider_expectations_hold_on_the_tiny_run(report, tmp_path, capsys):
+    code, out = check(report, tmp_path, capsys, "--expect", "free-riders")
+    assert code == 0 and "4/4 expectations hold" in out, out
+    doctored = copy.deepcopy(report)
+    shift_mean(doctored, "free-ride:2", 0.11 * mean(report, "honest"))
+    code, out = check(doctored, tmp_path, capsys, "--expect", "free-riders")
+    assert code == 1 and "FAILED a longer replay too" in out
