@@ -225,9 +225,6 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     from ..data import load_client_datasets, load_heldout_examples, load_reference_examples
     from ..modeling import load_model_and_tokenizer
 
-    if recipe.kfca.public_steps and recipe.kfca.penalty == "sampled":  # before any training
-        raise InputError('kfca.penalty = "sampled" draws penalty tasks from the whole of M_1 and M_2, not within '
-                         "public strata: set kfca.public-steps = 0 with it (or keep the expected penalty)")
     procs = Processes(cpu=options.cpu)
     seed = recipe.kfca.seed
     analysis = resolve_attacks(recipe.kfca.attacks)
@@ -270,6 +267,9 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             pool = load_pool(out_dir, done, pool.settings)
             start = done + 1
 
+    if recipe.kfca.public_steps and recipe.kfca.penalty == "sampled":  # after a resume's checks, before any training
+        raise InputError('kfca.penalty = "sampled" draws penalty tasks from the whole of M_1 and M_2, not within '
+                         "public strata: set kfca.public-steps = 0 with it (or keep the expected penalty)")
     T = recipe.num_server_rounds
     show = options.progress and procs.is_main
     rounds_bar = tqdm(total=T, initial=start - 1, desc="rounds", unit="round", disable=not show)
