@@ -251,3 +251,9 @@ def test_honest_repeats_benchmark_smoke(run_script):
     static, dynamic = (float(re.search(r"all \d+ pairs: smallest ([0-9.]+)", part).group(1))
                        for part in printed.split("## data order: ")[1:])
     assert "static" in printed.split("## data order: ")[1][:10] and 0 < static < dynamic
+
+
+def test_public_conditioning_benchmark_small(run_script):
+    """bench_public.py: the stratum counts' cost beside the Gram counts', in one run (benchmarks/FREE_RIDERS.md)."""
+    printed = run_script(["benchmarks/bench_public.py", "--clients", "3", "--coords", "40000", "--repeats", "1"])
+    assert "| gram counts (every pair) |" in printed and "16 strata" in printed and "x gram counts" in printed
