@@ -103,6 +103,10 @@ def _variants() -> dict[str, list[Variant]]:
         "sign_pack._pack_tails_kernel": [_tails(d) for d in floats],
         "pair_counts._gram_tiles_kernel": gram,
         "pair_counts._set_planes_kernel": [Variant("", dict(BLOCK_WORDS=256), 256 * 32, _PENALTY_TYPES)],
+        # stratum counts (issue 43): per pass, one word per thread of each of the TILE clients, the 3 set planes and
+        # the 4 public planes of the default 3 steps x 2 buckets
+        "stratum_counts._strata_kernel": [Variant("4 planes, tile 8", dict(N_PLANES=4, TILE=8, BLOCK=128),
+                                                  (8 + 3 + 4) * 128 * 32, {"partial_ptr": "*i64", "sizes_ptr": "*i64"})],
         # sampled penalty (tile sizes of its launchers on a GPU): per pass, the task bits of a block; one
         # client's sign bits of a block; the draws of a [pairs x block] tile; the values of a tile.
         "sampled_penalty._set_sizes_kernel": [Variant("", dict(BLOCK_WORDS=32), 32 * 32, _PENALTY_TYPES)],

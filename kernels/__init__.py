@@ -1,6 +1,6 @@
 """Every compute kernel of the project, installed as ``kfca_llm.kernels``: one folder per operation.
 
-``sign_pack/``, ``pair_counts/``, ``sampled_penalty/`` and ``labels/`` each hold the numpy reference
+``sign_pack/``, ``pair_counts/``, ``stratum_counts/``, ``sampled_penalty/`` and ``labels/`` each hold the numpy reference
 (``reference.py``), the numba CPU kernel (``cpu.py``) and, where there is one, the Triton kernel
 (``triton.py``) side by side; they agree bit for bit (``tests/kernels/``). ``intrinsics/`` holds what
 the kernels of one family share (the partition hash, popcount), ``numba_setup.py`` the numba settings.

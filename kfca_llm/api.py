@@ -13,6 +13,7 @@ from .checkpoints import AdapterFile, check_same_tensors, client_paths, open_ada
 from .engine.duplicates import DuplicateRule, check_duplicate_policy, find_duplicates
 from .engine.labels import LabelRound
 from .engine.layout import FlatUpdate, Layout
+from .engine.public import PublicConditioning
 from .engine.stats import PairPayment, label_pair_payments
 from .errors import InputError
 from .kernels.intrinsics import WORD_BITS
@@ -69,7 +70,8 @@ def _device_of(state_dicts: Mapping[str, Mapping]):
 def score_updates(updates: Mapping[str, object], *, peers: int | None = None, seed: int = 0,
                   penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
                   pairs: Sequence[tuple[str, str]] | None = None, duplicates: str = "zero",
-                  copy_candidates: Sequence[str] | None = None) -> RewardReport:
+                  copy_candidates: Sequence[str] | None = None, public: Sequence[Mapping] | None = None,
+                  conditioning: PublicConditioning = PublicConditioning()) -> RewardReport:
     """KFCA-QP rewards of adapter updates: each coordinate is a task, the report is its sign.
 
     ``updates`` maps client id -> state dict (name -> tensor, any float dtype, CPU or CUDA), ``FlatUpdate``
@@ -82,10 +84,16 @@ def score_updates(updates: Mapping[str, object], *, peers: int | None = None, se
     the copy; ``"split"``: a group is paid as one client; ``"flag"``: report only). The rewards before
     the policy stay in ``report.unadjusted_rewards`` for review. ``copy_candidates`` restricts detection
     to those client ids (None: every client).
+
+    ``public``: the public trajectory, the global adapter's recent steps (state dicts shaped like the updates,
+    oldest first, the newest last). The penalty is then drawn within strata of what those steps say about each
+    coordinate (``engine.public``; ``conditioning`` picks how many steps and magnitude buckets), so a report
+    the trajectory predicts (a free rider's replay of it) earns 0 in expectation. Without ``public`` (or with
+    an empty list) the rewards are those without conditioning, bit for bit.
     """
     return pack_updates(updates, backend=backend).score(
         peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs, duplicates=duplicates,
-        copy_candidates=copy_candidates)
+        copy_candidates=copy_candidates, public=public, conditioning=conditioning)
 
 
 def pack_updates(updates: Mapping[str, object], *, backend: str = "auto") -> SignPacker:
@@ -108,7 +116,8 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
                       reference: str | os.PathLike | None = None, peers: int | None = None, seed: int = 0,
                       penalty: str = "expected", bonus_fraction: float = 0.5, backend: str = "auto",
                       device=None, pairs: Sequence[tuple[str, str]] | None = None,
-                      duplicates: str = "zero") -> RewardReport:
+                      duplicates: str = "zero", public: Sequence[str | os.PathLike] | None = None,
+                      conditioning: PublicConditioning = PublicConditioning()) -> RewardReport:
     """KFCA-QP rewards of adapter checkpoints (PEFT directories or .safetensors files).
 
     With ``reference`` (the previous global adapter) a client's update is its adapter minus the
@@ -119,12 +128,21 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
     file are caught as identical reports). Without ``reference``, inputs that are all copies of each other
     (full adapters trained from one global adapter keep its signs almost everywhere) are scored as such, with
     a warning in ``report.warnings`` that names the reference as the likely fix.
+
+    ``public``: earlier global adapters (oldest first) before ``reference``; the public steps are the differences of
+    consecutive globals ending at ``reference`` (the newest step: ``reference`` minus the last of ``public``), and
+    the penalty is conditioned on them as in ``score_updates`` (``conditioning``).
     """
     files = [open_adapter(path, client) for client, path in client_paths(paths).items()]
     if len(files) < 2:
         raise InputError(f"need at least two clients to score, got {len(files)}")
     ref = open_adapter(reference, "<reference>") if reference is not None else None
+    if public and ref is None:
+        raise InputError("public (earlier global adapters) needs the reference: the global the clients trained from")
+    earlier = [open_adapter(path, f"<public {i}>") for i, path in enumerate(public or ())]
     shapes = check_same_tensors(files, ref)
+    if earlier:
+        check_same_tensors(earlier, ref)
     packer = SignPacker(shapes, [f.client for f in files], backend=backend, device=device)
     base = None
     if ref is not None:
@@ -141,9 +159,25 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
                 update = {name: update_from_reference(update[name], base[name]) for name in update}
         packer.add_many(file.client, update)
         del update
+    steps = _public_steps(earlier, ref, base, packer.layout, device, conditioning) if earlier else None
     report = packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
-                          duplicates=duplicates)
+                          duplicates=duplicates, public=steps, conditioning=conditioning)
     return _warn_if_all_copies(report, with_reference=ref is not None)
+
+
+def _public_steps(earlier: Sequence[AdapterFile], ref: AdapterFile, base, layout: Layout, device,
+                  conditioning: PublicConditioning) -> list[dict[str, torch.Tensor]]:
+    """The steps between consecutive globals (oldest first) ending at the reference; only the newest
+    ``conditioning.steps`` earlier globals are read."""
+    globals_ = []
+    for file in list(earlier)[len(earlier) - min(conditioning.steps, len(earlier)):]:
+        with open(file.path, "rb") as handle:
+            adapter = _read_update(file, handle, layout, device)
+        _check_finite_reference(file, adapter)
+        globals_.append(adapter)
+    globals_.append(base)
+    return [{slot.name: update_from_reference(new[slot.name], old[slot.name]) for slot in layout.slots}
+            for old, new in zip(globals_, globals_[1:])]
 
 
 def _warn_if_all_copies(report: RewardReport, *, with_reference: bool) -> RewardReport:

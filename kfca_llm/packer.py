@@ -14,6 +14,7 @@ calls, and a flat buffer (or a ``FlatUpdate``) costs it the same whatever the nu
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Mapping, Sequence
 
@@ -23,6 +24,7 @@ import torch
 from .engine.backends import Backend, PackedBuffers, get_backend
 from .engine.duplicates import DuplicateGroup, DuplicateRule, check_duplicate_policy, disagreement_counts, find_duplicates
 from .engine.layout import FlatUpdate, Layout
+from .engine.public import OFF, PublicConditioning, PublicPlanes, public_planes
 from .engine.stats import PairPayment, joint_tables, pair_payments
 from .errors import InputError
 from .partition import check_bonus_fraction, check_penalty, check_seed, peer_pairs
@@ -195,8 +197,14 @@ class SignPacker:
     def score(self, *, peers: int | None = None, seed: int = 0, penalty: str = "expected",
               bonus_fraction: float = 0.5, pairs: Sequence[tuple[str, str]] | None = None,
               duplicates: str = "zero", duplicate_rule: DuplicateRule = DuplicateRule(),
-              copy_candidates: Sequence[str] | None = None) -> RewardReport:
+              copy_candidates: Sequence[str] | None = None, public: Sequence[Mapping] | PublicPlanes | None = None,
+              conditioning: PublicConditioning = PublicConditioning()) -> RewardReport:
         """Rewards of every client against ``peers`` (all others when None) or the explicit ``pairs``.
+
+        ``public``: the global's recent steps (state dicts of this layout, oldest first, the newest last) or their
+        packed ``PublicPlanes``; the expected penalty is then drawn within strata of that public information
+        (``engine.public``, ``conditioning``), so a report the public steps predict earns 0 in expectation.
+        Without steps (or ``conditioning.steps == 0``) the rewards are those of no ``public`` bit for bit.
 
         Copies among the clients (``engine.duplicates``) are listed in ``report.duplicates``;
         ``duplicates="zero"`` (default) pays each group of copies nothing (the detector cannot tell the
@@ -213,7 +221,14 @@ class SignPacker:
         index_pairs = self._scored_pairs(peers, seed, pairs)
         # Every pair is counted, not only the scored ones: copy detection compares each client with all
         # others (a copier need not be drawn as its victim's peer to be paid for the copy).
+        planes = self.public_planes(public, conditioning)
+        if planes is not None and penalty == "sampled":
+            raise InputError('penalty="sampled" draws its penalty tasks from the whole of M_1 and M_2; with public '
+                             'steps use penalty="expected" (the draws within a stratum are not implemented)')
         counts = self.backend.round_counts(self.buffers, seed, bonus_fraction)
+        if planes is not None:
+            negatives, sizes = self.backend.stratum_counts(self.buffers, seed, bonus_fraction, planes.words)
+            counts = dataclasses.replace(counts, strata_negatives=negatives, strata_sizes=sizes)
         groups = self._duplicates(counts, duplicate_rule, copy_candidates)
         matches = None
         if penalty == "sampled":
@@ -228,9 +243,21 @@ class SignPacker:
             terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
             backend=self.backend.name, labels=SIGN_LABELS,
             tasks={"coordinates": self.layout.n_coords, "tasks": sum(sizes), "bonus": sizes[0],
-                   "penalty_1": sizes[1], "penalty_2": sizes[2]},
+                   "penalty_1": sizes[1], "penalty_2": sizes[2],
+                   **({} if planes is None else {"public_steps": planes.steps, "public_strata": 1 << planes.n_planes})},
             duplicates=groups, duplicate_policy=duplicates,
         )
+
+    def public_planes(self, public, conditioning: PublicConditioning = PublicConditioning()) -> PublicPlanes | None:
+        """``public`` (steps, oldest first, or already packed planes) as the planes ``score`` counts strata with;
+        None when there is nothing to condition on."""
+        if not isinstance(conditioning, PublicConditioning):
+            raise InputError(f"conditioning must be a PublicConditioning, got {type(conditioning).__name__}")
+        if public is None or conditioning == OFF or not conditioning.enabled:
+            return None
+        if isinstance(public, PublicPlanes):
+            return public if public.n_planes else None
+        return public_planes(self.layout, public, conditioning, self.buffers.device)
 
     def find_duplicates(self, rule: DuplicateRule = DuplicateRule(),
                         copy_candidates: Sequence[str] | None = None) -> tuple[DuplicateGroup, ...]:

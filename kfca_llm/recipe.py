@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       ValidationError, field_validator)
 
+from . import attacks_public  # noqa: F401  registers the free riders: recipes may list them (torch-free)
 from .attacks import resolve_attack, resolve_attacks
 from .errors import InputError
 from .partition import Penalty
@@ -163,6 +164,26 @@ class KfcaConfig(_Section):
     # from the global adapter; that update is a peer of every client with weight reference-weight (0 rows: off).
     reference_rows: StrictInt = Field(0, ge=0)
     reference_weight: StrictFloat = Field(4.0, ge=0.0)
+    # Pay only for agreement the public trajectory does not predict (kfca_llm.engine.public): the penalty is drawn
+    # within strata of the last public-steps steps of the global adapter (their cumulative signs) and
+    # public-buckets quantile buckets of the newest step's magnitude. 0 steps: off (the paper's rewards).
+    public_steps: StrictInt = Field(3, ge=0, le=4)
+    public_buckets: StrictInt = Field(2, ge=1, le=16)
+
+    @field_validator("public_buckets")
+    @classmethod
+    def _power_of_two(cls, buckets: int) -> int:
+        if buckets & (buckets - 1):
+            raise ValueError(f"public-buckets must be a power of two (1, 2, 4, 8, 16), got {buckets}")
+        return buckets
+
+    @property
+    def conditioning(self):
+        """The ``PublicConditioning`` of these keys (``public-steps = 0``: off). Imported here: validating a recipe
+        must not import torch (``engine`` does)."""
+        from .engine.public import PublicConditioning
+
+        return PublicConditioning(steps=self.public_steps, magnitude_buckets=self.public_buckets)
 
     @field_validator("attacks")
     @classmethod

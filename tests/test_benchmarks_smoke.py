@@ -121,6 +121,8 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     assert {name: row["popc"] for name, row in gram.items()} == {
         "pair_counts._gram_tiles_kernel[tile 2]": 3 * (4 + 3), "pair_counts._gram_tiles_kernel[tile 4]": 3 * (16 + 10)}
     assert by_name["sampled_penalty._planes_kernel"]["popc"] > 0  # member counts per word
+    # stratum counts: per pass one popcount per set and client of the tile, and per set for the sizes
+    assert by_name["stratum_counts._strata_kernel[4 planes, tile 8]"]["popc"] == 3 * (8 + 1)
     element_loads = _inspect("--element-loads")
     words = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_words_kernel")}
     assert len(words) == 5 and all(vector > 0 and scalar == 0 for vector, scalar in words.values()), words
@@ -258,3 +260,9 @@ def test_honest_repeats_benchmark_smoke(run_script):
     static, dynamic = (float(re.search(r"all \d+ pairs: smallest ([0-9.]+)", part).group(1))
                        for part in printed.split("## data order: ")[1:])
     assert "static" in printed.split("## data order: ")[1][:10] and 0 < static < dynamic
+
+
+def test_public_conditioning_benchmark_small(run_script):
+    """bench_public.py: the stratum counts' cost beside the Gram counts', in one run (benchmarks/FREE_RIDERS.md)."""
+    printed = run_script(["benchmarks/bench_public.py", "--clients", "3", "--coords", "40000", "--repeats", "1"])
+    assert "| gram counts (every pair) |" in printed and "16 strata" in printed and "x gram counts" in printed

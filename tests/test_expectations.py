@@ -106,4 +106,4 @@ def test_a_bad_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["check", str(tmp_path), "--expect", str(bad)]) == 2
     assert "not valid TOML" in capsys.readouterr().err
     assert main(["check", str(tmp_path), "--expect", "no-such-file"]) == 2
-    assert "shipped: paper-llm" in capsys.readouterr().err
+    assert "shipped: free-riders, paper-llm" in capsys.readouterr().err

@@ -130,7 +130,10 @@ def test_saved_client_updates_score_like_the_run(short_federation):
     for r in result.rounds:
         folder = updates_dir(out, r.round)
         assert sorted(p.name for p in folder.iterdir()) == sorted(["global", *r.clients])
-        report = score_checkpoints([folder / c for c in r.clients], reference=folder / "global", seed=r.kfca_seed)
+        # The run conditions on the globals it sent (kfca.public-steps): the earlier rounds' saved globals.
+        public = [updates_dir(out, t) / "global" for t in range(1, r.round)]
+        report = score_checkpoints([folder / c for c in r.clients], reference=folder / "global", seed=r.kfca_seed,
+                                   public=public)
         # Same updates up to float32 rounding of (global + update) - global: the same sign of reward.
         for c in r.clients:
             assert report.rewards[c] == pytest.approx(r.honest_rewards[c], abs=0.02)

@@ -3,14 +3,15 @@
 a user's CI runs.
 
 The tiny run is shared by the session (``tiny_federation`` in conftest.py). The file's margins are shares of the
-run's honest reward h (about 0.21 here), which at this regime are what the regression has always used (a change
+run's honest reward h (about 0.18 here), which at this regime are what the regression has always used (a change
 of torch numerics cannot cross them, a real regression does):
 
 * honest beats every attack by more than 0.15 h (about 0.03; measured: 0.055 over sparse:0.75), and is paid;
 * sparse:0.75 > sparse:0.5 > sparse:0.25 > 0 by more than 0.1 h (about 0.02; measured >= 0.05);
-* lagged:2 >= lagged:3 >= lagged:4 >= lagged:5 >= stale may tie within 0.01 h (about 0.002; measured steps
-  0.009-0.017, smallest over seeds 0-5 about 0.004), but lagged:2 - stale > 0.1 h (measured 0.047): a lag that
-  stops mattering (every lag the same update) or runs backwards (oldest for the shortest lag) fails;
+* lagged:2 >= lagged:5 >= stale may tie within 0.03 h (scored conditioned on the public trajectory, the default,
+  the full chain lagged:2..5 no longer holds: lagged:3 lies inside the public steps), and lagged:2 earns at most
+  0.6 h (measured 0.27 h; 0.49 h before the conditioning): a lag that runs backwards (the oldest for the shortest
+  lag) or stops costing (a replay paid like a fresh update) fails;
 * |zero|, |random| < 0.1 h (chance agreement, per-round noise about 0.005);
 * flip < -0.5 x honest (KFCA pays a flipper the negative of the honest reward);
 * the categorical-world condition for every honest pair in every round.
@@ -61,8 +62,9 @@ def mean(report, spec):
 
 
 H = 0.15  # "honest above every attack": margin 0.15 x honest
-STEP = 0.1  # sparse steps, "a lag costs reward", |zero| and |random|: 0.1 x honest
-TIE = 0.01  # "older updates earn less": tolerance 0.01 x honest
+STEP = 0.1  # sparse steps, |zero| and |random|: 0.1 x honest
+TIE = 0.03  # "older updates earn less": tolerance 0.03 x honest
+LAG = 0.4  # "a lag costs reward": honest - lagged:2 above 0.4 x honest
 
 
 def _honest(r):
@@ -79,13 +81,11 @@ def _sparse_floor(r):
 
 
 def _lag_backwards(r):
-    shift_mean(r, "lagged:4", mean(r, "lagged:3") + 1.05 * TIE * mean(r, "honest"))
+    shift_mean(r, "lagged:5", mean(r, "lagged:2") + 1.05 * TIE * mean(r, "honest"))
 
 
 def _lag_free(r):
-    shift_mean(r, "stale", mean(r, "lagged:2") - 0.95 * STEP * mean(r, "honest"))
-    for spec in ("lagged:3", "lagged:4", "lagged:5"):
-        shift_mean(r, spec, mean(r, "lagged:2") - 0.5 * STEP * mean(r, "honest"))
+    shift_mean(r, "lagged:2", (1 - 0.95 * LAG) * mean(r, "honest"))
 
 
 def _zero(r):
@@ -123,3 +123,27 @@ def test_a_report_just_past_a_margin_fails_that_expectation(report, tmp_path, ca
     assert code == 1
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("FAILED ")] == [f"FAILED {broken}"]
     assert "8/9 expectations hold" in out
+
+
+FREE_RIDERS = ("free-ride:1", "free-ride:2", "free-ride-flip:1", "free-ride-noise:0.05", "free-ride-signs:1")
+
+
+def test_the_free_riders_earn_at_most_a_tenth_of_honest_and_less_than_sparse(report):
+    """The default run scores conditioned on the globals the server sent (kfca.public-steps): a free rider replaying
+    them is paid about 0 (measured at most 2% of honest; with the steps a round late 35%, reversed 26%: the test
+    fails when simulate hands scoring the wrong steps), and less than sparse:0.25, whose information is real."""
+    honest = mean(report, "honest")
+    for spec in FREE_RIDERS:
+        assert abs(mean(report, spec)) <= 0.1 * honest, spec
+        assert mean(report, spec) < mean(report, "sparse:0.25"), spec
+    honest_rounds = [sum(r["honest_rewards"].values()) / len(r["honest_rewards"]) for r in report["round_records"]]
+    assert min(honest_rounds) > 0
+
+
+def test_the_shipped_free_rider_expectations_hold_on_the_tiny_run(report, tmp_path, capsys):
+    code, out = check(report, tmp_path, capsys, "--expect", "free-riders")
+    assert code == 0 and "4/4 expectations hold" in out, out
+    doctored = copy.deepcopy(report)
+    shift_mean(doctored, "free-ride:2", 0.11 * mean(report, "honest"))
+    code, out = check(doctored, tmp_path, capsys, "--expect", "free-riders")
+    assert code == 1 and "FAILED a longer replay too" in out

@@ -23,7 +23,10 @@ def test_tiny_recipe_parses_with_the_documented_shape():
     assert clients_per_round(r) >= 2
     assert r.kfca.peers is None
     assert r.kfca.attacks == ("honest", "stale", "lagged:2", "lagged:3", "lagged:4", "lagged:5",
-                              "sparse:0.75", "sparse:0.5", "sparse:0.25", "flip", "zero", "random")
+                              "sparse:0.75", "sparse:0.5", "sparse:0.25", "flip", "zero", "random",
+                              "free-ride:1", "free-ride:2", "free-ride-flip:1", "free-ride-noise:0.05",
+                              "free-ride-signs:1")
+    assert (r.kfca.public_steps, r.kfca.public_buckets) == (3, 2)
     assert r.model.lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -240,3 +243,23 @@ def test_the_data_order_is_flowertunes_static_one_unless_a_recipe_asks_for_a_dyn
     assert train_seed(0, 1, 3, False) == train_seed(0, 7, 3, False) != train_seed(0, 1, 4, False)
     assert train_seed(0, 1, 3, True) != train_seed(0, 2, 3, True)
     assert [train_seed(5, t, 3, True) for t in (1, 2)] == [derive_seed(5, TRAIN, t, 3) for t in (1, 2)]
+
+
+def test_public_conditioning_keys_are_validated():
+    from kfca_llm.recipe import RecipeError, load_recipe
+
+    assert load_recipe(None, ["kfca.public-steps=0"]).kfca.conditioning.enabled is False
+    for bad in ("kfca.public-steps=5", "kfca.public-buckets=3"):
+        with pytest.raises(RecipeError):
+            load_recipe(None, [bad])
+
+
+def test_simulate_refuses_the_sampled_penalty_with_public_steps_before_training():
+    """The Flower app does not condition yet, so the recipe accepts the pair; simulate refuses it at once."""
+    from kfca_llm.errors import InputError
+    from kfca_llm.fl.rounds import FederationOptions, run_federation
+    from kfca_llm.recipe import load_recipe
+
+    recipe = load_recipe(None, ['kfca.penalty="sampled"'])
+    with pytest.raises(InputError, match="public-steps = 0"):
+        run_federation(recipe, FederationOptions(progress=False))

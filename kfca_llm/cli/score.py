@@ -11,13 +11,16 @@ from . import DESCRIPTION
 
 def run(args: argparse.Namespace) -> int:
     from ..api import score_checkpoints
+    from ..engine.public import PublicConditioning
     from ..report import check_output_path, write_json
 
     if args.json:
         check_output_path(args.json)  # before scoring, not after printing the table
     report = score_checkpoints(args.paths, reference=args.reference, peers=args.peers, seed=args.seed,
                                penalty=args.penalty, bonus_fraction=args.bonus_fraction, backend=args.backend,
-                               device=args.device, duplicates=args.duplicates)
+                               device=args.device, duplicates=args.duplicates, public=args.public,
+                               conditioning=PublicConditioning(steps=args.public_steps,
+                                                               magnitude_buckets=args.public_buckets))
     print(report.table())
     for warning in report.warnings:  # also in the table's notes; on stderr for whoever reads only the JSON
         print(f"kfca-llm: warning: {warning}", file=sys.stderr)
@@ -33,6 +36,13 @@ def add_parser(subparsers) -> None:
     score.add_argument("paths", nargs="+", help="one adapter per client; the client id is the directory/file name")
     score.add_argument("--reference", default=None,
                        help="previous global adapter: updates are client minus reference")
+    score.add_argument("--public", nargs="+", default=None, metavar="EARLIER_GLOBAL",
+                       help="earlier global adapters, oldest first (the reference is the newest): pay only for "
+                            "agreement the global's public steps do not predict (kfca_llm.engine.public)")
+    score.add_argument("--public-steps", type=int, default=3,
+                       help="how many of the newest public steps count (default 3; 0: off)")
+    score.add_argument("--public-buckets", type=int, default=2,
+                       help="magnitude buckets of the newest public step (a power of two; default 2)")
     score.add_argument("--json", default=None, help="also write the report as JSON to this file")
     score.add_argument("--device", default=None, help="stream tensors to this device (e.g. cuda)")
     score.add_argument("--peers", type=int, default=None,

@@ -1,8 +1,9 @@
 """Backend registry (in the manner of bitsandbytes): a CPU default that always works, GPU where present.
 
-A backend owns the packed buffers of one scoring round and three operations on them: pack clients'
+A backend owns the packed buffers of one scoring round and the operations on them: pack clients'
 tensors (one at a time, in batches, or whole updates in padded flat buffers), count the integer
-statistics (``RoundCounts``) and, for the paper's sampled penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
+statistics (``RoundCounts``; per public stratum with ``stratum_counts``) and, for the paper's sampled
+penalty, count the matches of the seeded draws. Every backend must produce exactly the words and
 integers of the numpy references (``kfca_llm.kernels.<operation>.reference``).
 """
 
@@ -92,6 +93,12 @@ class Backend(ABC):
     def sampled_matches(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
                         pairs: np.ndarray) -> np.ndarray:
         """int64 [P]: penalty matches of each ordered pair (i, j) of ``pairs`` ([P, 2])."""
+
+    def stratum_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
+                       planes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(negatives int64 [3, S, n], sizes int64 [3, S]) on the host: each client's negative count per task set
+        and public stratum; ``planes`` int32 [P, n_words] (``engine.public``), S = 2 ** P."""
+        raise InputError(f"backend {self.name!r} cannot condition on public steps (no stratum counts)")
 
     @abstractmethod
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:

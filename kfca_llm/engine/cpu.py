@@ -14,6 +14,7 @@ from ..errors import InputError, NoTasksError
 from ..kernels.pair_counts import cpu as pair_counts
 from ..kernels.sampled_penalty import cpu as sampled_penalty
 from ..kernels.sign_pack import cpu as sign_pack
+from ..kernels.stratum_counts import cpu as stratum_counts
 from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
 from .backends import Backend, PackedBuffers, check_rows
 from .layout import Layout
@@ -125,3 +126,15 @@ class CpuBackend(Backend):
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:
         n_words = buffers.layout.n_words
         return buffers.signs[:, :n_words], buffers.task[:n_words]
+
+    def stratum_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
+                       planes) -> tuple[np.ndarray, np.ndarray]:
+        planes = np.asarray(planes, dtype=np.int32)
+        n_words = buffers.layout.n_words
+        if planes.ndim != 2 or planes.shape[1] != n_words:
+            raise InputError(f"public planes of shape {planes.shape}; the layout has (P, {n_words}) words")
+        padded = np.zeros((planes.shape[0], buffers.task.size), dtype=np.int32)  # rows as the signs: uint64 lanes
+        padded[:, :n_words] = planes
+        key, t_bonus, t_m1 = (np.uint32(v) for v in partition_params(seed, bonus_fraction))
+        return stratum_counts.stratum_counts(buffers.signs.view(np.uint64), buffers.task.view(np.uint64),
+                                             padded.view(np.uint64), key, t_bonus, t_m1)

@@ -24,6 +24,11 @@ class RoundCounts:
     """int64 [3, n, n]: co-negative counts per task set."""
     sizes: np.ndarray
     """int64 [3]: number of tasks in the bonus set, M_1 and M_2."""
+    strata_negatives: np.ndarray | None = None
+    """int64 [3, S, n]: each client's negative count per task set and public stratum (``engine.public``);
+    None: the penalty is not conditioned on public information (today's rewards)."""
+    strata_sizes: np.ndarray | None = None
+    """int64 [3, S]: members of each task set per public stratum."""
 
     def __post_init__(self):
         n_bonus, m1, m2 = (int(v) for v in self.sizes)
@@ -43,7 +48,10 @@ class RoundCounts:
         return int(self.sizes[BONUS]) - int(g[i, i] + g[j, j] - 2 * g[i, j])
 
     def expected_penalty(self, i: int, j: int) -> float:
-        """Exact expectation of 1{r_i[p1] == r_j[p2]} for p1 ~ U(M_1), p2 ~ U(M_2)."""
+        """Exact expectation of 1{r_i[p1] == r_j[p2]} for p1 ~ U(M_1), p2 ~ U(M_2); with public strata, p1 and p2
+        drawn within the stratum of a bonus task drawn uniformly (``conditioned_penalty``)."""
+        if self.strata_sizes is not None:
+            return float(conditioned_penalty(self, np.array([i]), np.array([j]))[0])
         m1, m2 = int(self.sizes[PENALTY_1]), int(self.sizes[PENALTY_2])
         a = int(self.gram[PENALTY_1, i, i])
         b = int(self.gram[PENALTY_2, j, j])
@@ -89,12 +97,38 @@ def pair_payments(counts: RoundCounts, pairs: np.ndarray,
     bonus = (n_bonus - (g[BONUS, i, i] + g[BONUS, j, j] - 2 * g[BONUS, i, j])) / n_bonus
     if sampled_matches is not None:
         penalty = np.asarray(sampled_matches, dtype=np.int64) / n_bonus
+    elif counts.strata_sizes is not None:
+        penalty = conditioned_penalty(counts, i, j)
     elif m1 * m2 < 2**53:
         a, b = g[PENALTY_1, i, i], g[PENALTY_2, j, j]
         penalty = (a * b + (m1 - a) * (m2 - b)) / (m1 * m2)
     else:  # beyond float64's exact integers: Python's exactly rounded int division, pair by pair
         penalty = np.array([counts.expected_penalty(int(x), int(y)) for x, y in pairs], dtype=np.float64)
     return bonus - penalty, bonus, penalty
+
+
+def conditioned_penalty(counts: RoundCounts, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+    """float64 [P]: the expected penalty with p1 in M_1 and p2 in M_2 drawn within the public stratum of a bonus
+    task drawn uniformly: ``sum_s pi_s pen_s``, ``pi_s = |B & s| / |B|``, ``pen_s = (a b + (m1 - a)(m2 - b)) /
+    (m1 m2)`` with ``a`` client i's negatives in ``M_1 & s`` and ``b`` peer j's in ``M_2 & s``. A stratum whose
+    ``M_1`` or ``M_2`` part is empty takes the unconditioned penalty for its share. Integer numerators, one
+    division each, summed over strata in stratum order: every backend's integers give the same floats."""
+    neg, sizes = counts.strata_negatives, counts.strata_sizes
+    n_bonus, m1, m2 = (int(v) for v in counts.sizes)
+    a_all, b_all = counts.gram[PENALTY_1, i, i], counts.gram[PENALTY_2, j, j]
+    unconditioned = (a_all * b_all + (m1 - a_all) * (m2 - b_all)) / (m1 * m2)
+    penalty = np.zeros(len(i), dtype=np.float64)
+    for s in range(sizes.shape[1]):
+        in_bonus, m1_s, m2_s = (int(v) for v in sizes[:, s])
+        if in_bonus == 0:
+            continue
+        if m1_s and m2_s:
+            a, b = neg[PENALTY_1, s, i], neg[PENALTY_2, s, j]
+            pen = (a * b + (m1_s - a) * (m2_s - b)) / (m1_s * m2_s)
+        else:
+            pen = unconditioned
+        penalty += in_bonus / n_bonus * pen
+    return penalty
 
 
 def joint_tables(counts: RoundCounts, pairs: np.ndarray) -> np.ndarray:

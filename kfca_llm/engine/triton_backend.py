@@ -29,6 +29,7 @@ from ..kernels.pair_counts import triton as pair_counts
 from ..kernels.sampled_penalty import triton as sampled_penalty
 from ..kernels.sign_pack import triton as sign_pack
 from ..kernels.sign_pack.plan import PackPlan
+from ..kernels.stratum_counts import triton as stratum_counts
 from ..partition import DRAW2_SALT, MAX_CLIENTS, pair_keys, partition_params
 from .backends import Backend, PackedBuffers, check_rows
 from .layout import Layout
@@ -229,6 +230,16 @@ class TritonBackend(Backend):
         except ValueError as error:  # the kernels know no client or tensor: this round has too few tasks
             raise NoTasksError(str(error)) from error
         return matches.cpu().numpy()
+
+    def stratum_counts(self, buffers: PackedBuffers, seed: int, bonus_fraction: float,
+                       planes) -> tuple[np.ndarray, np.ndarray]:
+        planes = torch.as_tensor(planes).to(device=buffers.device, dtype=torch.int32)
+        n_words = buffers.layout.n_words
+        if planes.dim() != 2 or planes.shape[1] != n_words:
+            raise InputError(f"public planes of shape {tuple(planes.shape)}; the layout has (P, {n_words}) words")
+        negatives, sizes = stratum_counts.stratum_counts(buffers.signs, buffers.task, planes.contiguous(),
+                                                         *partition_params(seed, bonus_fraction))
+        return negatives.cpu().numpy(), sizes.cpu().numpy()
 
     def host_words(self, buffers: PackedBuffers) -> tuple[np.ndarray, np.ndarray]:
         return buffers.signs.cpu().numpy(), buffers.task.cpu().numpy()

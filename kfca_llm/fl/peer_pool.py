@@ -57,6 +57,7 @@ import numpy as np
 
 from ..engine import get_backend
 from ..engine.duplicates import DuplicateGroup, DuplicateRule
+from ..engine.public import OFF, PublicConditioning
 from ..engine.stats import PairPayment, joint_tables, pair_payments
 from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
@@ -129,7 +130,8 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
                     duplicate_rule: DuplicateRule = DuplicateRule(),
                     copy_candidates: Sequence[str] | None = None,
                     owners: Mapping[str, str] | None = None, reference: np.ndarray | None = None,
-                    reference_weight: float = 1.0, horizon: int | None = None) -> PooledRound:
+                    reference_weight: float = 1.0, horizon: int | None = None, public=None,
+                    conditioning: PublicConditioning = OFF) -> PooledRound:
     """Score a packed round, borrowing pool peers for participants with fewer than ``min_peers`` peers.
 
     ``pairs`` / ``peers``: the in-round pairs, as ``SignPacker.score`` takes them. Scorers are the clients
@@ -144,9 +146,12 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     of a trusted reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight``
     (0: ignored). ``horizon``: a later round settling this one (``fl.pool_settle``): pool peers, lag weights and
     records come from the window on both sides of ``round_`` up to the horizon, copies from the rounds before it.
+    ``public`` / ``conditioning``: the in-round scores' public trajectory (``SignPacker.score``); the pool's
+    entries are scored without it.
     """
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
-                          duplicates=duplicates, duplicate_rule=duplicate_rule, copy_candidates=copy_candidates)
+                          duplicates=duplicates, duplicate_rule=duplicate_rule, copy_candidates=copy_candidates,
+                          public=public, conditioning=conditioning)
     reference_weight = check_reference_weight(reference_weight)
     if reference is not None and reference_weight > 0:
         reference = np.asarray(reference)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ import torch
 
 from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
 from ..attacks_public import public_windows
+from ..api import update_from_reference
 from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
 from ..tensors import StateDict
@@ -94,6 +95,17 @@ class RoundAggregation:
     rewards: dict[str, float]
     verdicts: WeakVerdicts | None = None
     """The submissions paid with the peer pool (``RoundScores.verdicts``), for ``kfca.weak-verdict``."""
+
+
+SERVER_SENT = "@server"
+"""The resume state's name for the globals the server sent (beside the attacking clients' received ones)."""
+
+
+def public_steps(globals_sent: Sequence[StateDict]) -> list[StateDict]:
+    """The steps between consecutive globals (oldest first): what the server's public trajectory says; each
+    difference as ``score_checkpoints`` takes it from saved globals (``api.update_from_reference``)."""
+    return [{name: update_from_reference(new[name], old[name]) for name in new}
+            for old, new in zip(globals_sent, globals_sent[1:])]
 
 
 def submission_rewards(submissions: list[Submission], scores: RoundScores) -> dict[str, float]:
@@ -234,6 +246,9 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     # The globals each attacking client received, oldest first: the newest ``window`` the free riders read.
     window = public_windows([a.spec for a in [*analysis, *fixed.values()]])
     publics: dict[str, list[StateDict]] = {cid: [] for cid in histories} if window else {}
+    # The globals the server sent, oldest first: the newest public-steps + 1 of them give the public steps that
+    # scoring conditions on (kfca.public-steps).
+    sent: list[StateDict] = []
     pool = PeerPool(pool_settings(recipe))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
@@ -245,11 +260,16 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             shapes = {name: tuple(v.shape) for name, v in global_state.items()}
             global_state, saved, result.rounds = load_checkpoint(out_dir, done, seed, strategies, recipe, shapes)
             histories.update(saved)
-            if window:
-                publics.update(load_publics(out_dir, done))
+            if window or recipe.kfca.public_steps:
+                loaded = load_publics(out_dir, done)
+                sent = loaded.pop(SERVER_SENT, [])
+                publics.update(loaded)
             pool = load_pool(out_dir, done, pool.settings)
             start = done + 1
 
+    if recipe.kfca.public_steps and recipe.kfca.penalty == "sampled":  # after a resume's checks, before any training
+        raise InputError('kfca.penalty = "sampled" draws penalty tasks from the whole of M_1 and M_2, not within '
+                         "public strata: set kfca.public-steps = 0 with it (or keep the expected penalty)")
     T = recipe.num_server_rounds
     show = options.progress and procs.is_main
     rounds_bar = tqdm(total=T, initial=start - 1, desc="rounds", unit="round", disable=not show)
@@ -278,8 +298,9 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             model, global_state, reference_rows, recipe, server_round=t, device=procs.device, pad_token_id=pad_id)
         kfca_seed = derive_seed(seed, KFCA, t)
         train_s += clock.lap()
+        sent = [*sent, global_state][-(recipe.kfca.public_steps + 1):]
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
-                             pool=pool, round_=t, reference=reference)
+                             pool=pool, round_=t, reference=reference, public=public_steps(sent))
         scoring_s = clock.lap()
         settle_earlier_rounds(result.rounds, scores.settlements)
         start_state = global_state
@@ -316,7 +337,8 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
                                     {s.client: s.update for s in submissions if not s.analysis})
             if t % max(recipe.train.save_every_round, 1) == 0 or t == T:
                 save_pool(out_dir, t, pool)  # before the checkpoint's COMPLETE marker
-                save_checkpoint(out_dir, t, model, global_state, histories, result, publics)
+                save_checkpoint(out_dir, t, model, global_state, histories, result,
+                                {**publics, SERVER_SENT: sent} if recipe.kfca.public_steps else publics)
         result.timings[t] = clock.timing(train_s=train_s, pack_s=scores.pack_s, score_s=scoring_s - scores.pack_s,
                                          aggregate_s=aggregate_s, save_s=clock.lap())
         procs.barrier()

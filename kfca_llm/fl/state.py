@@ -134,7 +134,9 @@ def scoring_settings(recipe: Recipe) -> dict:
             "kfca.pool-weight": k.pool_weight,
             # Only when on: checkpoints of runs before the reference existed resume as they did.
             **({"kfca.reference-rows": k.reference_rows, "kfca.reference-weight": k.reference_weight}
-               if k.reference_rows else {})}
+               if k.reference_rows else {}),
+            # Only when on, likewise (kfca_llm.engine.public).
+            **({"kfca.public-steps": k.public_steps, "kfca.public-buckets": k.public_buckets} if k.public_steps else {})}
 
 
 def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], recipe: Recipe,

@@ -1,0 +1,167 @@
+"""Public strata: what the global model's recent steps already say about each coordinate (issue 43).
+
+The server knows every global it sent, so it knows the public trajectory. A report that is a function of it
+(the last step's signs, a sum of the last few, their negation) agrees with honest peers only because honest
+updates follow the trajectory too; KFCA should not pay for that. So every coordinate gets a *stratum* of
+public information, and the penalty task pairs are drawn within the bonus task's stratum (the Peer Truth
+Serum's idea: pay agreement beyond what the public prior predicts). A report constant within each stratum
+then earns exactly its expected penalty on the bonus tasks, 0 in expectation.
+
+A coordinate's stratum, from the ``K`` newest steps ``g_1`` (newest), ``g_2``, ...:
+
+* ``K`` sign bits: bit ``k`` is set where ``g_1 + ... + g_(k+1) < 0`` (the reports' convention: -0.0 and 0
+  are not negative), so ``free-ride:k`` for every ``k <= K`` is constant within a stratum;
+* ``log2(Q)`` magnitude bits: the bucket of ``|g_1|`` among ``Q`` quantile buckets of its tensor (bucket
+  ``b`` counts the thresholds ``|g_1|`` reaches; threshold ``q`` is the ``floor(q n / Q)``-th smallest value,
+  an element of the tensor, so no interpolation and no float that a device could round differently).
+
+The planes are packed like the sign words (``engine.layout``): plane ``p`` is bit ``p`` of the stratum.
+Everything is elementwise float64 arithmetic, a sort and comparisons: the same bits on every device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..kernels.intrinsics import WORD_BITS
+from .layout import Layout
+
+MAX_STEPS = 4
+MAX_PLANES = 6  # 64 strata: the CPU kernel's masks per chunk of words stay within 1.5 MiB
+
+
+@dataclass(frozen=True)
+class PublicConditioning:
+    """How scoring conditions on the public trajectory: ``steps`` newest global steps (0: off, today's
+    rewards bit for bit) and ``magnitude_buckets`` quantile buckets of the newest step's magnitude."""
+
+    steps: int = 3
+    magnitude_buckets: int = 2
+
+    def __post_init__(self):
+        if isinstance(self.steps, bool) or not isinstance(self.steps, (int, np.integer)) \
+                or not 0 <= self.steps <= MAX_STEPS:
+            raise InputError(f"public steps must be an integer in [0, {MAX_STEPS}], got {self.steps!r}")
+        q = self.magnitude_buckets
+        if isinstance(q, bool) or not isinstance(q, (int, np.integer)) or q < 1 or q & (q - 1):
+            raise InputError(f"magnitude buckets must be a power of two (1, 2, 4, ...), got {q!r}")
+        if self.steps + self.magnitude_bits > MAX_PLANES:
+            raise InputError(f"public steps + log2(magnitude buckets) must be at most {MAX_PLANES} "
+                             f"(2**{MAX_PLANES} strata), got {self.steps} + {self.magnitude_bits}")
+
+    @property
+    def magnitude_bits(self) -> int:
+        return int(math.log2(self.magnitude_buckets))
+
+    @property
+    def enabled(self) -> bool:
+        return self.steps > 0
+
+
+OFF = PublicConditioning(steps=0, magnitude_buckets=1)
+
+
+@dataclass(frozen=True)
+class PublicPlanes:
+    """The packed strata of one round: ``words`` int32 [P, n_words] (numpy or torch), plane p = stratum bit p."""
+
+    words: object
+    steps: int
+    """How many public steps the sign planes cover (fewer than asked for early in a run)."""
+    magnitude_bits: int
+
+    @property
+    def n_planes(self) -> int:
+        return self.steps + self.magnitude_bits
+
+    def host_words(self) -> np.ndarray:
+        words = self.words
+        return words.cpu().numpy() if isinstance(words, torch.Tensor) else np.asarray(words, dtype=np.int32)
+
+
+def check_public_steps(layout: Layout, steps: Sequence[Mapping]) -> list[Mapping]:
+    """The public steps (oldest first) validated like updates: each a state dict of this layout's tensors, exact
+    shapes, floating point, finite; errors name the step (``public[i]``) and the tensor."""
+    if isinstance(steps, (Mapping, str, bytes)) or not isinstance(steps, Sequence):
+        raise InputError(f"public must be a list of steps (state dicts, oldest first), got {type(steps).__name__}")
+    out = []
+    for index, step in enumerate(steps):
+        who = f"public[{index}]"
+        if not isinstance(step, Mapping):
+            raise InputError(f"a public step must be a state dict, got {type(step).__name__}", client=who)
+        for name in sorted(set(layout.names) - set(step)):
+            raise InputError("tensor missing from the public step", client=who, tensor=name)
+        for name in sorted(set(step) - set(layout.names)):
+            raise InputError("tensor is not in the updates' layout", client=who, tensor=name)
+        for slot in layout.slots:
+            t = step[slot.name]
+            if isinstance(t, np.ndarray):
+                if not np.issubdtype(t.dtype, np.floating):
+                    raise InputError(f"dtype {t.dtype} is not a floating-point type", client=who, tensor=slot.name)
+                t = torch.from_numpy(np.ascontiguousarray(t))
+            if not isinstance(t, torch.Tensor) or t.layout is not torch.strided or t.is_meta:
+                raise InputError(f"expected a dense tensor or numpy array, got {type(t).__name__}", client=who,
+                                 tensor=slot.name)
+            if not t.is_floating_point():
+                raise InputError(f"dtype {t.dtype} is not a floating-point type", client=who, tensor=slot.name)
+            if tuple(t.shape) != slot.shape:
+                raise InputError(f"shape {tuple(t.shape)} differs from the updates' {slot.shape}", client=who,
+                                 tensor=slot.name)
+            if not bool(torch.isfinite(t).all()):
+                raise InputError("public step holds NaN or Inf values", client=who, tensor=slot.name)
+        out.append(step)
+    return out
+
+
+def public_planes(layout: Layout, steps: Sequence[Mapping], conditioning: PublicConditioning,
+                  device=None) -> PublicPlanes | None:
+    """The strata planes of the newest ``conditioning.steps`` of ``steps`` (oldest first), on ``device``; None
+    when conditioning is off or there is no step (round 1: nothing public yet)."""
+    steps = check_public_steps(layout, steps)
+    used = min(conditioning.steps, len(steps))
+    if used == 0:
+        return None
+    newest_first = steps[::-1][:used]
+    n_planes = used + conditioning.magnitude_bits
+    bits = torch.zeros((n_planes, layout.padded_numel), dtype=torch.bool, device=device)
+    for slot in layout.slots:
+        start = slot.word_offset * WORD_BITS
+        stop = start + slot.numel
+        values = [torch.as_tensor(step[slot.name]).to(device=device, dtype=torch.float64).reshape(-1)
+                  for step in newest_first]
+        total = torch.zeros_like(values[0])
+        for k, value in enumerate(values):  # elementwise sums, newest first: the same on every device
+            total = total + value
+            bits[k, start:stop] = total < 0
+        for b, plane in enumerate(magnitude_bucket_bits(values[0].abs(), conditioning.magnitude_buckets)):
+            bits[used + b, start:stop] = plane
+    return PublicPlanes(pack_planes(bits), steps=used, magnitude_bits=conditioning.magnitude_bits)
+
+
+def magnitude_bucket_bits(magnitude: torch.Tensor, buckets: int) -> list[torch.Tensor]:
+    """Bit planes (least significant first) of each value's quantile bucket within ``magnitude``."""
+    if buckets == 1:
+        return []
+    n = magnitude.numel()
+    bucket = torch.zeros(n, dtype=torch.uint8, device=magnitude.device)
+    for q in range(1, buckets):
+        # The (q n // Q)-th smallest value (0-based): an element, found by selection, not a full sort.
+        threshold = torch.kthvalue(magnitude, min(q * n // buckets, n - 1) + 1).values
+        bucket += magnitude >= threshold
+    return [((bucket >> b) & 1).bool() for b in range(int(math.log2(buckets)))]
+
+
+def pack_planes(bits: torch.Tensor) -> torch.Tensor:
+    """bool [P, 32 w] -> int32 [P, w]: bit e % 32 of word e // 32, as the sign words. Packed a byte at a time
+    (bit e % 8 of byte e // 8), and four bytes read as one little-endian int32 word: the same bit order."""
+    lanes = torch.arange(8, dtype=torch.uint8, device=bits.device)
+    packed = (bits.reshape(bits.shape[0], -1, 8).to(torch.uint8) << lanes).sum(dim=-1, dtype=torch.uint8)
+    words = packed.reshape(bits.shape[0], -1, 4).to(torch.int32) << torch.arange(0, 32, 8, device=bits.device,
+                                                                                   dtype=torch.int32)
+    return words[..., 0] | words[..., 1] | words[..., 2] | words[..., 3]
