@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,33 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(args):
     """For the scripts that replace module attributes for their run (bench_host stubs the pack kernels,
     bench_triton shrinks the staging buffer, bench_aggregation memoises training): a fresh interpreter, so the
-    worker's later tests see the real ones."""
+    worker's later tests see the real ones. The others run in the worker (conftest's ``run_script``)."""
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
-
-
-@pytest.fixture
-def run_script(monkeypatch, capsys):
-    """Runs a benchmark script as `python SCRIPT ARGS` would, in this process (a fresh interpreter would import
-    torch, numba and triton again for each script), and returns what it printed. Only for scripts that leave
-    module attributes alone (see `_run`); the worker's torch thread count is restored all the same."""
-    def run(args):
-        script = ROOT / args[0]
-        monkeypatch.chdir(ROOT)
-        monkeypatch.syspath_prepend(str(script.parent))
-        monkeypatch.setattr(sys, "argv", [str(script), *args[1:]])
-        threads = torch.get_num_threads()
-        capsys.readouterr()
-        try:
-            runpy.run_path(str(script), run_name="__main__")
-        except SystemExit as exit:
-            assert exit.code in (None, 0), capsys.readouterr()
-        finally:
-            torch.set_num_threads(threads)
-        return capsys.readouterr().out
-    return run
 
 
 def test_cpu_engine_benchmark_small(tmp_path, run_script):
