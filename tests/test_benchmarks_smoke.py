@@ -63,17 +63,21 @@ def test_host_benchmark_smoke():
     assert "score_checkpoints (a client's file in one batch)" in printed and "tensor by tensor" in printed
 
 
-def _inspect(*args: str):
-    """inspect_kernels.py's JSON output: compiled, so run without TRITON_INTERPRET."""
+def _inspect() -> tuple[list, dict]:
+    """inspect_kernels.py's two JSON outputs (``--json``, then ``--element-loads``) from its ``main``: compiled, so in
+    a process without TRITON_INTERPRET, one for both (a second would import torch and triton again)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return json.loads(subprocess.run([sys.executable, "benchmarks/inspect_kernels.py", *args], cwd=ROOT, env=env,
-                                     check=True, capture_output=True, text=True, timeout=900).stdout)
+    code = "import inspect_kernels\ninspect_kernels.main(['--json'])\ninspect_kernels.main(['--element-loads'])\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", env=env, check=True,
+                         capture_output=True, text=True, timeout=900).stdout
+    rows, element_loads = (json.loads(line) for line in out.splitlines()[-2:])
+    return rows, element_loads
 
 
 def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     """Compiled for sm_90 by Triton (no GPU needed): the pack kernels read elements as 16-byte vectors only (the
     tails' small launch may not), the counting kernel uses popc, nothing spills."""
-    rows = _inspect("--json")
+    rows, element_loads = _inspect()
     assert all(set(row) == {"kernel", "vector_loads", "scalar_loads", "popc", "bar_sync", "sass_per_element", "spills"}
                for row in rows)
     by_name = {row["kernel"]: row for row in rows}
@@ -88,7 +92,6 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     assert {name: row["popc"] for name, row in gram.items()} == {"pair_counts._gram_tiles_kernel[tile 2]": 3 * 4,
                                                                 "pair_counts._gram_tiles_kernel[tile 4]": 3 * 16}
     assert by_name["sampled_penalty._planes_kernel"]["popc"] > 0  # member counts per word
-    element_loads = _inspect("--element-loads")
     words = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_words_kernel")}
     assert len(words) == 5 and all(vector > 0 and scalar == 0 for vector, scalar in words.values()), words
     assert all(by_name[k]["vector_loads"] >= v[0] for k, v in words.items())
