@@ -8,7 +8,7 @@ checks what remains:
 * every round in the ledger is complete (its status row, one reward row per valid reply, each sign file
   it names present) and no row belongs to a round the ledger does not list;
 * ``kfca_llm.flower.verify_ledger`` passes (chain intact, every kept round recomputed and matching);
-* a server restarted with ``resume=True`` completes the run, and the ledger verifies again.
+* the server restarted with ``resume=True`` (in this process) completes the run, and the ledger verifies again.
 
     python benchmarks/bench_ledger_crash.py                 # 30 trials
     python benchmarks/bench_ledger_crash.py --trials 3 --json
@@ -56,10 +56,13 @@ def complete_rounds_only(ledger: Path) -> list[str]:
 def trial(folder: Path, rng: random.Random, run_seconds: float) -> dict:
     from kfca_llm.flower import read_ledger, verify_ledger
 
+    if str(SERVER.parent) not in sys.path:
+        sys.path.insert(0, str(SERVER.parent))
+    from flower_ledger_server import serve
+
     ledger = folder / "rewards.sqlite"
-    env = dict(os.environ, PYTHONPATH=str(SERVER.parent))
     proc = subprocess.Popen([sys.executable, str(SERVER), str(ledger), "--rounds", str(ROUNDS), "--keep-signs",
-                             "--row-delay", "0.03"], cwd=SERVER.parent, env=env, stdout=subprocess.DEVNULL,
+                             "--row-delay", "0.03"], cwd=SERVER.parent, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     delay = rng.uniform(0.0, run_seconds)
     time.sleep(delay)
@@ -72,10 +75,9 @@ def trial(folder: Path, rng: random.Random, run_seconds: float) -> dict:
     if not verified:
         problems += after_kill.chain_errors + [f"round {r.round}: {r.status} {r.detail} {r.rows}"
                                                for r in after_kill.rounds if r.status == "mismatch"]
-    # Restart and finish the run.
-    subprocess.run([sys.executable, str(SERVER), str(ledger), "--rounds", str(ROUNDS), "--keep-signs", "--resume"],
-                   cwd=SERVER.parent, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
-                   timeout=600)
+    # Restart and finish the run: the server's own code, in this process (what is checked is the ledger the kill
+    # left; a fresh interpreter per trial would only import flwr and torch again).
+    serve(ledger, rounds=ROUNDS, keep_signs=True, resume=True, report=lambda line: None)
     final = read_ledger(ledger)
     check = verify_ledger(ledger)
     return {"killed_after_s": round(delay, 3), "rounds_committed": committed, "problems": problems,
@@ -94,7 +96,7 @@ def main() -> None:
         start = time.perf_counter()
         subprocess.run([sys.executable, str(SERVER), str(Path(tmp) / "timing.sqlite"), "--rounds", str(ROUNDS),
                         "--keep-signs", "--row-delay", "0.03"], cwd=SERVER.parent, check=True,
-                       env=dict(os.environ, PYTHONPATH=str(SERVER.parent)), stdout=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=600)
         run_seconds = time.perf_counter() - start  # kill times are drawn over a whole run, start-up included
         results = []

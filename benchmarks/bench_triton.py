@@ -50,12 +50,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def timed(fn, device: torch.device, repeats: int) -> float:
-    """Best wall time of ``fn`` over ``repeats`` runs (after one warm-up), synchronizing the device."""
+    """Best wall time of ``fn`` over ``repeats`` runs, synchronizing the device; on a GPU after one warm-up (the
+    kernels compile at their first launch). The interpreter (``--smoke``) compiles nothing: no warm-up, which
+    halves the smoke run."""
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    fn()
-    sync()
+    if device.type == "cuda":
+        fn()
+        sync()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -181,14 +184,17 @@ def round_case(layout: Layout, n: int, dtype: torch.dtype, device: torch.device,
 def draw_ways(buffers, pairs: np.ndarray, device: torch.device, args) -> dict:
     """The sampled penalty's two draw ways timed apart (values shared between pairs, or drawn per pair), their
     matches compared, and the way ``shared_draws_pay_off`` picks for this round: the crossover to check."""
+    matches = {}  # each way's matches from its timed runs: compared without drawing again
+
     def draws(shared: bool):
-        return sampled_penalty.sampled_matches(buffers.signs, buffers.task, *partition_params(args.seed, 0.5), pairs,
-                                               pair_keys(args.seed, pairs), DRAW2_SALT, shared=shared)
+        matches[shared] = sampled_penalty.sampled_matches(buffers.signs, buffers.task,
+                                                          *partition_params(args.seed, 0.5), pairs,
+                                                          pair_keys(args.seed, pairs), DRAW2_SALT, shared=shared)
 
     figures = {"per_pair_s": timed(lambda: draws(False), device, max(1, args.repeats // 2))}
     if buffers.signs.shape[0] <= sampled_penalty.MAX_SHARED_CLIENTS:
         figures["shared_s"] = timed(lambda: draws(True), device, max(1, args.repeats // 2))
-        if not torch.equal(draws(True), draws(False)):
+        if not torch.equal(matches[True], matches[False]):
             raise AssertionError("the two draw ways count different matches")
     n_bonus = int(get_backend("triton").round_counts(buffers, args.seed, 0.5).sizes[0])
     shared = sampled_penalty.draws_shared(buffers.signs.shape[0], len(pairs), n_bonus, pair_keys(args.seed, pairs),

@@ -7,6 +7,8 @@ interpreted (a compiled kernel never gets CPU tensors, an interpreted one never 
 """
 
 import os
+import runpy
+import sys
 from pathlib import Path
 
 import torch
@@ -80,6 +82,34 @@ def device() -> torch.device:
 def rng(request) -> np.random.Generator:
     """A generator seeded from the test's name, so every test draws its own fixed inputs."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# --- benchmark scripts in the worker --------------------------------------------------------------------
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def run_script(monkeypatch, capsys):
+    """Runs a benchmark script as `python SCRIPT ARGS` would, in this process (a fresh interpreter would import
+    torch, numba and triton again for each script), and returns what it printed. Only for scripts that leave
+    module attributes alone (a script that patches a module for its run needs its own interpreter, as
+    test_benchmarks_smoke's `_run` gives it); the worker's torch thread count is restored all the same."""
+    def run(args):
+        script = REPOSITORY / args[0]
+        monkeypatch.chdir(REPOSITORY)
+        monkeypatch.syspath_prepend(str(script.parent))
+        monkeypatch.setattr(sys, "argv", [str(script), *args[1:]])
+        threads = torch.get_num_threads()
+        capsys.readouterr()
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        except SystemExit as exit:
+            assert exit.code in (None, 0), capsys.readouterr()
+        finally:
+            torch.set_num_threads(threads)
+        return capsys.readouterr().out
+    return run
 
 
 # --- tiny federations, each run once per test session --------------------------------------------------

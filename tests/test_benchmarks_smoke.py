@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import triton
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,33 +23,11 @@ def _version(text: str) -> tuple[int, int]:
 def _run(args):
     """For the scripts that replace module attributes for their run (bench_host stubs the pack kernels,
     bench_triton shrinks the staging buffer, bench_aggregation memoises training): a fresh interpreter, so the
-    worker's later tests see the real ones."""
+    worker's later tests see the real ones. The others run in the worker (conftest's ``run_script``)."""
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
-
-
-@pytest.fixture
-def run_script(monkeypatch, capsys):
-    """Runs a benchmark script as `python SCRIPT ARGS` would, in this process (a fresh interpreter would import
-    torch, numba and triton again for each script), and returns what it printed. Only for scripts that leave
-    module attributes alone (see `_run`); the worker's torch thread count is restored all the same."""
-    def run(args):
-        script = ROOT / args[0]
-        monkeypatch.chdir(ROOT)
-        monkeypatch.syspath_prepend(str(script.parent))
-        monkeypatch.setattr(sys, "argv", [str(script), *args[1:]])
-        threads = torch.get_num_threads()
-        capsys.readouterr()
-        try:
-            runpy.run_path(str(script), run_name="__main__")
-        except SystemExit as exit:
-            assert exit.code in (None, 0), capsys.readouterr()
-        finally:
-            torch.set_num_threads(threads)
-        return capsys.readouterr().out
-    return run
 
 
 def test_cpu_engine_benchmark_small(tmp_path, run_script):
@@ -97,17 +73,21 @@ def test_host_benchmark_smoke():
     assert "score_checkpoints (a client's file in one batch)" in printed and "tensor by tensor" in printed
 
 
-def _inspect(*args: str):
-    """inspect_kernels.py's JSON output: compiled, so run without TRITON_INTERPRET."""
+def _inspect() -> tuple[list, dict]:
+    """inspect_kernels.py's two JSON outputs (``--json``, then ``--element-loads``) from its ``main``: compiled, so in
+    a process without TRITON_INTERPRET, one for both (a second would import torch and triton again)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return json.loads(subprocess.run([sys.executable, "benchmarks/inspect_kernels.py", *args], cwd=ROOT, env=env,
-                                     check=True, capture_output=True, text=True, timeout=900).stdout)
+    code = "import inspect_kernels\ninspect_kernels.main(['--json'])\ninspect_kernels.main(['--element-loads'])\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "benchmarks", env=env, check=True,
+                         capture_output=True, text=True, timeout=900).stdout
+    rows, element_loads = (json.loads(line) for line in out.splitlines()[-2:])
+    return rows, element_loads
 
 
 def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     """Compiled for sm_90 by Triton (no GPU needed): the pack kernels read elements as 16-byte vectors only (the
     tails' small launch may not), the counting kernel uses popc, nothing spills."""
-    rows = _inspect("--json")
+    rows, element_loads = _inspect()
     assert all(set(row) == {"kernel", "vector_loads", "scalar_loads", "popc", "bar_sync", "sass_per_element", "spills"}
                for row in rows)
     by_name = {row["kernel"]: row for row in rows}
@@ -123,7 +103,6 @@ def test_inspect_kernels_json_and_what_the_compiled_kernels_do():
     assert by_name["sampled_penalty._planes_kernel"]["popc"] > 0  # member counts per word
     # stratum counts: per pass one popcount per set and client of the tile, and per set for the sizes
     assert by_name["stratum_counts._strata_kernel[4 planes, tile 8]"]["popc"] == 3 * (8 + 1)
-    element_loads = _inspect("--element-loads")
     words = {k: v for k, v in element_loads.items() if k.startswith("sign_pack._pack_words_kernel")}
     assert len(words) == 5 and all(vector > 0 and scalar == 0 for vector, scalar in words.values()), words
     assert all(by_name[k]["vector_loads"] >= v[0] for k, v in words.items())

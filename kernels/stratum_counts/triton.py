@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..intrinsics.triton import as_uint32, on_interpreter, popcount32
+from ..intrinsics.triton import as_uint32, not32, on_interpreter, popcount32
 from ..pair_counts.triton import set_planes
 
 _SETS = 3
@@ -46,7 +46,7 @@ def _strata_kernel(signs_ptr, sets_ptr, planes_ptr, partial_ptr, sizes_ptr, n_cl
         stratum = tl.full((BLOCK,), 0xFFFFFFFF, dtype=tl.uint32)
         for p in tl.static_range(N_PLANES):
             plane = as_uint32(tl.load(planes_ptr + p * n_words + words, mask=ok, other=0))
-            stratum &= tl.where(((s >> p) & 1) == 1, plane, ~plane)
+            stratum &= tl.where(((s >> p) & 1) == 1, plane, not32(plane))
         bonus = as_uint32(tl.load(sets_ptr + words, mask=ok, other=0)) & stratum
         m1 = as_uint32(tl.load(sets_ptr + n_words + words, mask=ok, other=0)) & stratum
         m2 = as_uint32(tl.load(sets_ptr + 2 * n_words + words, mask=ok, other=0)) & stratum

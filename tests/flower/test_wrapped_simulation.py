@@ -18,7 +18,9 @@ from kfca_llm.flower.server_app import WRAPPED_STRATEGIES, build_strategy  # noq
 from kfca_llm.flower.task import evaluate_global_adapter, initial_adapter, recipe_from_config  # noqa: E402
 
 NODES = 7
-CONFIG = {"num-server-rounds": 1, "num-clients": NODES, "strategy.fraction-train": 1.0, "strategy.fraction-evaluate": 1.0,
+# Evaluation on 2 of the 7 nodes (a fifth, raised to Flower's minimum of two): every node holds the same held-out
+# rows, so two replies prove the aggregate as well as seven did, at 30 ClientApp calls fewer in the run.
+CONFIG = {"num-server-rounds": 1, "num-clients": NODES, "strategy.fraction-train": 1.0, "strategy.fraction-evaluate": 0.2,
           "train.training-arguments.max-steps": 1, "kfca.attackers": "6=flip", "kfca.aggregation": "exclude-negative",
           "kfca.wrapped.num-malicious-nodes": 1, "kfca.wrapped.num-nodes-to-select": 3}
 
