@@ -93,3 +93,13 @@ def set_masks(word_index, task_word, key, t_bonus, t_m1):
     """Bonus and M_1 masks of one word's task bits (M_2 is the rest of the task bits)."""
     bonus, m1 = partition_word(word_index, key, t_bonus, t_m1)
     return bonus & task_word, m1 & task_word
+
+
+@njit(inline="always")
+def set_masks64(lane, task_lane, key, t_bonus, t_m1):
+    """Bonus, M_1 and M_2 masks of one uint64 lane of task bits (the 32-bit words ``2 lane`` and ``2 lane + 1``)."""
+    b_lo, m1_lo = set_masks(2 * lane, np.uint32(task_lane & np.uint64(0xFFFFFFFF)), key, t_bonus, t_m1)
+    b_hi, m1_hi = set_masks(2 * lane + 1, np.uint32(task_lane >> np.uint64(32)), key, t_bonus, t_m1)
+    bonus = np.uint64(b_lo) | (np.uint64(b_hi) << np.uint64(32))
+    m1 = np.uint64(m1_lo) | (np.uint64(m1_hi) << np.uint64(32))
+    return bonus, m1, task_lane & ~(bonus | m1)

@@ -1,6 +1,6 @@
 """Pair counts (the binary Gram matrices) on the CPU (numba): 64-bit ``ctpop`` over packed words.
 
-The seeded partition is hashed on the fly per word (``intrinsics.cpu.set_masks``), so no index array
+The seeded partition is hashed on the fly per word (``intrinsics.cpu.set_masks64``), so no index array
 of size d is built; only the diagonal and the listed pairs are counted.
 """
 
@@ -10,7 +10,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..intrinsics.cpu import popcount64, set_masks
+from ..intrinsics.cpu import popcount64, set_masks64
 from ..numba_setup import configure_numba, serial_and_parallel
 
 configure_numba()  # before the cache=True kernels below are defined
@@ -50,13 +50,7 @@ def _gram_kernel(signs, task, key, t_bonus, t_m1, row_starts, cols, n_groups):
                     masks[1, k] = 0
                     masks[2, k] = 0
                     continue
-                b_lo, m1_lo = set_masks(2 * w, np.uint32(t & np.uint64(0xFFFFFFFF)), key, t_bonus, t_m1)
-                b_hi, m1_hi = set_masks(2 * w + 1, np.uint32(t >> np.uint64(32)), key, t_bonus, t_m1)
-                bonus = np.uint64(b_lo) | (np.uint64(b_hi) << np.uint64(32))
-                m1 = np.uint64(m1_lo) | (np.uint64(m1_hi) << np.uint64(32))
-                masks[0, k] = bonus
-                masks[1, k] = m1
-                masks[2, k] = t & ~(bonus | m1)
+                masks[0, k], masks[1, k], masks[2, k] = set_masks64(w, t, key, t_bonus, t_m1)
             for s in range(3):
                 total = 0
                 for k in range(width):

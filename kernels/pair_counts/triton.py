@@ -76,6 +76,15 @@ def _set_planes_kernel(task_ptr, params_ptr, planes_ptr, sizes_ptr, n_words, BLO
 
 
 @triton.jit
+def _set_words(planes_ptr, words, in_range, n_words):
+    """The bonus, M_1 and M_2 member words of ``words`` (uint32; 0 outside ``in_range``)."""
+    bonus = as_uint32(tl.load(planes_ptr + words, mask=in_range, other=0))
+    m1 = as_uint32(tl.load(planes_ptr + n_words + words, mask=in_range, other=0))
+    m2 = as_uint32(tl.load(planes_ptr + 2 * n_words + words, mask=in_range, other=0))
+    return bonus, m1, m2
+
+
+@triton.jit
 def _count_tile_pair(signs_ptr, planes_ptr, tiles_ptr, out, pair, n_clients, n_words, start, stop,
                      TILE: tl.constexpr, BLOCK: tl.constexpr):
     """out [3, TILE, TILE] int64 += the counts of tile pair ``pair`` (``ti < tj``) over words ``[start, stop)``."""
@@ -91,9 +100,7 @@ def _count_tile_pair(signs_ptr, planes_ptr, tiles_ptr, out, pair, n_clients, n_w
     for offset in range(start, stop, BLOCK):
         words = offset + tl.arange(0, BLOCK)
         in_range = words < stop
-        bonus = as_uint32(tl.load(planes_ptr + words, mask=in_range, other=0))
-        m1 = as_uint32(tl.load(planes_ptr + n_words + words, mask=in_range, other=0))
-        m2 = as_uint32(tl.load(planes_ptr + 2 * n_words + words, mask=in_range, other=0))
+        bonus, m1, m2 = _set_words(planes_ptr, words, in_range, n_words)
         row_words = tl.load(signs_ptr + row_base[:, None] + words[None, :],
                             mask=(rows[:, None] < n_clients) & in_range[None, :], other=0)
         col_words = tl.load(signs_ptr + col_base[:, None] + words[None, :],
@@ -155,9 +162,7 @@ def _count_diagonal_tile(signs_ptr, out, planes_ptr, t, n_clients, n_words, star
     for offset in range(start, stop, BLOCK):
         words = offset + tl.arange(0, BLOCK)
         in_range = words < stop
-        bonus = as_uint32(tl.load(planes_ptr + words, mask=in_range, other=0))
-        m1 = as_uint32(tl.load(planes_ptr + n_words + words, mask=in_range, other=0))
-        m2 = as_uint32(tl.load(planes_ptr + 2 * n_words + words, mask=in_range, other=0))
+        bonus, m1, m2 = _set_words(planes_ptr, words, in_range, n_words)
         own = as_uint32(tl.load(signs_ptr + own_base[:, None] + words[None, :],
                                 mask=own_valid[:, None] & in_range[None, :], other=0))
         own_bonus += popcount32(own & bonus[None, :]).to(tl.int32)

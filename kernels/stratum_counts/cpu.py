@@ -11,7 +11,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from ..intrinsics.cpu import popcount64, set_masks
+from ..intrinsics.cpu import popcount64, set_masks64
 from ..numba_setup import configure_numba, serial_and_parallel
 
 configure_numba()  # before the cache=True kernels below are defined
@@ -43,11 +43,7 @@ def _strata_kernel(signs, task, planes, key, t_bonus, t_m1, n_groups):
                     for m in range(3 * n_strata):
                         masks[m, k] = 0
                     continue
-                b_lo, m1_lo = set_masks(2 * w, np.uint32(t & np.uint64(0xFFFFFFFF)), key, t_bonus, t_m1)
-                b_hi, m1_hi = set_masks(2 * w + 1, np.uint32(t >> np.uint64(32)), key, t_bonus, t_m1)
-                sets[0] = np.uint64(b_lo) | (np.uint64(b_hi) << np.uint64(32))
-                sets[1] = np.uint64(m1_lo) | (np.uint64(m1_hi) << np.uint64(32))
-                sets[2] = t & ~(sets[0] | sets[1])
+                sets[0], sets[1], sets[2] = set_masks64(w, t, key, t_bonus, t_m1)
                 for s in range(n_strata):
                     stratum = t
                     for p in range(n_planes):
