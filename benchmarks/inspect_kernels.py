@@ -124,12 +124,13 @@ _PENALTY_TYPES = {"params_ptr": "*i64", "sizes_ptr": "*i64", "offsets_ptr": "*i6
 
 
 def discover() -> dict[str, JITFunction]:
-    """Every ``*_kernel`` JIT function of ``kernels/<operation>/triton.py``, as ``<operation>.<name>``."""
+    """Every ``*_kernel`` JIT function of ``kernels/<operation>/triton*.py``, as ``<operation>.<name>`` (an
+    operation may split its kernels over several modules: ``sampled_penalty``'s one per draw way)."""
     import importlib
 
     found = {}
-    for path in sorted((ROOT / "kernels").glob("*/triton.py")):
-        module = importlib.import_module(f"kfca_llm.kernels.{path.parent.name}.triton")
+    for path in sorted((ROOT / "kernels").glob("*/triton*.py")):
+        module = importlib.import_module(f"kfca_llm.kernels.{path.parent.name}.{path.stem}")
         for name, value in vars(module).items():
             if isinstance(value, JITFunction) and name.endswith("_kernel"):
                 found[f"{path.parent.name}.{name}"] = value

@@ -160,12 +160,16 @@ def test_every_operation_has_its_reference_and_cpu_kernel_side_by_side_and_its_t
 
 
 def test_every_compiled_kernel_is_reached_by_imports_from_a_backend():
-    """A reader follows the imports of kfca_llm/engine/ to every CPU and Triton kernel (no module kept in an attribute)."""
+    """A reader follows the imports of kfca_llm/engine/ to every CPU and Triton kernel (no module kept in an attribute):
+    a backend imports each operation's ``cpu`` and ``triton`` module, and ``triton`` its other ``triton_*`` modules."""
     graph = import_graph(package_sources())
     from_engine = set().union(*(targets for module, targets in graph.items() if _within(module, "kfca_llm.engine")))
     kernels = {f"kfca_llm.kernels.{folder.name}.{path.stem}" for folder in operation_folders()
                for path in folder.glob("*.py") if path.stem in ("cpu", "triton")}
     assert len(kernels) >= 7 and kernels <= from_engine
+    split = {f"kfca_llm.kernels.{path.parent.name}.{path.stem}" for folder in operation_folders()
+             for path in folder.glob("triton_*.py")}
+    assert split and split <= set().union(*(graph[module] for module in kernels))
     assert {"kfca_llm.engine.cpu", "kfca_llm.engine.triton_backend"} <= graph["kfca_llm.engine"]
 
 

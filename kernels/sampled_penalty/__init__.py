@@ -5,5 +5,6 @@ the bonus task and the pair's key), so every implementation counts the same draw
 
 ``reference.py`` (numpy, the definition), ``cpu.py`` (numba), ``triton.py`` (GPU). Both compiled
 implementations can compact each client's signs on M_1 and M_2 into bitstreams ("planes") and draw per
-pair; the GPU one also draws once for all pairs whose keys agree above the coordinates' span.
+pair; the GPU one also draws once for all pairs whose keys agree above the coordinates' span
+(``triton_per_pair.py``, ``triton_shared.py``, both from the sets of ``triton_sets.py``).
 """
