@@ -133,6 +133,19 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
     consecutive globals ending at ``reference`` (the newest step: ``reference`` minus the last of ``public``), and
     the penalty is conditioned on them as in ``score_updates`` (``conditioning``).
     """
+    files, ref, earlier, shapes = _open_checkpoints(paths, reference, public)
+    packer = SignPacker(shapes, [f.client for f in files], backend=backend, device=device)
+    base = _read_reference(ref, packer.layout, device) if ref is not None else None
+    _add_client_updates(packer, files, base, device)
+    steps = _public_steps(earlier, ref, base, packer.layout, device, conditioning) if earlier else None
+    report = packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
+                          duplicates=duplicates, public=steps, conditioning=conditioning)
+    return _warn_if_all_copies(report, with_reference=ref is not None)
+
+
+def _open_checkpoints(paths, reference, public):
+    """(the clients' files, the reference's or None, the earlier globals', the tensors' shapes), every header read
+    and checked (at least two clients, the public globals only with a reference, every file's tensors alike)."""
     files = [open_adapter(path, client) for client, path in client_paths(paths).items()]
     if len(files) < 2:
         raise InputError(f"need at least two clients to score, got {len(files)}")
@@ -143,12 +156,19 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
     shapes = check_same_tensors(files, ref)
     if earlier:
         check_same_tensors(earlier, ref)
-    packer = SignPacker(shapes, [f.client for f in files], backend=backend, device=device)
-    base = None
-    if ref is not None:
-        with open(ref.path, "rb") as handle:
-            base = _read_update(ref, handle, packer.layout, device)
-        _check_finite_reference(ref, base)
+    return files, ref, earlier, shapes
+
+
+def _read_reference(ref: AdapterFile, layout: Layout, device) -> Mapping[str, torch.Tensor]:
+    """The reference's tensors, read as a client's are; refused if any holds NaN or Inf."""
+    with open(ref.path, "rb") as handle:
+        base = _read_update(ref, handle, layout, device)
+    _check_finite_reference(ref, base)
+    return base
+
+
+def _add_client_updates(packer: SignPacker, files: Sequence[AdapterFile], base, device) -> None:
+    """Each client's update (its adapter minus ``base`` when given) packed, one client's tensors in memory at a time."""
     for file in files:
         with open(file.path, "rb") as handle:
             update = _read_update(file, handle, packer.layout, device)
@@ -159,10 +179,6 @@ def score_checkpoints(paths: Sequence[str | os.PathLike] | Mapping[str, str | os
                 update = {name: update_from_reference(update[name], base[name]) for name in update}
         packer.add_many(file.client, update)
         del update
-    steps = _public_steps(earlier, ref, base, packer.layout, device, conditioning) if earlier else None
-    report = packer.score(peers=peers, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, pairs=pairs,
-                          duplicates=duplicates, public=steps, conditioning=conditioning)
-    return _warn_if_all_copies(report, with_reference=ref is not None)
 
 
 def _public_steps(earlier: Sequence[AdapterFile], ref: AdapterFile, base, layout: Layout, device,
