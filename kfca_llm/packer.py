@@ -253,10 +253,10 @@ class SignPacker:
         None when there is nothing to condition on."""
         if not isinstance(conditioning, PublicConditioning):
             raise InputError(f"conditioning must be a PublicConditioning, got {type(conditioning).__name__}")
+        if isinstance(public, PublicPlanes):  # packed already: conditioned when they were built
+            return public if public.n_planes else None
         if public is None or conditioning == OFF or not conditioning.enabled:
             return None
-        if isinstance(public, PublicPlanes):
-            return public if public.n_planes else None
         return public_planes(self.layout, public, conditioning, self.buffers.device)
 
     def find_duplicates(self, rule: DuplicateRule = DuplicateRule(),

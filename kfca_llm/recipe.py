@@ -165,9 +165,9 @@ class KfcaConfig(_Section):
     reference_rows: StrictInt = Field(0, ge=0)
     reference_weight: StrictFloat = Field(4.0, ge=0.0)
     # Pay only for agreement the public trajectory does not predict (kfca_llm.engine.public): the penalty is drawn
-    # within strata of the last public-steps steps of the global adapter (their cumulative signs) and
+    # within strata of public-steps sign planes (the global adapter's change over the last 1, 2, 4, ... rounds) and
     # public-buckets quantile buckets of the newest step's magnitude. 0 steps: off (the paper's rewards).
-    public_steps: StrictInt = Field(3, ge=0, le=4)
+    public_steps: StrictInt = Field(5, ge=0, le=5)
     public_buckets: StrictInt = Field(2, ge=1, le=16)
 
     @field_validator("public_buckets")

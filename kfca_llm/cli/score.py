@@ -39,8 +39,8 @@ def add_parser(subparsers) -> None:
     score.add_argument("--public", nargs="+", default=None, metavar="EARLIER_GLOBAL",
                        help="earlier global adapters, oldest first (the reference is the newest): pay only for "
                             "agreement the global's public steps do not predict (kfca_llm.engine.public)")
-    score.add_argument("--public-steps", type=int, default=3,
-                       help="how many of the newest public steps count (default 3; 0: off)")
+    score.add_argument("--public-steps", type=int, default=5,  # PublicConditioning's (engine.public imports torch)
+                       help="sign planes of the global's change over the last 1, 2, 4, ... rounds (default 5; 0: off)")
     score.add_argument("--public-buckets", type=int, default=2,
                        help="magnitude buckets of the newest public step (a power of two; default 2)")
     score.add_argument("--json", default=None, help="also write the report as JSON to this file")

@@ -7,10 +7,13 @@ public information, and the penalty task pairs are drawn within the bonus task's
 Serum's idea: pay agreement beyond what the public prior predicts). A report constant within each stratum
 then earns exactly its expected penalty on the bonus tasks, 0 in expectation.
 
-A coordinate's stratum, from the ``K`` newest steps ``g_1`` (newest), ``g_2``, ...:
+A coordinate's stratum, from the newest steps ``g_1`` (newest), ``g_2``, ...:
 
-* ``K`` sign bits: bit ``k`` is set where ``g_1 + ... + g_(k+1) < 0`` (the reports' convention: -0.0 and 0
-  are not negative), so ``free-ride:k`` for every ``k <= K`` is constant within a stratum;
+* ``K`` sign bits at doubling spans: bit ``k`` is set where ``g_1 + ... + g_(s_k) < 0`` with ``s_k = 2**k`` (the
+  reports' convention: -0.0 and 0 are not negative), so the global's change over the last 1, 2, 4, ... rounds is
+  constant within a stratum, and a change over a span in between (a client sampled every 10 rounds replays the
+  change since it was last sampled) is nearly so. Early in a run, with ``L < 2**(K-1)`` steps, the spans are
+  ``min(2**k, L)`` without repeats: every step known counts;
 * ``log2(Q)`` magnitude bits: the bucket of ``|g_1|`` among ``Q`` quantile buckets of its tensor (bucket
   ``b`` counts the thresholds ``|g_1|`` reaches; threshold ``q`` is the ``floor(q n / Q)``-th smallest value,
   an element of the tensor, so no interpolation and no float that a device could round differently).
@@ -32,16 +35,17 @@ from ..errors import InputError
 from ..kernels.intrinsics import WORD_BITS
 from .layout import Layout
 
-MAX_STEPS = 4
+MAX_STEPS = 5
 MAX_PLANES = 6  # 64 strata: the CPU kernel's masks per chunk of words stay within 1.5 MiB
 
 
 @dataclass(frozen=True)
 class PublicConditioning:
-    """How scoring conditions on the public trajectory: ``steps`` newest global steps (0: off, today's
-    rewards bit for bit) and ``magnitude_buckets`` quantile buckets of the newest step's magnitude."""
+    """How scoring conditions on the public trajectory: ``steps`` sign planes of the global's change over the last
+    1, 2, 4, ... ``2**(steps-1)`` rounds (0: off, the paper's rewards bit for bit) and ``magnitude_buckets`` quantile
+    buckets of the newest step's magnitude."""
 
-    steps: int = 3
+    steps: int = 5
     magnitude_buckets: int = 2
 
     def __post_init__(self):
@@ -63,6 +67,11 @@ class PublicConditioning:
     def enabled(self) -> bool:
         return self.steps > 0
 
+    @property
+    def history(self) -> int:
+        """How many of the newest global steps the planes read (the longest span; 0 when off)."""
+        return 1 << (self.steps - 1) if self.steps else 0
+
 
 OFF = PublicConditioning(steps=0, magnitude_buckets=1)
 
@@ -73,7 +82,7 @@ class PublicPlanes:
 
     words: object
     steps: int
-    """How many public steps the sign planes cover (fewer than asked for early in a run)."""
+    """How many sign planes (spans) there are: fewer than asked for early in a run."""
     magnitude_bits: int
 
     @property
@@ -121,13 +130,14 @@ def check_public_steps(layout: Layout, steps: Sequence[Mapping]) -> list[Mapping
 
 def public_planes(layout: Layout, steps: Sequence[Mapping], conditioning: PublicConditioning,
                   device=None) -> PublicPlanes | None:
-    """The strata planes of the newest ``conditioning.steps`` of ``steps`` (oldest first), on ``device``; None
+    """The strata planes of ``steps`` (oldest first; the newest ``conditioning.history`` count), on ``device``; None
     when conditioning is off or there is no step (round 1: nothing public yet)."""
     steps = check_public_steps(layout, steps)
-    used = min(conditioning.steps, len(steps))
-    if used == 0:
+    spans = public_spans(conditioning, len(steps))
+    if not spans:
         return None
-    newest_first = steps[::-1][:used]
+    newest_first = steps[::-1][:spans[-1]]
+    used = len(spans)
     n_planes = used + conditioning.magnitude_bits
     bits = torch.zeros((n_planes, layout.padded_numel), dtype=torch.bool, device=device)
     for slot in layout.slots:
@@ -136,12 +146,19 @@ def public_planes(layout: Layout, steps: Sequence[Mapping], conditioning: Public
         values = [torch.as_tensor(step[slot.name]).to(device=device, dtype=torch.float64).reshape(-1)
                   for step in newest_first]
         total = torch.zeros_like(values[0])
-        for k, value in enumerate(values):  # elementwise sums, newest first: the same on every device
+        for n, value in enumerate(values, start=1):  # elementwise sums, newest first: the same on every device
             total = total + value
-            bits[k, start:stop] = total < 0
+            if n in spans:
+                bits[spans.index(n), start:stop] = total < 0
         for b, plane in enumerate(magnitude_bucket_bits(values[0].abs(), conditioning.magnitude_buckets)):
             bits[used + b, start:stop] = plane
     return PublicPlanes(pack_planes(bits), steps=used, magnitude_bits=conditioning.magnitude_bits)
+
+
+def public_spans(conditioning: PublicConditioning, n_steps: int) -> list[int]:
+    """The spans (newest steps summed) of the sign planes when ``n_steps`` steps are known: ``min(2**k, n_steps)``
+    for ``k < conditioning.steps``, without repeats."""
+    return sorted({min(1 << k, n_steps) for k in range(conditioning.steps)} - {0})
 
 
 def magnitude_bucket_bits(magnitude: torch.Tensor, buckets: int) -> list[torch.Tensor]:

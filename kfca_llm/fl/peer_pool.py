@@ -57,7 +57,7 @@ import numpy as np
 
 from ..engine import get_backend
 from ..engine.duplicates import DuplicateGroup, DuplicateRule
-from ..engine.public import OFF, PublicConditioning
+from ..engine.public import OFF, PublicConditioning, PublicPlanes
 from ..engine.stats import PairPayment, joint_tables, pair_payments
 from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
@@ -106,6 +106,8 @@ class PooledRound:
     charged_back: dict[str, float] = dataclasses.field(default_factory=dict)
     """Participant of ``resubmitted`` -> what those entries had been paid and its reward was charged (0: nothing to
     charge, or charged by an earlier resubmission)."""
+    planes: PublicPlanes | None = None
+    """The round's public strata every pair was scored within (None: unconditioned); a pending round keeps them."""
 
     @property
     def used_pool(self) -> bool:
@@ -146,12 +148,14 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     of a trusted reference update (``fl.reference``), a peer of every scorer with weight ``reference_weight``
     (0: ignored). ``horizon``: a later round settling this one (``fl.pool_settle``): pool peers, lag weights and
     records come from the window on both sides of ``round_`` up to the horizon, copies from the rounds before it.
-    ``public`` / ``conditioning``: the in-round scores' public trajectory (``SignPacker.score``); the pool's
-    entries are scored without it.
+    ``public`` / ``conditioning``: the round's public trajectory (``SignPacker.score``: steps, or their packed
+    ``PublicPlanes``); every pair of the round, pool pairs included, is scored within its strata (a pool entry is
+    read as a report on this round's tasks, so on this round's public information too).
     """
+    planes = packer.public_planes(public, conditioning)
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
                           duplicates=duplicates, duplicate_rule=duplicate_rule, copy_candidates=copy_candidates,
-                          public=public, conditioning=conditioning)
+                          public=planes)
     reference_weight = check_reference_weight(reference_weight)
     if reference is not None and reference_weight > 0:
         reference = np.asarray(reference)
@@ -163,14 +167,16 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     in_round_rewards = dict(report.rewards)
     pool_on = pool is not None and pool.settings.enabled
     if not pool_on and reference is None:
-        return PooledRound(report, {c: [] for c in report.rewards}, (), in_round_rewards=in_round_rewards)
+        return PooledRound(report, {c: [] for c in report.rewards}, (), in_round_rewards=in_round_rewards,
+                           planes=planes)
     real = set(packer.clients if copy_candidates is None else map(str, copy_candidates))
     in_round = report.peers
     owner = {c: c for c in real} | dict(owners or {})
     short = [c for c in sorted(report.rewards)
              if pool_on and c in owner and len(set(in_round[c])) < pool.settings.min_peers]
     if not short and reference is None:
-        return PooledRound(report, {c: [] for c in report.rewards}, (), in_round_rewards=in_round_rewards)
+        return PooledRound(report, {c: [] for c in report.rewards}, (), in_round_rewards=in_round_rewards,
+                           planes=planes)
     chosen = {c: pool.candidates(round_, owner[c], exclude=sorted(real), horizon=horizon) for c in short}
     # Every entry of the window and the round before it (earlier rounds first: copy detection covers them all), and
     # the rounds after it up to a settling horizon: lag weights need them all.
@@ -181,17 +187,18 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
         report = dataclasses.replace(report, rewards={c: 0.0 if c in short else r for c, r in report.rewards.items()})
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined, in_round_rewards=in_round_rewards,
                            short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings),
-                           unpaid=tuple(short))
+                           unpaid=tuple(short), planes=planes)
     return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, seed=seed, penalty=penalty,
                          bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
-                         reference=reference, reference_weight=reference_weight, horizon=horizon)
+                         reference=reference, reference_weight=reference_weight, horizon=horizon, planes=planes)
 
 
 def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
                   rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str],
                   owner: Mapping[str, str], *,
                   seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
-                  reference: np.ndarray | None, reference_weight: float, horizon: int | None) -> PooledRound:
+                  reference: np.ndarray | None, reference_weight: float, horizon: int | None,
+                  planes: PublicPlanes | None) -> PooledRound:
     signs, task = packer.words()
     names = [*packer.clients, *rows, *([REFERENCE] if reference is not None else [])]
     index = {name: k for k, name in enumerate(names)}
@@ -209,6 +216,9 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
         buffers.signs[index[REFERENCE], :n_words] = reference
     buffers.task[:n_words] = task
     counts = cpu.round_counts(buffers, seed, bonus_fraction)
+    if planes is not None:
+        negatives, sizes = cpu.stratum_counts(buffers, seed, bonus_fraction, planes.host_words())
+        counts = dataclasses.replace(counts, strata_negatives=negatives, strata_sizes=sizes)
 
     pool_copies, lag_weights = (), {}
     if rows:
@@ -293,7 +303,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                        undetermined, pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards),
                        short=tuple(chosen), warming=warming,
                        cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict),
-                       unpaid=tuple(sorted(unsure)), resubmitted=resubmitted, charged_back=charged_back)
+                       unpaid=tuple(sorted(unsure)), resubmitted=resubmitted, charged_back=charged_back,
+                       planes=planes)
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..engine.duplicates import DuplicateRule
 from ..engine.layout import Layout
+from ..engine.public import PublicPlanes
 from ..errors import InputError
 from ..packer import SignPacker
 from .peer_pool import PooledRound, score_with_pool
@@ -58,6 +59,8 @@ class PendingRound:
     owners: Mapping[str, str] = dataclasses.field(default_factory=dict)
     """Scorer -> its participant, for the attack analysis' side-by-side submissions (``score_with_pool``'s ``owners``):
     settled as their owner's pool would pay them, never pool entries."""
+    planes: PublicPlanes | None = None
+    """The round's public strata (host words), as it was scored: settling scores it within them again."""
 
     def packer(self) -> SignPacker:
         return SignPacker.from_words(dict(self.shapes), self.words, self.task)
@@ -67,16 +70,22 @@ class PendingRound:
         return {"round": self.round, "seed": self.seed, "shapes": [[n, list(s)] for n, s in self.shapes],
                 "clients": sorted(self.words), "pairs": [list(p) for p in self.pairs], "waiting": list(self.waiting),
                 "penalty": self.penalty, "bonus_fraction": self.bonus_fraction, "duplicates": self.duplicates,
-                "duplicate_rule": dataclasses.asdict(self.duplicate_rule), "owners": dict(self.owners)}
+                "duplicate_rule": dataclasses.asdict(self.duplicate_rule), "owners": dict(self.owners),
+                **({} if self.planes is None else {"public_steps": self.planes.steps,
+                                                   "public_magnitude_bits": self.planes.magnitude_bits})}
 
     @classmethod
-    def from_metadata(cls, meta: Mapping, words: Mapping[str, np.ndarray], task: np.ndarray) -> PendingRound:
+    def from_metadata(cls, meta: Mapping, words: Mapping[str, np.ndarray], task: np.ndarray,
+                      planes: np.ndarray | None = None) -> PendingRound:
         try:
+            public = None if planes is None else PublicPlanes(np.asarray(planes, dtype=np.int32),
+                                                              int(meta["public_steps"]),
+                                                              int(meta["public_magnitude_bits"]))
             return cls(int(meta["round"]), int(meta["seed"]), tuple((str(n), tuple(map(int, s))) for n, s in meta["shapes"]),
                        dict(words), np.asarray(task, dtype=np.int32), tuple((str(a), str(b)) for a, b in meta["pairs"]),
                        tuple(map(str, meta["waiting"])), str(meta["penalty"]), float(meta["bonus_fraction"]),
                        str(meta["duplicates"]), DuplicateRule(**meta["duplicate_rule"]),
-                       {str(k): str(v) for k, v in meta.get("owners", {}).items()})
+                       {str(k): str(v) for k, v in meta.get("owners", {}).items()}, public)
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"a pending round's record is not one this version reads ({exc})") from None
 
@@ -135,8 +144,10 @@ def _keep_pending(pool: PeerPool, packer: SignPacker, signs: np.ndarray, task: n
     pairs = tuple((c, p) for c, peers in sorted(pooled.report.peers.items()) if c in words for p in peers
                   if p in words and p != REFERENCE and parse_pool_name(p) is None)
     shapes = tuple((slot.name, tuple(slot.shape)) for slot in packer.layout.slots)
+    planes = None if pooled.planes is None else dataclasses.replace(pooled.planes, words=pooled.planes.host_words().copy())
     pool.pending[round_] = PendingRound(round_, seed, shapes, words, np.ascontiguousarray(task, dtype=np.int32).copy(),
-                                        pairs, waiting, penalty, bonus_fraction, duplicates, duplicate_rule, owners)
+                                        pairs, waiting, penalty, bonus_fraction, duplicates, duplicate_rule, owners,
+                                        planes)
 
 
 def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> PooledRound:
@@ -145,7 +156,7 @@ def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> Pooled
                            penalty=pending.penalty, bonus_fraction=pending.bonus_fraction,
                            duplicates=pending.duplicates, duplicate_rule=pending.duplicate_rule,
                            copy_candidates=sorted(c for c in pending.words if c not in pending.owners),
-                           owners=pending.owners, horizon=horizon)
+                           owners=pending.owners, horizon=horizon, public=pending.planes)
 
 
 def settle_due(pool: PeerPool, horizon: int) -> list[Settlement]:
@@ -195,6 +206,8 @@ def pending_to_arrays(pool: PeerPool) -> tuple[dict[str, np.ndarray], str]:
     arrays, records = {}, []
     for k, pending in enumerate(pool.pending[t] for t in sorted(pool.pending)):
         arrays[f"pending.{k}.task"] = pending.task
+        if pending.planes is not None:
+            arrays[f"pending.{k}.@public"] = pending.planes.host_words()
         for client, words in sorted(pending.words.items()):
             arrays[f"pending.{k}.{client}"] = words
         records.append(pending.metadata())
@@ -205,7 +218,7 @@ def pending_from_arrays(arrays: Mapping[str, np.ndarray], records: str) -> dict[
     out = {}
     for k, meta in enumerate(json.loads(records)):
         words = {c: np.asarray(arrays[f"pending.{k}.{c}"], dtype=np.int32) for c in meta["clients"]}
-        pending = PendingRound.from_metadata(meta, words, arrays[f"pending.{k}.task"])
+        pending = PendingRound.from_metadata(meta, words, arrays[f"pending.{k}.task"], arrays.get(f"pending.{k}.@public"))
         Layout.from_shapes(dict(pending.shapes))  # a misshapen record fails here, not at settling time
         out[pending.round] = pending
     return out

@@ -246,8 +246,8 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     # The globals each attacking client received, oldest first: the newest ``window`` the free riders read.
     window = public_windows([a.spec for a in [*analysis, *fixed.values()]])
     publics: dict[str, list[StateDict]] = {cid: [] for cid in histories} if window else {}
-    # The globals the server sent, oldest first: the newest public-steps + 1 of them give the public steps that
-    # scoring conditions on (kfca.public-steps).
+    # The globals the server sent, oldest first: the newest ones give the public steps that scoring conditions on
+    # (kfca.public-steps: the global's change over the last 1, 2, 4, ... rounds).
     sent: list[StateDict] = []
     pool = PeerPool(pool_settings(recipe))
     start = 1
@@ -298,7 +298,7 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             model, global_state, reference_rows, recipe, server_round=t, device=procs.device, pad_token_id=pad_id)
         kfca_seed = derive_seed(seed, KFCA, t)
         train_s += clock.lap()
-        sent = [*sent, global_state][-(recipe.kfca.public_steps + 1):]
+        sent = [*sent, global_state][-(recipe.kfca.conditioning.history + 1):]
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
                              pool=pool, round_=t, reference=reference, public=public_steps(sent))
         scoring_s = clock.lap()

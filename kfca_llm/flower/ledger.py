@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS rounds (
     categorical_world INTEGER, valid_replies INTEGER NOT NULL, failed_replies INTEGER NOT NULL,
     recorded_at TEXT NOT NULL, package_version TEXT NOT NULL, settings TEXT NOT NULL, layout TEXT,
     task_sha256 TEXT, signs_kept INTEGER NOT NULL, global_sha256 TEXT, prev_hash TEXT NOT NULL,
-    chain_hash TEXT NOT NULL UNIQUE, undetermined TEXT, reference_sha256 TEXT, PRIMARY KEY (run_id, round));
+    chain_hash TEXT NOT NULL UNIQUE, undetermined TEXT, reference_sha256 TEXT, public_sha256 TEXT,
+    public_steps INTEGER, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS rewards (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, participant TEXT NOT NULL, node_id TEXT NOT NULL,
     reward REAL NOT NULL, peers TEXT NOT NULL, num_examples INTEGER, sign_sha256 TEXT NOT NULL,
@@ -157,9 +158,9 @@ class Ledger:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.executescript(_SCHEMA)  # idempotent; executescript commits first, so before BEGIN
                 # Columns added after version 4 was first written (additive: their rows read as None).
-                for column in ADDED_ROUND_COLUMNS:
+                for column, sql_type in ADDED_ROUND_COLUMNS.items():
                     if not _has_column(conn, "rounds", column):
-                        conn.execute(f"ALTER TABLE rounds ADD COLUMN {column} TEXT")
+                        conn.execute(f"ALTER TABLE rounds ADD COLUMN {column} {sql_type}")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -242,7 +243,9 @@ class Ledger:
             task_sha256=entry.task_sha256, signs_kept=entry.signs is not None,
             global_sha256=None if entry.global_arrays is None else entry.global_arrays[0],
             undetermined=None if entry.undetermined is None else tuple(entry.undetermined),
-            reference_sha256=entry.reference_sha256)
+            reference_sha256=entry.reference_sha256,
+            public_sha256=None if entry.public is None else entry.public[0],
+            public_steps=None if entry.public is None else int(entry.public[1]))
         conn = _connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -263,14 +266,14 @@ class Ledger:
                                     entry.settlements)
                 conn.execute("INSERT INTO rounds (run_id, round, status, seed, categorical_world, valid_replies, "
                              "failed_replies, recorded_at, package_version, settings, layout, task_sha256, signs_kept, "
-                             "global_sha256, prev_hash, chain_hash, undetermined, reference_sha256) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             "global_sha256, prev_hash, chain_hash, undetermined, reference_sha256, public_sha256, "
+                             "public_steps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (r.run_id, r.round, r.status, r.seed, None if r.categorical_world is None
                               else int(r.categorical_world), r.valid_replies, r.failed_replies, r.recorded_at,
                               r.package_version, canonical_json(r.settings), _json_or_null(r.layout),
                               r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest,
                               _json_or_null(None if r.undetermined is None else list(r.undetermined)),
-                              r.reference_sha256))
+                              r.reference_sha256, r.public_sha256, r.public_steps))
                 for row in entry.rewards:
                     conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (row.run_id, row.round, row.participant, row.node_id, row.reward,
@@ -321,7 +324,7 @@ def _has_column(conn: sqlite3.Connection, table: str, column: str) -> bool:
 
 # Versions 1-2: keyed by node id, settings per run, no chain, no participants; read as version 3 rows.
 _OLD_REWARDS = {"participant": "node_id", "unadjusted_reward": "unadjusted_reward", "duplicate_group": "duplicate_group"}
-_OLD_ROUNDS = {"undetermined": "NULL", "reference_sha256": "NULL", "package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
+_OLD_ROUNDS = {**{c: "NULL" for c in ADDED_ROUND_COLUMNS}, "package_version": "''", "layout": "NULL", "task_sha256": "NULL", "signs_kept": "0",
                "global_sha256": "NULL", "prev_hash": "NULL", "chain_hash": "NULL",
                "settings": "(SELECT json_object('peers', peers, 'penalty', penalty, 'seed', runs.seed, 'bonus_fraction', "
                            "bonus_fraction, 'aggregation', aggregation{duplicates}) FROM runs "

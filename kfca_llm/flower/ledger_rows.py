@@ -91,6 +91,11 @@ class RoundRow:
     reference_sha256: str | None = None
     """SHA-256 of the trusted reference's packed sign words the round was scored against (``fl.reference``; kept
     in the signs store when the run keeps signs, so ``kfca-llm verify`` recomputes the round); None: no reference."""
+    public_sha256: str | None = None
+    """SHA-256 of the public strata's packed planes the round was scored within (``engine.public``: ``public_steps``
+    sign planes, then the magnitude planes; kept in the signs store when the run keeps signs); None: unconditioned."""
+    public_steps: int | None = None
+    """How many of the global's steps the planes cover (fewer than the setting early in a run); None: unconditioned."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,8 @@ class RoundEntry:
     undetermined: Sequence[str] | None = None
     reference_sha256: str | None = None
     """SHA-256 of the reference's sign words (its bytes in ``signs`` when kept); None: no reference."""
+    public: tuple[str, int] | None = None
+    """(SHA-256, steps) of the public strata's planes (their bytes in ``signs`` when kept); None: unconditioned."""
     settlements: Sequence[SettlementRow] = ()
     """Earlier undetermined rounds' participants this round settled (``fl.pool_settle``)."""
 
@@ -198,10 +205,11 @@ def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow]
     return sha256_hex((prev_hash + canonical_json(body)).encode())
 
 
-_ADDED_ROUND_FIELDS = ("undetermined", "reference_sha256")
-ADDED_ROUND_COLUMNS = _ADDED_ROUND_FIELDS
-"""Columns of ``rounds`` added to schema 4 after it was first written: a ledger may lack them (read as None),
-the chain hashes them only where recorded."""
+ADDED_ROUND_COLUMNS = {"undetermined": "TEXT", "reference_sha256": "TEXT", "public_sha256": "TEXT",
+                       "public_steps": "INTEGER"}
+"""Columns of ``rounds`` added to schema 4 after it was first written, with their SQL types: a ledger may lack them
+(read as None), the chain hashes them only where recorded."""
+_ADDED_ROUND_FIELDS = tuple(ADDED_ROUND_COLUMNS)
 
 
 def chain_hasher(contents: LedgerContents):

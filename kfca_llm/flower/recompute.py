@@ -38,11 +38,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, duplicates: str,
                      duplicate_rule: DuplicateRule, aggregation: str, seed: int, identity: str,
                      pool: Mapping[str, Any] | None = None, reference_weight: float | None = None,
-                     weak_verdict: str | None = None) -> dict[str, Any]:
+                     weak_verdict: str | None = None, public=None) -> dict[str, Any]:
     """What decides a round's payments, as the ledger records it per run and per round (JSON); ``pool``: the
     peer pool's settings (``PoolSettings.to_dict``), left out where there is none; ``reference_weight``: the
     trusted reference's weight (``fl.reference``), left out where there is no reference; ``weak_verdict``: the
-    aggregation's weak-verdict rule (``fl.aggregate``), left out where the aggregation takes every reply."""
+    aggregation's weak-verdict rule (``fl.aggregate``), left out where the aggregation takes every reply; ``public``:
+    the ``PublicConditioning`` of the public strata, left out where there is none."""
     out = {"peers": peers, "penalty": penalty, "bonus_fraction": float(bonus_fraction), "duplicates": duplicates,
            "duplicate_rule": dataclasses.asdict(duplicate_rule), "aggregation": aggregation, "seed": int(seed),
            "identity": identity}
@@ -52,6 +53,8 @@ def scoring_settings(*, peers: int | None, penalty: str, bonus_fraction: float, 
         out["reference_weight"] = float(reference_weight)
     if weak_verdict is not None:
         out["weak_verdict"] = weak_verdict
+    if public is not None:
+        out["public"] = {"steps": int(public.steps), "magnitude_buckets": int(public.magnitude_buckets)}
     return out
 
 
@@ -99,12 +102,13 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
             reference = _read_words(ledger, round_row.reference_sha256, n_bytes)
         if "pool" in round_row.settings and pools is None:
             raise _Unverifiable("a round scored with a peer pool needs the earlier rounds to rebuild it")
-        def read(sha: str) -> np.ndarray:
-            return _read_words(ledger, sha, n_bytes)
+        def read(sha: str, rows: int = 1) -> np.ndarray:
+            return _read_words(ledger, sha, rows * n_bytes)
 
+        planes = recorded_planes(round_row, read)
         pool = None if pools is None else pools.before(round_row, read)
         try:
-            report = _rescore(round_row, words, task, backend, pool, reference)
+            report = _rescore(round_row, words, task, backend, pool, reference, planes)
         except (InputError, ValueError, TypeError, KeyError) as exc:  # hostile settings the chain still covers
             raise _Unverifiable(f"this version cannot score the round with its recorded settings "
                                 f"({printable(str(exc))[:160]})") from None
@@ -178,6 +182,29 @@ def updates_from_words(layout: Sequence[tuple[str, tuple[int, ...]]], words: np.
     return out
 
 
+def recorded_planes(round_row: RoundRow, read_words) -> Any:
+    """The public strata's planes (``engine.public.PublicPlanes``) a round was scored within, read from the store by
+    ``read_words(sha, rows)`` (None: unconditioned); ``_Damaged`` / ``_Unverifiable`` when they cannot be."""
+    from ..engine.public import PublicConditioning, PublicPlanes
+
+    if round_row.public_sha256 is None:
+        if round_row.public_steps is not None:
+            raise _Damaged("the round records public steps without their planes")
+        return None
+    try:
+        recorded = round_row.settings["public"]
+        conditioning = PublicConditioning(int(recorded["steps"]), int(recorded["magnitude_buckets"]))
+    except (KeyError, TypeError, ValueError) as exc:  # InputError among them
+        raise _Unverifiable(f"the round's public strata were recorded without settings this version reads ({exc})"
+                            ) from None
+    steps = round_row.public_steps
+    if steps is None or not 1 <= steps <= conditioning.steps:
+        raise _Damaged(f"the round records {steps!r} public steps; its settings allow 1 to {conditioning.steps}")
+    n_planes = steps + conditioning.magnitude_bits
+    words = np.ascontiguousarray(read_words(round_row.public_sha256, n_planes), dtype=np.int32)
+    return PublicPlanes(words.reshape(n_planes, -1), steps, conditioning.magnitude_bits)
+
+
 def pending_from_rows(round_row: RoundRow, rows: Sequence[RewardRow], read_words) -> Any:
     """The ``fl.pool_settle.PendingRound`` a live run kept after ``round_row`` (undetermined participants waiting), from
     its rows and kept words (None: nobody waited)."""
@@ -192,7 +219,8 @@ def pending_from_rows(round_row: RoundRow, rows: Sequence[RewardRow], read_words
     return PendingRound(round_row.round, round_row.seed, tuple(round_row.layout), words,
                         np.ascontiguousarray(read_words(round_row.task_sha256), dtype=np.int32), pairs,
                         tuple(round_row.undetermined), settings["penalty"], float(settings["bonus_fraction"]),
-                        settings["duplicates"], DuplicateRule(**settings["duplicate_rule"]))
+                        settings["duplicates"], DuplicateRule(**settings["duplicate_rule"]),
+                        planes=recorded_planes(round_row, read_words))
 
 
 def _settlement(row: SettlementRow):
@@ -336,7 +364,7 @@ def _settlement_mismatches(pool, horizon: int, rows: Sequence[SettlementRow]) ->
 
 
 def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None,
-             reference: np.ndarray | None = None):
+             reference: np.ndarray | None = None, planes=None):
     from ..fl.peer_pool import POOL_RULE, score_with_pool
     from ..packer import SignPacker
 
@@ -366,7 +394,7 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
     pooled = score_with_pool(packer, pool, round_row.round, peers=peers, seed=round_row.seed, penalty=penalty,
                              bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule,
                              reference=None if reference is None else np.ascontiguousarray(reference, dtype=np.int32),
-                             reference_weight=settings.get("reference_weight") or 0.0)
+                             reference_weight=settings.get("reference_weight") or 0.0, public=planes)
     recorded_rule = settings["pool"].get("rule", 1) if isinstance(settings.get("pool"), dict) else POOL_RULE
     if pooled.short and pool is not None and recorded_rule != POOL_RULE:
         raise _Unverifiable(f"the round's short participants were paid under peer-pool rule {recorded_rule!r}; this "

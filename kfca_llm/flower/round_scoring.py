@@ -18,11 +18,13 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common import log
 
 from ..engine.duplicates import DuplicateRule
+from ..engine.public import OFF, PublicConditioning
 from ..errors import InputError
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
 from ..fl.pool_settle import Settlement, close_round
 from ..packer import SignPacker
 from ..report import RewardReport
+from ..tensors import is_float
 from .ledger import global_path, read_ledger, signs_path
 from .ledger_rows import sha256_hex
 from .recompute import PoolTracker, words_bytes
@@ -43,6 +45,8 @@ class ScoredRound:
     """SHA-256 of the reference's sign words the round was scored against (None: none); kept in ``signs``."""
     settlements: list[Settlement] = field(default_factory=list)
     """Participants of earlier undetermined rounds this round's pool settled (``fl.pool_settle``)."""
+    public: tuple[str, int] | None = None
+    """(SHA-256, steps) of the public strata's planes the round was scored within (kept in ``signs``); None: none."""
 
     @property
     def report(self) -> RewardReport:
@@ -70,14 +74,48 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
     return out
 
 
+class PublicTrajectory:
+    """The globals the server sent, the newest last, as many as the conditioning's longest span needs (float arrays
+    only); a global whose float tensors differ in names or shapes from the one before starts it again."""
+
+    def __init__(self, conditioning: PublicConditioning):
+        self.conditioning = conditioning
+        self._sent: list[dict[str, np.ndarray]] = []
+
+    def sent(self, arrays: ArrayRecord) -> None:
+        """Remember the global of a round (``configure_train``'s arrays)."""
+        if not self.conditioning.enabled:
+            return
+        floats = {name: array.numpy() for name, array in arrays.items()}
+        floats = {name: np.array(a, copy=True) for name, a in floats.items() if is_float(a)}
+        if self._sent and _shapes(self._sent[-1]) != _shapes(floats):
+            self._sent = []
+        self._sent = [*self._sent, floats][-(self.conditioning.history + 1):]
+
+    def steps(self, shapes: Mapping[str, tuple[int, ...]]) -> list[dict[str, np.ndarray]]:
+        """The global's steps (oldest first) over the scored tensors ``shapes``; none where the globals sent are
+        not of that layout (a wrapped strategy that sends other arrays than the global it was given)."""
+        if not self._sent or _shapes(self._sent[-1]) != dict(shapes):
+            return []
+        # An IEEE difference rounds to the sign of the exact one and is 0 only where the two are equal.
+        return [{name: new[name] - old[name] for name in shapes} for old, new in zip(self._sent, self._sent[1:])]
+
+
+def _shapes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(a.shape) for name, a in arrays.items()}
+
+
 def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers: int | None, seed: int,
                 penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
-                reference: np.ndarray | None, reference_weight: float, keep_signs: bool) -> ScoredRound:
+                reference: np.ndarray | None, reference_weight: float, keep_signs: bool,
+                public: list[Mapping[str, np.ndarray]] = (), conditioning: PublicConditioning = OFF) -> ScoredRound:
     """Score the packed round against its peers and ``pool`` (then add its participants, copies left out, to the
-    pool); ``reference``: the server's packed signs, or None."""
+    pool); ``reference``: the server's packed signs, or None; ``public``: the global's recent steps (oldest first),
+    the strata every pair is scored within under ``conditioning`` (``engine.public``)."""
+    planes = packer.public_planes(list(public), conditioning) if public else None
     pooled = score_with_pool(packer, pool, server_round, peers=peers, seed=seed, penalty=penalty,
                              bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
-                             reference=reference, reference_weight=reference_weight)
+                             reference=reference, reference_weight=reference_weight, public=planes)
     signs, task = packer.words()
     settlements = close_round(pool, packer, server_round, pooled, words=(signs, task), participants=packer.clients,
                               seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, duplicates=duplicates,
@@ -116,8 +154,14 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
         reference_sha = sha256_hex(reference_bytes)
         if keep_signs:
             kept[reference_sha] = reference_bytes
+    public_record = None
+    if planes is not None:  # a verifier scores the round within the same strata again
+        planes_bytes = words_bytes(planes.host_words())
+        public_record = (sha256_hex(planes_bytes), planes.steps)
+        if keep_signs:
+            kept[public_record[0]] = planes_bytes
     layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
-    return ScoredRound(pooled, digests, layout, task_sha, kept, reference_sha, settlements)
+    return ScoredRound(pooled, digests, layout, task_sha, kept, reference_sha, settlements, public_record)
 
 
 def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id: str, round_offset: int,
@@ -127,7 +171,7 @@ def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id:
     nothing of the rounds before the resume)."""
     tracker = PoolTracker.of(read_ledger(ledger), run_id)
 
-    def read(sha: str) -> np.ndarray:
+    def read(sha: str, rows: int = 1) -> np.ndarray:  # any size: the sign words' and the public planes' alike
         path = signs_path(ledger, sha)
         data = path.read_bytes() if path.is_file() else b""
         if sha256_hex(data) != sha:

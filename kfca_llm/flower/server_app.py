@@ -96,7 +96,8 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight,
                           own_replay_limit=own_replay_limit(recipe),
                           reference=reference, reference_weight=recipe.kfca.reference_weight,
-                          weak_verdict=recipe.kfca.weak_verdict)
+                          weak_verdict=recipe.kfca.weak_verdict, public_steps=recipe.kfca.public_steps,
+                          public_buckets=recipe.kfca.public_buckets)
 
 
 def make_server_app(defaults: Mapping[str, Any] = {}, *, strategy_class: type = KFCAStrategy,

@@ -33,6 +33,7 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from .. import __version__
 from ..engine import get_backend
 from ..engine.duplicates import DuplicateRule, check_duplicate_policy
+from ..engine.public import PublicConditioning
 from ..errors import InputError, NoTasksError
 from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation_weights, check_weak_verdict
 from ..fl.peer_pool import PeerPool, PoolSettings
@@ -52,8 +53,8 @@ from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 from .recompute import scoring_settings
 from .replies import (check_reply, identify, num_examples, reply_weight, reweighted, sent_arrays,
                       stop_if_every_node_failed)
-from .round_scoring import (REWARD_METRIC_PREFIX, ScoredRound, arrays_to_bytes, resumed_pool, round_metrics,
-                            score_round, stored_global_arrays)
+from .round_scoring import (REWARD_METRIC_PREFIX, PublicTrajectory, ScoredRound, arrays_to_bytes, resumed_pool,
+                            round_metrics, score_round, stored_global_arrays)
 
 AGGREGATION_MODES = REPLY_AGGREGATIONS
 
@@ -146,11 +147,18 @@ class KFCAStrategy(Strategy):
                  pool_window: int = PoolSettings.window, pool_peers: int = PoolSettings.pool_peers,
                  pool_weight: float = PoolSettings.weight, own_replay_limit: float = PoolSettings.own_replay_limit,
                  reference: Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]] | None = None,
-                 reference_weight: float = DEFAULT_REFERENCE_WEIGHT, weak_verdict: str = DEFAULT_WEAK_VERDICT):
+                 reference_weight: float = DEFAULT_REFERENCE_WEIGHT, weak_verdict: str = DEFAULT_WEAK_VERDICT,
+                 public_steps: int = PublicConditioning.steps,
+                 public_buckets: int = PublicConditioning.magnitude_buckets):
         strategy = FedAvg() if strategy is None else strategy
         _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
                        identity)
         self.weak_verdict = check_weak_verdict(weak_verdict)
+        self.conditioning = PublicConditioning(public_steps, public_buckets)
+        if self.conditioning.enabled and penalty == "sampled":
+            raise InputError('penalty="sampled" draws its penalty tasks from the whole task sets; the public strata '
+                             '(public_steps) need penalty="expected", or public_steps=0')
+        self._trajectory = PublicTrajectory(self.conditioning)
         if resume and ledger is None:
             raise InputError("resume needs a ledger (it continues the ledger's last run)")
         if receipt_key is not None and ledger is None:
@@ -183,7 +191,8 @@ class KFCAStrategy(Strategy):
                                          aggregation=aggregation, seed=self.seed, identity=identity,
                                          weak_verdict=None if aggregation == "all" else self.weak_verdict,
                                          pool=self.pool.settings.to_dict(),
-                                         reference_weight=None if reference is None else self.reference_weight)
+                                         reference_weight=None if reference is None else self.reference_weight,
+                                         public=self.conditioning if self.conditioning.enabled else None)
         self.rewards: dict[int, dict[str, float]] = {}
         self.node_ids: dict[int, dict[str, str]] = {}
         self.reports: dict[int, RewardReport] = {}
@@ -243,6 +252,7 @@ class KFCAStrategy(Strategy):
         messages = self._with_receipts(
             self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid))
         self._sent = {}
+        self._trajectory.sent(arrays)
         for message in messages:
             sent = message.content.get(self.arrayrecord_key) if message.has_content() else None
             self._sent[message.metadata.dst_node_id] = sent if isinstance(sent, ArrayRecord) else arrays
@@ -335,7 +345,8 @@ class KFCAStrategy(Strategy):
         return score_round(packer, self.pool, server_round, peers=peers, seed=self.round_seed(server_round),
                            penalty=self.penalty, bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
                            duplicate_rule=self.duplicate_rule, reference=reference,
-                           reference_weight=self.reference_weight, keep_signs=self.keep_signs)
+                           reference_weight=self.reference_weight, keep_signs=self.keep_signs,
+                           public=self._trajectory.steps(shapes), conditioning=self.conditioning)
 
     def _select(self, paid: Mapping[str, Message], scored: ScoredRound | None
                 ) -> tuple[list[Message], str | None]:
@@ -396,6 +407,7 @@ class KFCAStrategy(Strategy):
                 global_arrays=global_arrays, new_participants=new,
                 undetermined=None if scored is None else scored.pooled.undetermined,
                 reference_sha256=None if scored is None else scored.reference_sha256,
+                public=None if scored is None else scored.public,
                 settlements=settled))
             if self._post is not None:
                 self._post.issue([*rows, *settled], digest)

@@ -149,7 +149,23 @@ def test_bad_public_steps_are_refused_naming_the_step_and_tensor(rng):
         score_updates(updates, public=steps, penalty="sampled", backend="cpu")
 
 
-@pytest.mark.parametrize("steps, buckets", [(-1, 1), (5, 1), (1, 3), (4, 8), (True, 1), (2, 0)])
+@pytest.mark.parametrize("n_steps, spans", [(1, [1]), (3, [1, 2, 3]), (4, [1, 2, 4]), (6, [1, 2, 4]), (9, [1, 2, 4])])
+def test_the_sign_planes_are_the_changes_over_doubling_spans(rng, n_steps, spans):
+    """Plane k is the sign of the global's change over the last 2**k rounds (every step known, early in a run): a
+    client that replays the change since it was last sampled, rounds ago, reports what some plane nearly says."""
+    layout = Layout.from_shapes(SHAPES)
+    steps = _trajectory(rng, n_steps)
+    planes = public_planes(layout, steps, PublicConditioning(steps=3, magnitude_buckets=1))
+    assert planes.steps == len(spans) and planes.host_words().shape == (len(spans), layout.n_words)
+    for slot in layout.slots:
+        words = slice(slot.word_offset, slot.word_offset + slot.n_words)
+        for p, span in enumerate(spans):
+            change = sum(step[slot.name].numpy().ravel() for step in steps[-span:])
+            np.testing.assert_array_equal(planes.host_words()[p, words], pack_words(change < 0),
+                                          err_msg=f"{slot.name} span {span}")
+
+
+@pytest.mark.parametrize("steps, buckets", [(-1, 1), (6, 1), (1, 3), (5, 4), (True, 1), (2, 0)])
 def test_conditioning_settings_are_validated(steps, buckets):
     with pytest.raises(InputError):
         PublicConditioning(steps=steps, magnitude_buckets=buckets)

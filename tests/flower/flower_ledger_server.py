@@ -67,6 +67,8 @@ if __name__ == "__main__":
     parser.add_argument("--row-delay", type=float, default=0.0)
     parser.add_argument("--keep-signs", action="store_true")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--public-steps", type=int, default=None)
     args = parser.parse_args()
     serve(args.ledger, rounds=args.rounds, pause_round=args.pause_round, row_delay=args.row_delay,
-          keep_signs=args.keep_signs, resume=args.resume, report=lambda line: print(line, flush=True))
+          keep_signs=args.keep_signs, resume=args.resume, report=lambda line: print(line, flush=True),
+          **({} if args.public_steps is None else {"public_steps": args.public_steps}))

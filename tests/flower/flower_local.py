@@ -90,6 +90,14 @@ def honest_update(node: int, server_round: int) -> dict[str, np.ndarray]:
             for k, s in SHAPES.items()}
 
 
+def public_steps(sent: Mapping[int, Mapping[str, np.ndarray]], server_round: int) -> list[dict[str, np.ndarray]]:
+    """The global's steps up to ``server_round`` (oldest first) from the arrays sent each round (float ones): the public
+    trajectory ``KFCAStrategy`` conditions the round on."""
+    rounds = sorted(t for t in sent if t <= server_round)
+    return [{k: sent[new][k] - sent[old][k] for k in sent[new] if np.issubdtype(sent[new][k].dtype, np.floating)}
+            for old, new in zip(rounds, rounds[1:])]
+
+
 def reply_with(message: Message, arrays: ArrayRecord | None, examples=None, *, key: str = "arrays") -> Message:
     node = message.metadata.dst_node_id
     content = RecordDict({"metrics": MetricRecord({"num-examples": 10 * node if examples is None

@@ -88,17 +88,19 @@ def test_a_server_killed_mid_round_leaves_complete_rounds_and_a_restart_appends(
 
 
 def test_resume_after_a_crash_continues_the_run_from_its_last_committed_round(tmp_path, capsys):
+    """Unconditioned (public_steps=0), a resumed run pays what the uninterrupted one pays; the public trajectory
+    restarts at a resume (next test)."""
     ledger = tmp_path / "rewards.sqlite"
-    crashed = kill_inside_round(ledger, 3, "--keep-signs", "--rounds", "4")
+    crashed = kill_inside_round(ledger, 3, "--keep-signs", "--rounds", "4", "--public-steps", "0")
     assert [r["round"] for r in crashed] == [1, 2]
     assert main(["verify", str(ledger)]) == 0
     assert "2 match, 0 mismatch, 0 unverifiable" in capsys.readouterr().out
 
-    resumed = serve(ledger, rounds=4, keep_signs=True, resume=True, report=lambda line: None)
+    resumed = serve(ledger, rounds=4, keep_signs=True, resume=True, report=lambda line: None, public_steps=0)
     assert resumed.round_offset == 2 and sorted(resumed.rewards) == [3, 4]
     contents = read_ledger(ledger)
     assert [(r.run_id, r.round) for r in contents.rounds] == [(resumed.run_id, t) for t in (1, 2, 3, 4)]
-    uninterrupted = serve(tmp_path / "other.sqlite", rounds=4, report=lambda line: None)
+    uninterrupted = serve(tmp_path / "other.sqlite", rounds=4, report=lambda line: None, public_steps=0)
     assert {t: resumed.rewards[t] for t in (3, 4)} == {t: uninterrupted.rewards[t] for t in (3, 4)}
     # Round 3 started from the arrays round 2 produced (stored before round 2 committed): every round's
     # resulting arrays equal the uninterrupted run's.
@@ -107,22 +109,25 @@ def test_resume_after_a_crash_continues_the_run_from_its_last_committed_round(tm
     assert len({r.global_sha256 for r in contents.rounds}) == 4
     # Only the newest round's arrays are kept as the resume point; a resume with no round left runs none.
     assert sorted(p.stem for p in (store_dir(ledger) / "global").iterdir()) == [contents.rounds[3].global_sha256]
-    assert serve(ledger, rounds=4, keep_signs=True, resume=True, report=lambda line: None).rewards == {}
+    assert serve(ledger, rounds=4, keep_signs=True, resume=True, report=lambda line: None, public_steps=0).rewards == {}
     assert main(["verify", str(ledger)]) == 0
     assert "4 match, 0 mismatch, 0 unverifiable" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("setting, value", [("penalty", "sampled"), ("bonus_fraction", 0.4), ("peers", 2),
                                             ("duplicates", "split"), ("aggregation", "exclude-negative"),
-                                            ("identity", "public-key"), ("pool", 3)])
+                                            ("identity", "public-key"), ("pool", 3), ("public", 2)])
 def test_resume_refuses_a_changed_scoring_setting_naming_it(tmp_path, setting, value):
     ledger = tmp_path / "rewards.sqlite"
     serve(ledger, rounds=1, report=lambda line: None)
-    # The pool's settings are recorded as one dict, min_peers first.
-    shown = re.escape(f"{{'min_peers': {value}") if setting == "pool" else repr(value)
+    # The pool's and the public strata's settings are recorded as one dict each.
+    shown = {"pool": re.escape(f"{{'min_peers': {value}"), "public": re.escape(f"{{'steps': {value}")}.get(
+        setting, repr(value))
+    # The sampled penalty is not conditioned (public_steps=0 with it): the penalty, first in order, is named.
+    options = {"pool": {"min_peers": value}, "public": {"public_steps": value},
+               "penalty": {"penalty": value, "public_steps": 0}}.get(setting, {setting: value})
     with pytest.raises(InputError, match=f"cannot resume: scoring setting '{setting}' was .* this run has {shown}"):
-        serve(ledger, rounds=2, resume=True, report=lambda line: None,
-              **({"min_peers": value} if setting == "pool" else {setting: value}))
+        serve(ledger, rounds=2, resume=True, report=lambda line: None, **options)
     assert len(read_ledger(ledger).rounds) == 1  # nothing written by the refused run
     serve(ledger, rounds=2, resume=True, report=lambda line: None)  # the same settings resume
     assert [r.round for r in read_ledger(ledger).rounds] == [1, 2]
@@ -301,7 +306,8 @@ def test_verify_recomputes_kept_rounds_and_reports_mismatched_rows(tmp_path, cap
     contents = read_ledger(ledger)
     # One file per participant per round, named by its SHA-256, plus each round's task words.
     stored = {p.name for p in (store_dir(ledger) / "signs").iterdir()}
-    assert {r.sign_sha256 for r in contents.rewards} | {r.task_sha256 for r in contents.rounds} == stored
+    planes = {r.public_sha256 for r in contents.rounds} - {None}  # round 2's public strata (round 1 has none)
+    assert {r.sign_sha256 for r in contents.rewards} | {r.task_sha256 for r in contents.rounds} | planes == stored
 
     # A row paid more than its signs earn: the chain is re-sealed (an insider rewriting history), so only
     # the recomputation can see it.
@@ -324,6 +330,36 @@ def test_verify_recomputes_kept_rounds_and_reports_mismatched_rows(tmp_path, cap
     assert first.status == "damaged" and "8 bytes, the round's layout implies" in first.detail
     (store_dir(ledger) / "signs" / victim).unlink()
     assert "missing" in verify_ledger(ledger).rounds[0].detail and not verify_ledger(ledger).ok
+
+
+def test_verify_recomputes_the_public_strata_each_round_was_scored_within(tmp_path):
+    """Each round records its public planes (engine.public: the global's change over the last 1, 2, ... rounds) and
+    how many spans they cover; verify scores the round within them again. A ledger re-sealed without them, or with
+    altered planes, does not verify."""
+    ledger = tmp_path / "rewards.sqlite"
+    strategy = serve(ledger, rounds=3, keep_signs=True, report=lambda line: None)
+    rounds = read_ledger(ledger).rounds
+    assert [(r.public_steps, r.public_sha256 is not None) for r in rounds] == [(None, False), (1, True), (2, True)]
+    assert [strategy.reports[t].tasks.get("public_steps") for t in (1, 2, 3)] == [None, 1, 2]
+    assert [r.status for r in verify_ledger(ledger).rounds] == ["match"] * 3
+    with sqlite3.connect(ledger) as conn:  # the conditioning removed: round 3 scored again without it differs
+        conn.execute("UPDATE rounds SET public_sha256 = NULL, public_steps = NULL WHERE round = 3")
+    reseal(ledger)
+    check = verify_ledger(ledger)
+    assert check.chain_errors == [] and [r.status for r in check.rounds] == ["match", "match", "mismatch"]
+    planes = store_dir(ledger) / "signs" / rounds[1].public_sha256
+    planes.write_bytes(bytes(reversed(planes.read_bytes())))
+    assert verify_ledger(ledger).rounds[1].status == "damaged"
+
+
+def test_a_resumed_run_conditions_on_the_globals_it_sent_since_the_resume(tmp_path):
+    """A resumed run's public trajectory starts again at the arrays it resumes from (the ledger keeps only the
+    newest global): the first resumed round is unconditioned, the next has one step; verify matches every round."""
+    ledger = tmp_path / "rewards.sqlite"
+    serve(ledger, rounds=2, keep_signs=True, report=lambda line: None)
+    serve(ledger, rounds=4, keep_signs=True, resume=True, report=lambda line: None)
+    assert [r.public_steps for r in read_ledger(ledger).rounds] == [None, 1, None, 1]
+    assert [r.status for r in verify_ledger(ledger).rounds] == ["match"] * 4
 
 
 def test_rounds_scored_under_an_earlier_copy_rule_are_unverifiable_not_mismatched(tmp_path):

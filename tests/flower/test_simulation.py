@@ -16,7 +16,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict  # noqa: E402
 from flwr.clientapp import ClientApp  # noqa: E402
-from flower_local import run_ray_simulation  # noqa: E402
+from flower_local import public_steps, run_ray_simulation  # noqa: E402
 
 from kfca_llm import score_updates  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
@@ -106,7 +106,8 @@ def test_rewards_equal_score_updates_bit_for_bit(simulation):
                                                                  for k, a in m.content["arrays"].items()}
                    for m in strategy.replies[server_round] if str(m.metadata.src_node_id) in participant_of}
         assert sorted(updates) == [f"name:org-{p}" for p in (*HONEST, FLIP, ZERO)]
-        assert rewards == score_updates(updates, seed=strategy.round_seed(server_round)).rewards
+        assert rewards == score_updates(updates, seed=strategy.round_seed(server_round),
+                                        public=public_steps(strategy.sent, server_round)).rewards
 
 
 def test_flip_node_negative_zero_node_about_zero_honest_nodes_positive(simulation):

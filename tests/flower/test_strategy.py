@@ -13,7 +13,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, RecordDict  # noqa: E402
 from flwr.serverapp.strategy import FedAvg, Strategy  # noqa: E402
 from flower_local import (SHAPES, LocalGrid, honest_update, initial_arrays,  # noqa: E402
-                          num_examples, numpy_node, pid, reply_with)
+                          num_examples, numpy_node, pid, public_steps, reply_with)
 
 from kfca_llm import InputError, score_updates  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger, update_sha256  # noqa: E402
@@ -64,12 +64,16 @@ def mixed_run(tmp_path_factory):
 
 
 def test_rewards_equal_score_updates_bit_for_bit(mixed_run):
+    """Round 2 is conditioned on the global's step between the arrays sent in rounds 1 and 2 (engine.public), as
+    score_updates conditions it given that step; round 1 has nothing public yet."""
     strategy, inner, _, _ = mixed_run
     assert sorted(strategy.rewards) == [1, 2]
     for server_round in (1, 2):
-        expected = score_updates(updates_of(inner, server_round), seed=strategy.round_seed(server_round))
+        expected = score_updates(updates_of(inner, server_round), seed=strategy.round_seed(server_round),
+                                 public=public_steps(inner.sent, server_round))
         assert strategy.rewards[server_round] == expected.rewards
         assert strategy.reports[server_round].pairwise == expected.pairwise
+    assert "public_steps" not in strategy.reports[1].tasks and strategy.reports[2].tasks["public_steps"] == 1
     assert strategy.round_seed(1) != strategy.round_seed(2)
 
 
