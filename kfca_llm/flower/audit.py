@@ -30,7 +30,8 @@ from ..errors import InputError
 from ..tensors import is_float
 from .ledger import read_ledger
 from .ledger_rows import FULL_CHAIN_VERSION, GENESIS, SCORED, LedgerContents, RewardRow, chain_hasher, sha256_hex
-from .recompute import DAMAGED, MISMATCH, PoolTracker, RoundCheck, recompute_round, words_bytes
+from .pool_replay import PoolTracker
+from .recompute import DAMAGED, MISMATCH, RoundCheck, recompute_round, words_bytes
 
 
 def sign_report_sha256(signs: np.ndarray) -> str:

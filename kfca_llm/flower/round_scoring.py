@@ -27,7 +27,8 @@ from ..report import RewardReport
 from ..tensors import is_float
 from .ledger import global_path, read_ledger, signs_path
 from .ledger_rows import sha256_hex
-from .recompute import PoolTracker, words_bytes
+from .pool_replay import PoolTracker
+from .recompute import words_bytes
 
 REWARD_METRIC_PREFIX = "kfca.reward."
 

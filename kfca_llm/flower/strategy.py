@@ -16,8 +16,6 @@ message its node is sent (the evaluate round's or the next training round's).
 
 from __future__ import annotations
 
-import inspect
-
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -31,8 +29,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Result, Strategy
 
 from .. import __version__
-from ..engine import get_backend
-from ..engine.duplicates import DuplicateRule, check_duplicate_policy
+from ..engine.duplicates import DuplicateRule
 from ..engine.public import PublicConditioning
 from ..errors import InputError, NoTasksError
 from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation_weights, check_weak_verdict
@@ -41,14 +38,14 @@ from ..fl.pool_settle import Settlement
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
-from ..partition import check_bonus_fraction, check_penalty, check_seed
 from ..report import RewardReport
 from ..tensors import is_float
 from .audit import update_sha256
-from .identity import Claim, Identity, check_identity_mode
+from .identity import Claim, Identity
 from .ledger import Ledger, global_path
 from .ledger_rows import FailureRow, Participant, RewardRow, RoundEntry, SettlementRow, sha256_hex
 from .logs import ledger_round_numbers
+from .options import check_conditioning, check_options, takes_keyword
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 from .recompute import scoring_settings
 from .replies import (check_reply, identify, num_examples, reply_weight, reweighted, sent_arrays,
@@ -59,37 +56,6 @@ from .round_scoring import (REWARD_METRIC_PREFIX, PublicTrajectory, ScoredRound,
 AGGREGATION_MODES = REPLY_AGGREGATIONS
 
 __all__ = ["AGGREGATION_MODES", "KFCAStrategy", "REWARD_METRIC_PREFIX", "update_sha256"]
-
-
-def _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
-                   identity) -> None:
-    if not isinstance(strategy, Strategy):
-        raise InputError(f"strategy must be a Flower message-API Strategy (flwr.serverapp.strategy), "
-                         f"got {type(strategy).__name__}")
-    if peers is not None and (isinstance(peers, bool) or not isinstance(peers, (int, np.integer)) or peers < 1):
-        raise InputError(f"peers must be None (every other node) or an integer >= 1, got {peers!r}")
-    check_seed(seed)
-    check_penalty(penalty)
-    check_bonus_fraction(bonus_fraction)
-    if backend != "auto":
-        get_backend(backend)  # an unknown backend, or one that cannot run, says why now, not in round 1
-    if ledger is not None and not isinstance(ledger, (str, os.PathLike)):
-        raise InputError(f"ledger must be a file path or None, got {type(ledger).__name__}")
-    check_duplicate_policy(duplicates)
-    check_identity_mode(identity)
-    if aggregation not in AGGREGATION_MODES:
-        raise InputError(f"aggregation must be one of {AGGREGATION_MODES}, got {aggregation!r}")
-    if aggregation == "reward-weighted" and not isinstance(getattr(strategy, "weighted_by_key", None), str):
-        raise InputError(f"aggregation='reward-weighted' scales the wrapped strategy's weight key, but "
-                         f"{type(strategy).__name__} has no `weighted_by_key`")
-
-
-def _takes_keyword(function: Callable, name: str) -> bool:
-    try:
-        parameters = inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a callable without a readable signature takes the arrays only
-        return False
-    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 class KFCAStrategy(Strategy):
@@ -151,13 +117,10 @@ class KFCAStrategy(Strategy):
                  public_steps: int = PublicConditioning.steps,
                  public_buckets: int = PublicConditioning.magnitude_buckets):
         strategy = FedAvg() if strategy is None else strategy
-        _check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
-                       identity)
+        check_options(strategy, peers, seed, penalty, bonus_fraction, backend, ledger, aggregation, duplicates,
+                      identity)
         self.weak_verdict = check_weak_verdict(weak_verdict)
-        self.conditioning = PublicConditioning(public_steps, public_buckets)
-        if self.conditioning.enabled and penalty == "sampled":
-            raise InputError('penalty="sampled" draws its penalty tasks from the whole task sets; the public strata '
-                             '(public_steps) need penalty="expected", or public_steps=0')
+        self.conditioning = check_conditioning(public_steps, public_buckets, penalty)
         self._trajectory = PublicTrajectory(self.conditioning)
         if resume and ledger is None:
             raise InputError("resume needs a ledger (it continues the ledger's last run)")
@@ -182,7 +145,7 @@ class KFCAStrategy(Strategy):
         if reference is not None and not callable(reference):
             raise InputError(f"reference must be a callable (global arrays -> update), got {type(reference).__name__}")
         self.reference = reference
-        self._reference_takes_round = reference is not None and _takes_keyword(reference, "server_round")
+        self._reference_takes_round = reference is not None and takes_keyword(reference, "server_round")
         self.reference_weight = check_reference_weight(reference_weight)
         self.arrayrecord_key: str = getattr(strategy, "arrayrecord_key", "arrays")
         self.weighted_by_key: str | None = getattr(strategy, "weighted_by_key", None)

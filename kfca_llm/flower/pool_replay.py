@@ -1,0 +1,203 @@
+"""The peer pool a ledger's run had, rebuilt round by round from the rows and the kept words (``verify`` and a
+resumed ``KFCAStrategy`` alike): the pending rounds the live run kept, the public planes each round was scored
+within, and the settlements each round recorded scored again."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..engine.duplicates import DuplicateRule
+from ..errors import InputError
+from .ledger_rows import SCORED, RewardRow, RoundRow, SettlementRow
+
+
+class Unverifiable(Exception):
+    """What a round needs to be scored again is not there (or not readable by this version): not a mismatch."""
+
+
+class Damaged(Exception):
+    """The round says its signs were kept, and what the store holds cannot be them."""
+
+
+def recorded_planes(round_row: RoundRow, read_words) -> Any:
+    """The public strata's planes (``engine.public.PublicPlanes``) a round was scored within, read from the store by
+    ``read_words(sha, rows)`` (None: unconditioned); ``Damaged`` / ``Unverifiable`` when they cannot be."""
+    from ..engine.public import PublicConditioning, PublicPlanes
+
+    if round_row.public_sha256 is None:
+        if round_row.public_steps is not None:
+            raise Damaged("the round records public steps without their planes")
+        return None
+    try:
+        recorded = round_row.settings["public"]
+        conditioning = PublicConditioning(int(recorded["steps"]), int(recorded["magnitude_buckets"]))
+    except (KeyError, TypeError, ValueError) as exc:  # InputError among them
+        raise Unverifiable(f"the round's public strata were recorded without settings this version reads ({exc})"
+                            ) from None
+    steps = round_row.public_steps
+    if steps is None or not 1 <= steps <= conditioning.steps:
+        raise Damaged(f"the round records {steps!r} public steps; its settings allow 1 to {conditioning.steps}")
+    n_planes = steps + conditioning.magnitude_bits
+    words = np.ascontiguousarray(read_words(round_row.public_sha256, n_planes), dtype=np.int32)
+    return PublicPlanes(words.reshape(n_planes, -1), steps, conditioning.magnitude_bits)
+
+
+def pending_from_rows(round_row: RoundRow, rows: Sequence[RewardRow], read_words) -> Any:
+    """The ``fl.pool_settle.PendingRound`` a live run kept after ``round_row`` (undetermined participants waiting), from
+    its rows and kept words (None: nobody waited)."""
+    from ..fl.pool_settle import PendingRound
+
+    settings = round_row.settings
+    if round_row.status != SCORED or not round_row.undetermined or round_row.layout is None:
+        return None
+    words = {r.participant: np.ascontiguousarray(read_words(r.sign_sha256), dtype=np.int32)
+             for r in sorted(rows, key=lambda r: r.participant)}
+    pairs = tuple((r.participant, p) for r in sorted(rows, key=lambda r: r.participant) for p in r.peers if p in words)
+    return PendingRound(round_row.round, round_row.seed, tuple(round_row.layout), words,
+                        np.ascontiguousarray(read_words(round_row.task_sha256), dtype=np.int32), pairs,
+                        tuple(round_row.undetermined), settings["penalty"], float(settings["bonus_fraction"]),
+                        settings["duplicates"], DuplicateRule(**settings["duplicate_rule"]),
+                        planes=recorded_planes(round_row, read_words))
+
+
+def _settlement(row: SettlementRow):
+    from ..fl.pool_settle import Settlement
+
+    return Settlement(row.round, row.settled_in, row.participant, row.reward, row.unadjusted_reward, tuple(row.peers))
+
+
+class PoolTracker:
+    """Each run's peer pool as ``verify_ledger`` walks the rounds in commit order, and as a resumed ``KFCAStrategy``
+    rebuilds it: built once, round by round, from the rounds' kept signs (as the live run built it: each round added,
+    its undetermined participants kept pending, the settlements it recorded applied), so a run of T rounds reads each
+    file once."""
+
+    def __init__(self, by_round: Mapping[tuple[str, int], Sequence[RewardRow]],
+                 rounds: Mapping[tuple[str, int], RoundRow] | None = None,
+                 settlements: Mapping[tuple[str, int], Sequence[SettlementRow]] | None = None):
+        self._by_round = by_round
+        self._rounds = rounds or {}
+        self._settled = settlements or {}
+        self._pools: dict[str, tuple[Any, int]] = {}
+        self._broken: dict[str, str] = {}
+
+    @classmethod
+    def of(cls, contents, run: str | None = None) -> PoolTracker:
+        """The tracker of a ledger's rows (``read_ledger``'s ``LedgerContents``), of one run's alone when ``run`` is
+        given."""
+        def mine(row) -> bool:
+            return run is None or row.run_id == run
+
+        by_round: dict[tuple[str, int], list[RewardRow]] = {}
+        for row in filter(mine, contents.rewards):
+            by_round.setdefault((row.run_id, row.round), []).append(row)
+        settled: dict[tuple[str, int], list[SettlementRow]] = {}
+        for row in filter(mine, contents.settlements):
+            settled.setdefault((row.run_id, row.settled_in), []).append(row)
+        return cls(by_round, {(r.run_id, r.round): r for r in filter(mine, contents.rounds)}, settled)
+
+    def rows(self, round_row: RoundRow) -> Sequence[RewardRow]:
+        """The reward rows of ``round_row``'s round."""
+        return self._by_round.get((round_row.run_id, round_row.round), [])
+
+    def before(self, round_row: RoundRow, read_words) -> Any:
+        """The pool ``round_row``'s run had before it (None: scored without one); ``Unverifiable`` when an earlier
+        round's signs cannot be read."""
+        if "pool" not in round_row.settings:
+            return None
+        return self._advance(round_row.run_id, round_row.settings, round_row.round - 1, read_words)[0]
+
+    def rebuilt(self, run: str, settings: Mapping[str, Any], last_round: int, read_words) -> Any:
+        """The pool a run recorded with ``settings`` had after ``last_round`` (a resumed ``KFCAStrategy`` goes on with
+        it); ``InputError`` when it cannot be rebuilt."""
+        from ..fl.peer_pool import PeerPool, recorded_pool_settings
+
+        if last_round < 1:
+            return PeerPool(recorded_pool_settings(settings["pool"]))
+        try:
+            return self._advance(run, settings, last_round, read_words)[0]
+        except Unverifiable as exc:
+            raise InputError(str(exc)) from None
+
+    def settled_in(self, round_row: RoundRow) -> int:
+        return len(self._settled.get((round_row.run_id, round_row.round), []))
+
+    def check_settlements(self, round_row: RoundRow, read_words) -> list[str]:
+        """The settlements ``round_row`` recorded, each scored again on the pool as it stood after the round was added
+        (before any of them applied): one line per row that differs."""
+        rows = self._settled.get((round_row.run_id, round_row.round), [])
+        if not rows:
+            return []
+        if "pool" not in round_row.settings:
+            return [f"{len(rows)} settlement(s) in a round scored without a peer pool"]
+        self.before(round_row, read_words)
+        return self._advance(round_row.run_id, round_row.settings, round_row.round, read_words, check=rows)[1]
+
+    def _advance(self, run: str, settings: Mapping[str, Any], upto: int, read_words,
+                 check: Sequence[SettlementRow] = ()) -> tuple[Any, list[str]]:
+        """(the run's pool after round ``upto``, the mismatches of ``check``: round ``upto``'s settlements scored again
+        on the pool as it stood after that round was added, before they applied)."""
+        from ..fl.peer_pool import PeerPool, recorded_pool_settings, resubmitted_entries
+        from ..fl.pool_settle import apply_settlements
+
+        if run in self._broken:
+            raise Unverifiable(self._broken[run])
+        try:
+            pool, done = self._pools.get(run) or (PeerPool(recorded_pool_settings(settings["pool"])), 1)
+        except (TypeError, AttributeError, InputError) as exc:
+            raise Unverifiable(f"this version cannot rebuild the round's peer pool ({exc})") from None
+        if check and done > upto:
+            raise Unverifiable(f"round {upto}'s settlements were applied before the round was checked (its row comes "
+                                "after a later round's: rows reordered)")
+        mismatches: list[str] = []
+        try:
+            for t in range(done, upto + 1):
+                rows = self._by_round.get((run, t), [])
+                joined = [r for r in rows if r.duplicate_group is None]
+                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in joined},
+                               {r.participant: r.unadjusted_reward for r in joined}, {r.participant: r.reward for r in joined})
+                round_row = self._rounds.get((run, t))
+                if round_row is not None and round_row.settings.get("duplicates") != "flag":
+                    pool.mark_resubmitted([name for r in rows for name in resubmitted_entries(r.participant, r.duplicate_group)])
+                pending = None if round_row is None or not pool.settings.enabled else pending_from_rows(
+                    round_row, rows, read_words)
+                if pending is not None:
+                    pool.pending[t] = pending
+                recorded = self._settled.get((run, t), [])
+                if check and t == upto:
+                    mismatches = _settlement_mismatches(pool, t, check)
+                apply_settlements(pool, t, [_settlement(r) for r in recorded])
+        except (Damaged, Unverifiable, InputError, KeyError, TypeError, ValueError) as exc:
+            self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs or records ({exc})"
+            raise Unverifiable(self._broken[run]) from None
+        self._pools[run] = (pool, max(done, upto + 1))
+        return pool, mismatches
+
+
+def _settlement_mismatches(pool, horizon: int, rows: Sequence[SettlementRow]) -> list[str]:
+    from ..fl.pool_settle import score_pending, settles
+
+    out = []
+    for row in rows:
+        pending = pool.pending.get(row.round)
+        if pending is None or row.participant not in pending.waiting:
+            out.append(f"{row.participant}: settlement of round {row.round} at round {horizon}, which was not waiting "
+                       f"to be settled then")
+            continue
+        pooled = score_pending(pool, pending, horizon)
+        if row.participant not in settles(pool, pending, pooled, horizon):
+            out.append(f"{row.participant}: round {row.round} settled at round {horizon}, where the pool could not "
+                       f"settle it yet")
+            continue
+        report = pooled.report
+        expected = (report.rewards[row.participant], report.unadjusted_rewards[row.participant],
+                    tuple(report.peers[row.participant]))
+        stored = (row.reward, row.unadjusted_reward, tuple(row.peers))
+        if expected != stored:
+            names = ("reward", "unadjusted_reward", "peers")
+            out.append(f"{row.participant} (round {row.round}, settled): " + ", ".join(
+                f"{n} {s!r} (recomputed {e!r})" for n, s, e in zip(names, stored, expected) if s != e))
+    return out
