@@ -44,9 +44,9 @@ def check(report, folder, capsys, *extra):
 def test_paper_ordering_holds_on_the_tiny_run(report, tmp_path, capsys):
     code, out = check(report, tmp_path, capsys, "--junit", str(tmp_path / "junit.xml"))
     assert code == 0, out
-    assert "9/9 expectations hold" in out and "seed 0" in out
+    assert "10/10 expectations hold" in out and "seed 0" in out
     cases = ET.parse(tmp_path / "junit.xml").getroot().findall("testsuite/testcase")
-    assert len(cases) == 9 and all(c.find("failure") is None for c in cases)
+    assert len(cases) == 10 and all(c.find("failure") is None for c in cases)
 
 
 def shift_mean(report, spec, target):
@@ -88,6 +88,10 @@ def _lag_free(r):
     shift_mean(r, "lagged:2", (1 - 0.95 * LAG) * mean(r, "honest"))
 
 
+def _free_rider(r):
+    shift_mean(r, "free-ride:1", 1.05 * STEP * mean(r, "honest"))
+
+
 def _zero(r):
     shift_mean(r, "zero", 1.05 * STEP * mean(r, "honest"))
 
@@ -111,6 +115,7 @@ def _categorical(r):
     (_sparse_floor, "sparse attacks interpolate"),
     (_lag_backwards, "older updates earn less"),
     (_lag_free, "a lag costs reward"),
+    (_free_rider, "a free rider earns at most a tenth of honest"),
     (_zero, "zero earns nothing"),
     (_random, "random earns nothing"),
     (_flip, "flip is punished"),
@@ -122,7 +127,7 @@ def test_a_report_just_past_a_margin_fails_that_expectation(report, tmp_path, ca
     code, out = check(doctored, tmp_path, capsys)
     assert code == 1
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("FAILED ")] == [f"FAILED {broken}"]
-    assert "8/9 expectations hold" in out
+    assert "9/10 expectations hold" in out
 
 
 FREE_RIDERS = ("free-ride:1", "free-ride:2", "free-ride-flip:1", "free-ride-noise:0.05", "free-ride-signs:1")

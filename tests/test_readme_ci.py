@@ -92,9 +92,9 @@ def test_the_shell_step_passes_on_the_tiny_recipe(tmp_path):
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "9/9 expectations hold" in done.stdout
+    assert "10/10 expectations hold" in done.stdout
     cases = ET.parse(tmp_path / "kfca-check.xml").getroot().findall("testsuite/testcase")
-    assert len(cases) == 9 and all(c.find("failure") is None for c in cases)
+    assert len(cases) == 10 and all(c.find("failure") is None for c in cases)
     (runs,) = (tmp_path / "runs").glob("tiny-*-seeds0")  # --rounds and --set: a folder of their own
     assert (runs / "summary.json").is_file() and (runs / "seed0" / "report.json").is_file()
     # the check ran the kfca-llm the step installed from ./kfca-llm, not the test environment's
