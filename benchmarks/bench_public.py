@@ -4,9 +4,10 @@ same round, timed in the same run (the ratio is what to read; absolute times dep
     OMP_NUM_THREADS=1 python benchmarks/bench_public.py [--clients 12] [--coords 4000000] [--repeats 5]
 
 A round of random updates (``--clients``, ``--coords`` in 8 tensors) is packed once; then the best of
-``--repeats`` of: the Gram counts (``round_counts``, every pair), the stratum counts at 3 public steps x 2 magnitude
-buckets (16 strata, the default) and at 3 x 1 (8 strata), building the public planes from 3 steps (host work that
-reads three float updates: compare it with packing the clients' updates, the last row).
+``--repeats`` of: the Gram counts (``round_counts``, every pair), the stratum counts at 5 sign planes x 2 magnitude
+buckets (64 strata, the default), 5 x 1 (32) and 3 x 2 (16), building the public planes at 5 x 2 from 16 steps (the
+spans 1, 2, 4, 8, 16: host work that reads 16 float steps) and at 3 x 2 from 4; compare them with packing the
+clients' updates, the last row.
 """
 
 from __future__ import annotations
@@ -44,19 +45,21 @@ def main() -> None:
 
     updates = {f"c{i}": random_state() for i in range(args.clients)}
     packer = pack_updates(updates, backend="cpu")
-    steps = [random_state() for _ in range(3)]
+    steps = [random_state() for _ in range(16)]
     backend, buffers = packer.backend, packer.buffers
     backend.round_counts(buffers, 0, 0.5)  # compile the kernels first
     rows = {}
     rows["gram counts (every pair)"] = best(lambda: backend.round_counts(buffers, 0, 0.5), args.repeats)
-    for q in (2, 1):
-        conditioning = PublicConditioning(steps=3, magnitude_buckets=q)
+    for k, q in ((5, 2), (5, 1), (3, 2)):
+        conditioning = PublicConditioning(steps=k, magnitude_buckets=q)
         planes = public_planes(packer.layout, steps, conditioning)
         backend.stratum_counts(buffers, 0, 0.5, planes.words)
-        rows[f"stratum counts, 3 steps x {q} buckets ({1 << planes.n_planes} strata)"] = best(
+        rows[f"stratum counts, {k} planes x {q} buckets ({1 << planes.n_planes} strata)"] = best(
             lambda: backend.stratum_counts(buffers, 0, 0.5, planes.words), args.repeats)
-    rows["public planes (3 steps x 2 buckets, torch)"] = best(
-        lambda: public_planes(packer.layout, steps, PublicConditioning(steps=3, magnitude_buckets=2)), args.repeats)
+    for k, n_steps in ((5, 16), (3, 4)):
+        conditioning = PublicConditioning(steps=k, magnitude_buckets=2)
+        rows[f"public planes ({k} planes x 2 buckets from {n_steps} steps, torch)"] = best(
+            lambda: public_planes(packer.layout, steps[-n_steps:], conditioning), args.repeats)
     rows[f"packing the {args.clients} updates (for scale)"] = best(lambda: pack_updates(updates, backend="cpu"),
                                                                    args.repeats)
     gram = rows["gram counts (every pair)"]
