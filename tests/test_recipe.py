@@ -26,7 +26,7 @@ def test_tiny_recipe_parses_with_the_documented_shape():
                               "sparse:0.75", "sparse:0.5", "sparse:0.25", "flip", "zero", "random",
                               "free-ride:1", "free-ride:2", "free-ride-flip:1", "free-ride-noise:0.05",
                               "free-ride-signs:1")
-    assert (r.kfca.public_steps, r.kfca.public_buckets) == (3, 2)
+    assert (r.kfca.public_steps, r.kfca.public_buckets) == (5, 2)
     assert r.model.lora.target_modules == ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -249,7 +249,7 @@ def test_public_conditioning_keys_are_validated():
     from kfca_llm.recipe import RecipeError, load_recipe
 
     assert load_recipe(None, ["kfca.public-steps=0"]).kfca.conditioning.enabled is False
-    for bad in ("kfca.public-steps=5", "kfca.public-buckets=3"):
+    for bad in ("kfca.public-steps=6", "kfca.public-buckets=3"):
         with pytest.raises(RecipeError):
             load_recipe(None, [bad])
 

@@ -74,10 +74,12 @@ def test_two_per_round_and_the_flippers_honest_partners_are_paid_more_than_zero_
 
 
 def test_round_peers_only_pay_the_partner_what_the_flipper_is_paid(tmp_path):
-    strategy, _ = run(tmp_path / "off.sqlite", min_peers=0)
+    # Unconditioned: on this 436-coordinate layout the 64 public strata hold a task or two of each penalty set, and
+    # their penalty estimates, not the pair, would decide the difference.
+    strategy, _ = run(tmp_path / "off.sqlite", min_peers=0, public_steps=0)
     met = [r for t, r in strategy.rewards.items() if pid(FLIPPER) in r]
     # Symmetric up to the partition's noise: the honest partner is fined about what the flipper is.
-    assert len(met) >= 3 and all(max(r.values()) < -0.02 and max(r.values()) - min(r.values()) < 0.02 for r in met)
+    assert len(met) >= 3 and all(max(r.values()) < -0.05 and max(r.values()) - min(r.values()) < 0.02 for r in met)
     assert strategy.undetermined == {t: () for t in strategy.rewards}
 
 
