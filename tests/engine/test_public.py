@@ -198,7 +198,7 @@ def test_saved_globals_give_the_steps_score_updates_takes(rng, tmp_path, capsys)
     report = score_checkpoints(clients, reference=paths[-1], public=paths[:-1], seed=4)
     as_read = {p.stem: {k: update_from_reference(v, globals_[-1][k]) for k, v in load_file(str(p)).items()}
                for p in clients}
-    expected = score_updates(as_read, seed=4, backend="cpu", public=steps[-3:])
+    expected = score_updates(as_read, seed=4, backend="cpu", public=steps)  # spans 1, 2, 4 of the 4 steps
     assert report.rewards == expected.rewards and report.tasks["public_strata"] == 16
     assert main(["score", *map(str, clients), "--reference", str(paths[-1]), "--public", *map(str, paths[:-1]),
                  "--seed", "4", "--json", str(tmp_path / "r.json")]) == 0

@@ -115,7 +115,8 @@ def test_flip_node_negative_zero_node_about_zero_honest_nodes_positive(simulatio
     for server_round, rewards in strategy.rewards.items():
         by_partition = {int(who.removeprefix("name:org-")): r for who, r in rewards.items()}
         assert sorted(by_partition) == [*HONEST, FLIP, ZERO]
-        assert all(by_partition[p] > 0.02 for p in HONEST), by_partition
+        # > 0, not a margin: round 2 is conditioned on round 1's step, which the honest updates largely follow
+        assert all(by_partition[p] > 0 for p in HONEST), by_partition
         assert by_partition[FLIP] < -0.05, by_partition
         assert abs(by_partition[ZERO]) < 0.02, by_partition
 
