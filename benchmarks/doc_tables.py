@@ -23,6 +23,9 @@ what the saved output gives (and that today's code reproduces a cheap piece of i
         # saves it as benchmarks/aggregation.json, rewrites the aggregation-* tables and benchmarks/aggregation.png
 
     python benchmarks/doc_tables.py fidelity benchmarks/fidelity.json   # only re-renders a saved run
+
+The fidelity and noniid commands also rewrite benchmarks/FREE_RIDERS.md's before/after tables (conditioning-*): the
+saved runs beside the unconditioned ones of issue 43 (benchmarks/*_unconditioned.json, `--public-steps 0`).
 """
 
 from __future__ import annotations
