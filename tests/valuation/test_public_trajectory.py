@@ -137,3 +137,36 @@ def test_the_config_defaults_are_the_engines():
         assert (cfg.public_steps, cfg.public_buckets) == (default.steps, default.magnitude_buckets)
     with pytest.raises(ValueError, match="public steps"):
         NonIIDConfig(public_steps=9)
+
+
+def test_simulate_valuations_kfca_qp_reads_the_globals_before_each_round(monkeypatch):
+    """``simulate --valuation``: the observer hands KFCA-QP the steps between the globals of the rounds it saw, the
+    newest being this round's global minus the last round's, under the recipe's conditioning."""
+    from kfca_llm.recipe import load_recipe
+    from kfca_llm.valuation import llm_rounds
+
+    seen = []
+    monkeypatch.setattr(llm_rounds, "value_round", lambda *args, **kwargs: seen.append(kwargs))
+    valuer = llm_rounds.RoundValuer(load_recipe("tiny"))
+    monkeypatch.setattr(valuer, "_examples", lambda tokenizer: [])
+    globals_ = [{"w": torch.full((3,), float(t * t))} for t in range(4)]  # steps 1, 3, 5: each its own
+    for t, g in enumerate(globals_, start=1):
+        valuer(SimpleNamespace(round=t, model=None, tokenizer=None, pad_token_id=0, device="cpu", global_state=g,
+                               submissions=[]))
+    assert [len(k["public"]) for k in seen] == [0, 1, 2, 3]
+    assert [float(step["w"][0]) for step in seen[-1]["public"]] == [1.0, 3.0, 5.0]  # oldest first, up to this round
+    assert seen[-1]["conditioning"] == load_recipe("tiny").kfca.conditioning
+
+
+def test_value_rounds_kfca_qp_is_the_engine_conditioned_on_the_steps_it_is_given():
+    from kfca_llm.valuation.adapters import value_round
+
+    record = _federation()
+    names = [f"c{i}" for i in range(HONEST + 1)]
+    updates = {c: {"w": u} for c, u in zip(names, record.updates[3])}
+    steps = [{"w": s} for s in record.public_steps(3, 16)]
+    loss = lambda state: float(state["w"].pow(2).mean())  # noqa: E731
+    valued = value_round({"w": record.globals[3]}, updates, dict.fromkeys(names, 1), loss, seed=5, public=steps)
+    expected = score_updates(updates, seed=5, public=steps).rewards
+    assert valued.values["kfca_qp"] == [expected[c] for c in names]
+    assert abs(valued.values["kfca_qp"][RIDER]) < 0.02 < score_updates(updates, seed=5).rewards[names[RIDER]]
