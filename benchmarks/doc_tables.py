@@ -23,6 +23,9 @@ what the saved output gives (and that today's code reproduces a cheap piece of i
         # saves it as benchmarks/aggregation.json, rewrites the aggregation-* tables and benchmarks/aggregation.png
 
     python benchmarks/doc_tables.py fidelity benchmarks/fidelity.json   # only re-renders a saved run
+
+The fidelity and noniid commands also rewrite benchmarks/FREE_RIDERS.md's before/after tables (conditioning-*): the
+saved runs beside the unconditioned ones of issue 43 (benchmarks/*_unconditioned.json, `--public-steps 0`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ SAVED_FIDELITY = ROOT / "benchmarks" / "fidelity.json"
 SAVED_AGGREGATION = ROOT / "benchmarks" / "aggregation.json"
 AGGREGATION_FIGURE = ROOT / "benchmarks" / "aggregation.png"
 SAVED_NONIID = {"digits": ROOT / "benchmarks" / "noniid.json", "llm": ROOT / "benchmarks" / "noniid_llm.json"}
+# The runs before KFCA-QP was conditioned on the public trajectory (issue 43; `--public-steps 0` reproduces them).
+UNCONDITIONED_FIDELITY = ROOT / "benchmarks" / "fidelity_unconditioned.json"
+UNCONDITIONED_NONIID = {"digits": ROOT / "benchmarks" / "noniid_unconditioned.json",
+                        "llm": ROOT / "benchmarks" / "noniid_llm_unconditioned.json"}
 BLOCK = re.compile(r"(<!-- generated: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
 # The per-case tables' columns, in the order of the paper's comparison.
 METHOD_COLUMNS = ("kfca-qp", "kfca-d", "mc-kfca-qp", "ca-qp", "ca-d", "tmc-shapley", "group-testing", "gtg-shapley",
@@ -98,22 +105,27 @@ def noniid_levels(result: dict) -> str:
                     f"{result['pairs_total']}**.\n")
 
 
-def _all_hold_from(result: dict) -> str:
-    """"all from concentration C on": the smallest concentration from which every pair holds in every round."""
+def _all_hold_from(result: dict) -> float | None:
+    """The smallest concentration from which every pair holds in every round (None: not even at the last level)."""
     levels = result["levels"]
-    first = next(i for i in range(len(levels)) if all(
-        lv["summary"]["pairs_hold_every_round"] == lv["summary"]["pairs"] for lv in levels[i:]))
-    return f"{levels[first]['concentration']:g}"
+    first = next((i for i in range(len(levels)) if all(
+        lv["summary"]["pairs_hold_every_round"] == lv["summary"]["pairs"] for lv in levels[i:])), None)
+    return None if first is None else levels[first]["concentration"]
 
 
 def _sweep_cells(result: dict, paper_level: float) -> list[str]:
     """One column of docs/evidence.md's comparison: pairs that hold, the paper's level, the disjoint case."""
     levels = {lv["concentration"]: lv for lv in result["levels"]}
-    held = f"{result['pairs_hold']} of {result['pairs_total']} (all from {_all_hold_from(result)} on"
-    below = [lv for lv in result["levels"] if lv["concentration"] < float(_all_hold_from(result))
-             and lv["concentration"] > result["levels"][0]["concentration"]]
-    held += "".join(f"; {lv['summary']['pairs_hold_every_round']} of {lv['summary']['pairs']} at "
-                    f"{lv['concentration']:g}" for lv in below) + ")"
+    all_from = _all_hold_from(result)
+    def count(lv: dict) -> str:
+        return f"{lv['summary']['pairs_hold_every_round']} of {lv['summary']['pairs']} at {lv['concentration']:g}"
+
+    if all_from is None:  # name every level
+        held = f"{result['pairs_hold']} of {result['pairs_total']} (" + "; ".join(map(count, result["levels"])) + ")"
+    else:
+        below = [lv for lv in result["levels"] if result["levels"][0]["concentration"] < lv["concentration"] < all_from]
+        held = (f"{result['pairs_hold']} of {result['pairs_total']} (all from {all_from:g} on"
+                + "".join(f"; {count(lv)}" for lv in below) + ")")
     level = levels[paper_level]
     s = level["summary"]
     at_level = (f"accuracy {100 * level['global_accuracy']:.1f}%, honest {s['honest_reward']:+.3f}, sign flip "
@@ -140,6 +152,45 @@ def noniid_tables(digits: dict, llm: dict) -> dict[str, str]:
     comparison = "\n".join(["| | the paper | digits, small CNN (`noniid`) | tiny LLM, five topics (`noniid-llm`) |",
                             "|---|---|---|---|", *("| " + " | ".join(r) + " |" for r in rows)]) + "\n"
     return {"noniid-digits": noniid_levels(digits), "noniid-llm": noniid_levels(llm), "noniid-comparison": comparison}
+
+
+def conditioning_tables() -> dict[str, str]:
+    """benchmarks/FREE_RIDERS.md's before/after tables: the saved unconditioned runs beside the saved runs."""
+    load = lambda path: json.loads(path.read_text())  # noqa: E731
+    before, after = load(UNCONDITIONED_FIDELITY)["cases"], load(SAVED_FIDELITY)["cases"]
+    keys = ("kfca-qp", "mc-kfca-qp")
+    rows = []
+    for case in [*after, "mean"]:
+        cases = list(after) if case == "mean" else [case]
+        cells = [case]
+        for key in keys:
+            for what, spec in (("cosine", ".4f"), ("spearman", "+.2f")):
+                for run in (before, after):
+                    values = [run[c]["methods"][key]["distance"][what] if what == "cosine"
+                              else run[c]["methods"][key]["spearman"] for c in cases]
+                    cells.append(format(sum(values) / len(values), spec))
+        cells.append(format(sum(after[c]["methods"]["uniform"]["distance"]["cosine"] for c in cases) / len(cases),
+                            ".4f"))
+        rows.append(cells)
+    fidelity = _markdown(["case", "KFCA-QP 1 - cos before", "after", "spearman before", "after",
+                          "MC KFCA-QP 1 - cos before", "after", "spearman before", "after", "uniform 1 - cos"], rows)
+    rows = []
+    for kind, name in (("digits", "digits (`noniid`)"), ("llm", "tiny LLM (`noniid-llm`)")):
+        b, a = load(UNCONDITIONED_NONIID[kind]), load(SAVED_NONIID[kind])
+        pairs = [*zip(b["levels"], a["levels"]), ({"concentration": "disjoint", **b["disjoint"]},
+                                                   {"concentration": "disjoint", **a["disjoint"]})]
+        for lb, la in pairs:
+            sb, sa = lb["summary"], la["summary"]
+            alpha = la["concentration"]
+            rows.append([name, alpha if isinstance(alpha, str) else f"{alpha:g}",
+                         *(f"{x['pairs_hold_every_round']}/{x['pairs']}" for x in (sb, sa)),
+                         *(f"{x['pair_rounds_hold']}/{x['pair_rounds']}" for x in (sb, sa)),
+                         *(f"{x[key]:+.4f}" for key in ("honest_reward", "deviation_reward") for x in (sb, sa))])
+        rows.append([name, "**all levels**", f"**{b['pairs_hold']}/{b['pairs_total']}**",
+                     f"**{a['pairs_hold']}/{a['pairs_total']}**", "", "", "", "", "", ""])
+    noniid = _markdown(["sweep", "Dirichlet", "pairs hold before", "after", "pair-rounds before", "after",
+                        "honest before", "after", "sign flipper before", "after"], rows)
+    return {"conditioning-fidelity": fidelity, "conditioning-noniid": noniid}
 
 
 def aggregation_bench():
@@ -228,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(source.read_text())
         if source.resolve() != SAVED_FIDELITY:
             shutil.copyfile(source, SAVED_FIDELITY)
-        tables = fidelity_tables(result)
+        tables = {**fidelity_tables(result), **conditioning_tables()}
     elif args.what == "noniid":
         results = {}
         for kind, source in (("digits", Path(args.digits)), ("llm", Path(args.llm))):
             results[kind] = without_rounds(json.loads(source.read_text()))
             if source.resolve() != SAVED_NONIID[kind]:
                 SAVED_NONIID[kind].write_text(json.dumps(results[kind], indent=1) + "\n")
-        tables = noniid_tables(results["digits"], results["llm"])
+        tables = {**noniid_tables(results["digits"], results["llm"]), **conditioning_tables()}
     elif args.what == "aggregation":
         source = Path(args.json)
         grid = json.loads(source.read_text())

@@ -45,7 +45,8 @@ def label_skew():
     from kfca_llm.valuation.cases import load_images
     from kfca_llm.valuation.fidelity import FidelityConfig, record_case
 
-    cfg = FidelityConfig(clients=SAVED["clients"], rounds=SAVED["rounds"], seed=SAVED["seed"])
+    cfg = FidelityConfig(clients=SAVED["clients"], rounds=SAVED["rounds"], seed=SAVED["seed"],
+                         public_steps=SAVED["public_steps"], public_buckets=SAVED["public_buckets"])
     assert cfg.threads == SAVED["threads"] == 1
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
@@ -72,6 +73,21 @@ def test_todays_code_gives_the_saved_runs_label_skew_row(label_skew, method):
         assert abs(value - saved["methods"][method]["distance"][kind]) <= 1.5e-4, kind
     if method != "uniform":
         assert abs(spearman(exact, q) - saved["methods"][method]["spearman"]) <= 0.015
+
+
+@pytest.mark.parametrize("method", ["kfca-qp", "mc-kfca-qp"])
+def test_public_steps_0_gives_the_unconditioned_runs_label_skew_rewards(label_skew, method):
+    """Off, KFCA-QP is the run before the conditioning (issue 43), saved beside the new one (the same slack as above
+    for other CPUs' training; on the machine that made both it is the same floats)."""
+    import dataclasses
+
+    from kfca_llm.engine.public import OFF
+    from kfca_llm.valuation.methods import METHODS
+
+    before = json.loads(doc_tables.UNCONDITIONED_FIDELITY.read_text())["cases"]["label_skew"]["methods"][method]
+    raw = METHODS[method][1](dataclasses.replace(label_skew, conditioning=OFF)).rewards
+    assert np.abs(raw - before["raw"]).max() <= 1e-4
+    assert np.abs(raw - SAVED["cases"]["label_skew"]["methods"][method]["raw"]).max() > 1e-3  # conditioning moves it
 
 
 def test_the_check_table_is_the_expectations_file_and_the_default_runs_gaps(tiny_federation, tmp_path):
@@ -111,6 +127,15 @@ def test_every_noniid_table_is_what_the_saved_sweeps_give():
         assert body == expected[name], f"{path.name}: table {name} is not the saved sweep's; regenerate it"
 
 
+def test_the_before_after_tables_are_the_saved_runs():
+    """benchmarks/FREE_RIDERS.md's before/after tables: the unconditioned saved runs beside the saved runs."""
+    expected = doc_tables.conditioning_tables()
+    blocks = [(p, name, body) for p, name, body in doc_tables.generated_blocks() if name.startswith("conditioning-")]
+    assert {(p.name, name) for p, name, _ in blocks} == {("FREE_RIDERS.md", name) for name in expected}
+    for path, name, body in blocks:
+        assert body == expected[name], f"{path.name}: table {name} is not the saved runs'; regenerate it"
+
+
 SAVED_AGGREGATION = json.loads(doc_tables.SAVED_AGGREGATION.read_text())
 
 
@@ -132,7 +157,7 @@ def test_every_generated_block_has_a_generator():
     names = {name for _, name, _ in doc_tables.generated_blocks()}
     generated = {*doc_tables.fidelity_tables(SAVED), *doc_tables.noniid_tables(SAVED_SWEEPS["digits"],
                                                                                SAVED_SWEEPS["llm"]),
-                 *doc_tables.aggregation_tables(SAVED_AGGREGATION)}
+                 *doc_tables.aggregation_tables(SAVED_AGGREGATION), *doc_tables.conditioning_tables()}
     assert names == generated | {"check-paper-llm"}
 
 
@@ -143,7 +168,8 @@ def test_todays_code_gives_the_saved_digits_sweeps_first_level_and_failure_case(
 
     saved = SAVED_SWEEPS["digits"]
     cfg = NonIIDConfig(concentrations=(saved["levels"][0]["concentration"],), clients=saved["clients"],
-                       rounds=saved["rounds"], seed=saved["seed"])
+                       rounds=saved["rounds"], seed=saved["seed"], public_steps=saved["public_steps"],
+                       public_buckets=saved["public_buckets"])
     fresh = run_noniid(cfg, tmp_path, task=digits_task(cfg), log=lambda *a: None)
     for ours, theirs in ((fresh["levels"][0], saved["levels"][0]), (fresh["disjoint"], saved["disjoint"])):
         assert ours["global_accuracy"] == pytest.approx(theirs["global_accuracy"], abs=1e-3)

@@ -22,7 +22,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if not 2 <= clients <= 10 or rounds < 1:
         raise InputError(f"the sweep needs 2-10 clients and a positive number of rounds, got {clients}, {rounds}")
     cfg = NonIIDConfig(clients=clients, rounds=rounds, seed=args.seed, data=args.data, max_examples=args.max_examples,
-                       threads=args.threads)
+                       threads=args.threads, public_steps=args.public_steps, public_buckets=args.public_buckets)
     stem = args.case.replace("-", "_")
     if args.case == "noniid-llm":
         from ..valuation.topic_task import llm_task
@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = FidelityConfig(cases=cases, clients=clients, rounds=rounds, seed=args.seed,
                          methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()), data=args.data,
                          max_examples=args.max_examples, protocol=args.protocol, threads=args.threads,
-                         jobs=args.jobs or auto_jobs(len(cases)))
+                         jobs=args.jobs or auto_jobs(len(cases)), public_steps=args.public_steps,
+                         public_buckets=args.public_buckets)
     result = run_fidelity(cfg, args.out)
     print(tables(result))
     print(f"total wall time {result['wall_seconds']:.1f} s; wrote {args.out}/fidelity.json, fidelity.csv, "
@@ -100,5 +101,10 @@ def add_parser(sub) -> None:
     p.add_argument("--jobs", type=int, default=0,
                    help="cases run in this many processes at once (default 0: one per available CPU, at most one "
                         "per case; results are bit-identical for any value)")
+    p.add_argument("--public-steps", type=int, default=5,  # PublicConditioning's (engine.public imports torch)
+                   help="KFCA-QP conditions on the global's change over the last 1, 2, 4, ... rounds: this many sign "
+                        "planes (default 5; 0: off, the unconditioned rewards)")
+    p.add_argument("--public-buckets", type=int, default=2,
+                   help="magnitude buckets of the global's newest step (a power of two; default 2)")
     p.add_argument("--out", default="runs/fidelity", help="output folder (default runs/fidelity)")
     p.set_defaults(handler=run)

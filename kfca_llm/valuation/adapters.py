@@ -3,19 +3,21 @@
 A round's game: v(S) = -(held-out loss of the global adapter plus the FedAvg-weighted updates of
 coalition S), v(empty) = -(loss of the global adapter). MR-SV is its exact Shapley value (2^n loss
 evaluations for the round's n clients), GTG-Shapley its guided, truncated estimate, KFCA-QP the
-knowledge-free reward of the same updates (no held-out data, no loss evaluations).
+knowledge-free reward of the same updates (no held-out data, no loss evaluations), conditioned on the global's
+steps before the round (the public trajectory, ``engine.public``) as the federation's own scoring is.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..api import score_updates
+from ..engine.public import PublicConditioning
 from ..errors import InputError
 from ..tensors import StateDict
 from .exact import shapley_exact
@@ -34,6 +36,9 @@ class RoundGame:
     updates: list[Mapping[str, torch.Tensor]]
     value: Callable[[frozenset], float]
     seed: int
+    public: Sequence[Mapping[str, torch.Tensor]] = ()
+    """the global's steps before the round (state dicts like the updates), oldest first."""
+    conditioning: PublicConditioning = PublicConditioning()
 
     @property
     def n(self) -> int:
@@ -61,7 +66,8 @@ def _gtg_shapley(game: RoundGame) -> tuple[np.ndarray, CachedUtility]:
 
 
 def _kfca_qp(game: RoundGame) -> tuple[np.ndarray, None]:
-    report = score_updates(dict(zip(game.clients, game.updates)), seed=game.seed)
+    report = score_updates(dict(zip(game.clients, game.updates)), seed=game.seed, public=list(game.public),
+                           conditioning=game.conditioning)
     return np.array([report.rewards[c] for c in game.clients]), None
 
 
@@ -105,8 +111,10 @@ def reconstruct(global_state: Mapping[str, torch.Tensor], updates: list[Mapping[
 
 def value_round(global_state: Mapping[str, torch.Tensor], updates: Mapping[str, Mapping[str, torch.Tensor]],
                 num_examples: Mapping[str, int], held_out_loss: Callable[[StateDict], float], *,
-                round_index: int = 0, seed: int = 0) -> RoundValuation:
-    """Value one round's client updates by every ``ROUND_METHODS`` entry (see the module docstring)."""
+                round_index: int = 0, seed: int = 0, public: Sequence[Mapping[str, torch.Tensor]] = (),
+                conditioning: PublicConditioning = PublicConditioning()) -> RoundValuation:
+    """Value one round's client updates by every ``ROUND_METHODS`` entry (see the module docstring); ``public``: the
+    global's steps before the round, oldest first, that KFCA-QP conditions on (``conditioning``)."""
     clients = sorted(updates)
     if len(clients) < 2:
         raise InputError(f"need at least two clients in a round, got {len(clients)}")
@@ -122,7 +130,7 @@ def value_round(global_state: Mapping[str, torch.Tensor], updates: Mapping[str, 
         w[idx] = sizes[idx] / sizes[idx].sum() if idx else 0.0
         return -float(held_out_loss(reconstruct(global_state, ups, w)))
 
-    game = RoundGame(clients, ups, value, seed)
+    game = RoundGame(clients, ups, value, seed, public, conditioning)
     values, coalitions, seconds, utilities = {}, {}, {}, {}
     for key, method in ROUND_METHODS.items():
         start = time.perf_counter()

@@ -56,6 +56,11 @@ class FederationRecord:
     num_examples: np.ndarray
     """int64 (n,) examples per client (the FedAvg weights)."""
 
+    def public_steps(self, t: int, count: int) -> list[torch.Tensor]:
+        """The newest ``count`` (at most) of the global's steps the server had made before round t, oldest first:
+        step s = the global sent in round s minus the one sent in round s - 1 (none before round 1)."""
+        return [self.globals[s] - self.globals[s - 1] for s in range(max(1, t - count + 1), t + 1)] if count else []
+
 
 class StackedCNN:
     """Shapes of the CNN for ``image_shape`` (H, W) and ``num_classes``; forward on stacked parameters."""

@@ -4,7 +4,8 @@ For each case the clients run FedAvg once (the recorded federation); every metho
 clients from that record (exact SV and TMC-Shapley retrain coalitions from the same initialisation
 and seeds). Rewards are normalised to ``q_i / sum q`` and compared with the normalised exact SV by the
 paper's three distances, plus Spearman rank correlation; ``uniform`` (q_i = 1/n) is the floor a
-method must beat to be informative.
+method must beat to be informative. KFCA-QP (and MC KFCA-QP) condition each round's payment on the global's
+steps before it, the public trajectory the server knows (``engine.public``; ``public_steps`` 0: off).
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ class FidelityConfig:
     threads: int = 1
     jobs: int = 1
     """cases run in this many worker processes at once (each with ``threads`` torch threads)."""
+    public_steps: int = 5
+    public_buckets: int = 2
+    """KFCA-QP's ``PublicConditioning`` on the recorded globals (the engine's default; steps 0: off, the unconditioned
+    rewards bit for bit). Plain ints: this module stays torch-free until a case runs."""
 
 
 def resolve_protocol(protocol: str, images) -> str:
@@ -59,6 +64,7 @@ def record_case(case: str, cfg: FidelityConfig, images):
     import torch
 
     from .cases import make_clients
+    from ..engine.public import PublicConditioning
     from .cnn_federation import FederationConfig, model_for, run_federation
     from .methods import ValuationProblem
 
@@ -71,7 +77,8 @@ def record_case(case: str, cfg: FidelityConfig, images):
     record = run_federation(model, clients, init, fed_cfg)
     federation_s = time.perf_counter() - start
     problem = ValuationProblem(model, clients, init, fed_cfg, record,
-                               model.patches(torch.from_numpy(images.test_x[:, None])), torch.from_numpy(images.test_y))
+                               model.patches(torch.from_numpy(images.test_x[:, None])), torch.from_numpy(images.test_y),
+                               PublicConditioning(cfg.public_steps, cfg.public_buckets))
     return problem, federation_s
 
 
@@ -166,10 +173,12 @@ def tables(result: dict) -> str:
 
 def _warm_up() -> None:
     """Compile / load the engine's numba kernels once, so no method's time includes JIT compilation."""
-    from ..api import score_labels, score_updates
+    from ..api import FLAT_UPDATE_NAME, score_labels, score_updates
 
     rng = np.random.default_rng(0)
-    score_updates({"a": rng.normal(size=64).astype(np.float32), "b": rng.normal(size=64).astype(np.float32)})
+    updates = {"a": rng.normal(size=64).astype(np.float32), "b": rng.normal(size=64).astype(np.float32)}
+    score_updates(updates)
+    score_updates(updates, public=[{FLAT_UPDATE_NAME: rng.normal(size=64)}])  # the conditioned path's kernels
     score_labels({"a": rng.integers(0, 3, 64), "b": rng.integers(0, 3, 64)}, num_labels=3)
 
 
@@ -185,8 +194,10 @@ def run_fidelity(cfg: FidelityConfig, out: str | Path, log=print) -> dict:
     """Run every case, write ``fidelity.json``, ``fidelity.csv`` and the figures to ``out``."""
     import torch
 
+    from ..engine.public import PublicConditioning
     from .methods import METHODS
 
+    PublicConditioning(cfg.public_steps, cfg.public_buckets)  # its checks, before minutes of retraining
     unknown = [m for m in cfg.methods if m not in METHODS]
     if unknown:
         raise InputError(f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}")
@@ -209,6 +220,7 @@ def _run(cfg: FidelityConfig, out: str | Path, log) -> dict:
         f"{cfg.clients} clients, {cfg.rounds} rounds, {cfg.threads} torch thread(s), {cfg.jobs} job(s)")
     result = {"data": images.name, "protocol": resolve_protocol(cfg.protocol, images), "clients": cfg.clients,
               "rounds": cfg.rounds, "seed": cfg.seed,
+              "public_steps": cfg.public_steps, "public_buckets": cfg.public_buckets,
               "threads": cfg.threads, "jobs": cfg.jobs, "cases": {}}
     jobs = min(cfg.jobs, len(cfg.cases))
     if jobs > 1:

@@ -3,7 +3,9 @@
 A round observer (``FederationOptions.on_round``): after each round is scored it values the clients'
 submissions (fixed attackers' attacks included, the attack-analysis side submissions excluded) by
 ``adapters.value_round``, with v(S) = minus the held-out loss of the global adapter plus S's
-reconstructed update. The held-out rows are synthetic rows from a seed no client trains on.
+reconstructed update. The held-out rows are synthetic rows from a seed no client trains on. KFCA-QP conditions on
+the globals the observer has seen (the recipe's ``kfca.public-steps``), as the federation's scoring does; after a
+``--resume`` it knows only the globals from the resumed round on.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class RoundValuer:
         self.rounds: list[RoundValuation] = []
         self.fixed_attacks: dict[str, str] = {}
         self._held_out = None
+        self._sent: list = []  # the globals of the rounds seen, oldest first (the newest the conditioning reads)
 
     def _examples(self, tokenizer) -> list:
         if self._held_out is None:
@@ -50,6 +53,7 @@ class RoundValuer:
 
     def __call__(self, ctx) -> None:
         from ..fl.client import batch_loss, load_adapter_state
+        from ..fl.rounds import public_steps
 
         examples = self._examples(ctx.tokenizer)
         model = ctx.model
@@ -64,11 +68,14 @@ class RoundValuer:
             model.train(was_training)
             return sum(losses) / len(examples)
 
+        conditioning = self.recipe.kfca.conditioning
+        self._sent = [*self._sent, ctx.global_state][-(conditioning.history + 1):]
         own = [s for s in ctx.submissions if not s.analysis]
         self.fixed_attacks.update({s.client: s.strategy for s in own if not s.honest})
         self.rounds.append(value_round(ctx.global_state, {s.client: s.update for s in own},
                                        {s.client: s.num_examples for s in own}, held_out_loss,
-                                       round_index=ctx.round, seed=self.recipe.kfca.seed + ctx.round))
+                                       round_index=ctx.round, seed=self.recipe.kfca.seed + ctx.round,
+                                       public=public_steps(self._sent), conditioning=conditioning))
 
     def to_dict(self) -> dict:
         return {"v": "minus held-out loss of global + reconstructed coalition update",

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..api import score_labels, score_updates
+from ..api import FLAT_UPDATE_NAME, score_labels, score_updates
+from ..engine.public import PublicConditioning
 from ..engine.stats import delta_from_joint
 from ..mechanism import ca_score_matrix, joint_counts, mtpp_payment
 from . import per_round
@@ -46,6 +47,8 @@ class ValuationProblem:
     test_x: torch.Tensor
     """the test inputs as the model reads them (``model.patches``), computed once"""
     test_y: torch.Tensor
+    conditioning: PublicConditioning = PublicConditioning()
+    """how KFCA-QP conditions on the public trajectory (the globals of ``record``); steps 0: off."""
 
     @property
     def n(self) -> int:
@@ -214,16 +217,22 @@ def ca_d(problem: ValuationProblem) -> MethodResult:
                             for t in range(problem.cfg.rounds)))
 
 
-def _kfca_qp_round(problem: ValuationProblem, updates: torch.Tensor, seed: int) -> np.ndarray:
+def _kfca_qp_round(problem: ValuationProblem, t: int, coordinates: torch.Tensor | None = None) -> np.ndarray:
+    """KFCA-QP on round t's updates (only ``coordinates`` of them when given), conditioned on the global's steps
+    before round t (the same coordinates)."""
     names = problem.client_names()
-    report = score_updates(dict(zip(names, updates)), seed=seed)
+    updates = problem.record.updates[t]
+    steps = problem.record.public_steps(t, problem.conditioning.history)
+    if coordinates is not None:
+        updates, steps = updates[:, coordinates], [s[coordinates] for s in steps]
+    report = score_updates(dict(zip(names, updates)), seed=problem.cfg.seed + t,
+                           public=[{FLAT_UPDATE_NAME: s} for s in steps], conditioning=problem.conditioning)
     return np.array([report.rewards[c] for c in names])
 
 
 def kfca_qp(problem: ValuationProblem) -> MethodResult:
     """KFCA-QP (our engine, ``score_updates``) on each round's updates, summed over rounds."""
-    return MethodResult(sum(_kfca_qp_round(problem, problem.record.updates[t], problem.cfg.seed + t)
-                            for t in range(problem.cfg.rounds)))
+    return MethodResult(sum(_kfca_qp_round(problem, t) for t in range(problem.cfg.rounds)))
 
 
 def kfca_d(problem: ValuationProblem) -> MethodResult:
@@ -244,8 +253,8 @@ def mc_kfca_qp(problem: ValuationProblem) -> MethodResult:
     x = max(int(MC_FRACTION * size), 16)
     total = np.zeros(problem.n)
     for t in range(problem.cfg.rounds):
-        draws = [_kfca_qp_round(problem, problem.record.updates[t][:, torch.from_numpy(rng.choice(size, x, replace=False))],
-                                problem.cfg.seed + t) for _ in range(MC_REPEATS)]
+        draws = [_kfca_qp_round(problem, t, torch.from_numpy(rng.choice(size, x, replace=False)))
+                 for _ in range(MC_REPEATS)]
         total += np.mean(draws, axis=0)
     return MethodResult(total, extra={"coordinates": x, "repeats": MC_REPEATS})
 

@@ -9,6 +9,12 @@ records the honest KFCA-QP reward (the engine's payment) and what a single devia
 in expectation from the empirical deltas (flipping its signs, the label-permutation deviation:
 sum_{a,b} delta(a, b) S(pi(a), b)) and as the engine pays it for an update of opposite signs.
 
+KFCA-QP conditions on the public trajectory (``engine.public``: the penalty drawn within strata of the global's
+steps before the round), so its expected payment is that of the *conditional* delta, sum_s pi_s delta_s over
+the public strata s (pi_s: the share of tasks in s; delta_s: the delta of the reports within s). With
+conditioning the sweep's QP deltas, categorical flags and expectations are those conditional deltas, what the
+engine pays on (``public_steps`` 0: off, the plain deltas). KFCA-D's labels are not sign reports: unconditioned.
+
 The failure case: each client trains on classes no other client has (one class each). Local models
 then predict their own class for nearly every input, so their predictions carry no shared
 information: delta -> 0 and KFCA-D's reward -> 0. That is the information-theoretic limit of every
@@ -25,7 +31,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..api import score_labels, score_updates
+from ..api import FLAT_UPDATE_NAME, score_labels, score_updates
+from ..engine.layout import Layout
+from ..engine.public import PublicConditioning, public_planes
 from ..errors import InputError
 from ..mechanism import categorical_world, delta_matrix, expected_reward, kfca_score_matrix
 
@@ -44,6 +52,8 @@ class RoundSignals:
     """(n, P) the clients' updates (local model minus the round's global model), flattened."""
     predictions: np.ndarray
     """int (n, m) each local model's predicted labels on the public test inputs."""
+    public: list[torch.Tensor] = field(default_factory=list)
+    """the global's steps before this round (flattened like the updates), oldest first: the public trajectory."""
 
 
 @dataclass(frozen=True)
@@ -107,18 +117,51 @@ def flipped_signs(updates: torch.Tensor, i: int) -> torch.Tensor:
     return torch.where(active, torch.where(updates[i] < 0, 1.0, -1.0), 0.0)
 
 
+def public_strata(steps: Sequence[torch.Tensor], conditioning: PublicConditioning) -> np.ndarray | None:
+    """int64 (P,) each coordinate's public stratum as the engine forms it from the flat ``steps`` (oldest first):
+    bit p = plane p of ``engine.public.public_planes``; None when nothing conditions (off, or no step yet)."""
+    if not steps:
+        return None
+    numel = steps[0].numel()
+    planes = public_planes(Layout.from_shapes({FLAT_UPDATE_NAME: (numel,)}), [{FLAT_UPDATE_NAME: s} for s in steps],
+                           conditioning)
+    if planes is None:
+        return None
+    # plane words hold bit e % 32 of word e // 32: little-endian bytes, little-endian bits
+    bits = np.unpackbits(planes.host_words().astype("<i4").view(np.uint8), axis=1, bitorder="little")[:, :numel]
+    return (bits.astype(np.int64) << np.arange(planes.n_planes, dtype=np.int64)[:, None]).sum(axis=0)
+
+
+def conditional_delta(r1: np.ndarray, r2: np.ndarray, strata: np.ndarray | None, num_labels: int) -> np.ndarray:
+    """sum_s pi_s delta_s: the delta of the reports within each public stratum, weighted by its share of the tasks
+    (the plain delta when ``strata`` is None)."""
+    if strata is None:
+        return delta_matrix(r1, r2, num_labels)
+    total = np.zeros((num_labels, num_labels))
+    for s in np.unique(strata):
+        within = strata == s
+        total += within.mean() * delta_matrix(r1[within], r2[within], num_labels)
+    return total
+
+
 FLIP = np.array([1, 0])
 
 
-def analyse_round(signals: RoundSignals, num_labels: int, seed: int) -> dict:
-    """Pairs' deltas and categorical flags (QP and D), honest and deviating rewards for one round."""
+def analyse_round(signals: RoundSignals, num_labels: int, seed: int,
+                  conditioning: PublicConditioning = PublicConditioning()) -> dict:
+    """Pairs' deltas and categorical flags (QP and D), honest and deviating rewards for one round; KFCA-QP's
+    conditioned on ``signals.public`` (see the module docstring)."""
     n = signals.updates.shape[0]
     names = [f"client-{i}" for i in range(n)]
     reports = sign_reports(signals.updates)
+    public = signals.public if conditioning.enabled else []
+    strata = public_strata(public, conditioning)
+    if strata is not None:
+        strata = strata[(signals.updates != 0).any(dim=0).numpy()]  # the tasks' strata (as ``sign_reports``)
     pairs, expected_honest, expected_flip = [], np.zeros(n), np.zeros(n)
     for i in range(n):
         for j in range(i + 1, n):
-            qp = delta_matrix(reports[i], reports[j], 2)
+            qp = conditional_delta(reports[i], reports[j], strata, 2)
             d = delta_matrix(signals.predictions[i], signals.predictions[j], num_labels)
             pairs.append({"pair": [i, j], "delta": qp.tolist(), "categorical": categorical_world(qp),
                           "labels_delta_abs_max": float(np.abs(d).max()), "labels_categorical": categorical_world(d)})
@@ -127,9 +170,10 @@ def analyse_round(signals: RoundSignals, num_labels: int, seed: int) -> dict:
                 expected_flip[a] += expected_reward(delta, FLIP, [0, 1], kfca_score_matrix(2)) / (n - 1)
     updates = dict(zip(names, signals.updates))
     # the payment rule is the subject here, not copy detection (a flipped update can mirror a peer's signs)
-    honest = score_updates(updates, seed=seed, duplicates="flag").rewards
-    deviated = [score_updates({**updates, names[i]: flipped_signs(signals.updates, i)}, seed=seed,
-                              duplicates="flag").rewards[names[i]] for i in range(n)]
+    steps = [{FLAT_UPDATE_NAME: s} for s in public]
+    honest = score_updates(updates, seed=seed, duplicates="flag", public=steps, conditioning=conditioning).rewards
+    deviated = [score_updates({**updates, names[i]: flipped_signs(signals.updates, i)}, seed=seed, duplicates="flag",
+                              public=steps, conditioning=conditioning).rewards[names[i]] for i in range(n)]
     labels = score_labels(dict(zip(names, signals.predictions)), num_labels=num_labels, seed=seed).rewards
     return {"pairs": pairs, "honest_reward": [honest[c] for c in names], "deviation_reward": deviated,
             "honest_expected": expected_honest.tolist(), "deviation_expected": expected_flip.tolist(),
@@ -152,8 +196,9 @@ def summarise(rounds: list[dict]) -> dict:
             "max_abs_labels_reward": float(np.max(np.abs([r["labels_reward"] for r in rounds])))}
 
 
-def analyse_run(run: FederationRun, seed: int) -> dict:
-    rounds = [{"round": t, **analyse_round(s, run.num_labels, seed + t)} for t, s in enumerate(run.rounds)]
+def analyse_run(run: FederationRun, seed: int, conditioning: PublicConditioning = PublicConditioning()) -> dict:
+    rounds = [{"round": t, **analyse_round(s, run.num_labels, seed + t, conditioning)}
+              for t, s in enumerate(run.rounds)]
     return {"global_accuracy": run.accuracy, "class_counts": run.class_counts, **run.extra,
             "summary": summarise(rounds), "rounds": rounds}
 
@@ -185,6 +230,16 @@ class NonIIDConfig:
     max_examples: int | None = None
     threads: int = 1
     """torch threads (one: the small models gain nothing from more, and a second core is better left free)."""
+    public_steps: int = 5
+    public_buckets: int = 2
+    """KFCA-QP's conditioning on the global's steps (the engine's default; steps 0: off, the plain deltas)."""
+
+    def __post_init__(self):
+        self.conditioning  # its checks, before any training
+
+    @property
+    def conditioning(self) -> PublicConditioning:
+        return PublicConditioning(self.public_steps, self.public_buckets)
 
 
 @dataclass(frozen=True)
@@ -206,13 +261,14 @@ def digits_task(cfg: NonIIDConfig) -> SweepTask:
     model = model_for(images.train_x.shape[1:], images.num_classes, fed.channels)
     test_x = model.patches(torch.from_numpy(images.test_x[:, None]))
     test_y = torch.from_numpy(images.test_y)
+    history = cfg.conditioning.history
 
     def run(parts: list[np.ndarray]) -> FederationRun:
         clients = [ClientData(torch.from_numpy(images.train_x[p][:, None]), torch.from_numpy(images.train_y[p]))
                    for p in parts]
         record = run_federation(model, clients, model.init(cfg.seed), fed)
-        rounds = [RoundSignals(u, predictions(model, g[None] + u, test_x)) for g, u in zip(record.globals,
-                                                                                            record.updates)]
+        rounds = [RoundSignals(u, predictions(model, g[None] + u, test_x), record.public_steps(t, history))
+                  for t, (g, u) in enumerate(zip(record.globals, record.updates))]
         return FederationRun(rounds, float(accuracy(model, record.final[None], test_x, test_y)[0]),
                              class_counts(images.train_y, parts, images.num_classes), images.num_classes,
                              {"parameters": model.num_parameters})
@@ -224,10 +280,11 @@ def run_sweep(cfg: NonIIDConfig, task: SweepTask, log=print) -> dict:
     """The Dirichlet sweep and the disjoint-classes failure case on one federation ``task``."""
     name, labels, run = task.name, task.labels, task.run
     parts = disjoint_partition(labels, cfg.clients)  # checked first: the failure case needs a class per client
-    result = {"data": name, "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed, "levels": []}
+    result = {"data": name, "clients": cfg.clients, "rounds": cfg.rounds, "seed": cfg.seed,
+              "public_steps": cfg.public_steps, "public_buckets": cfg.public_buckets, "levels": []}
     for alpha in cfg.concentrations:
         start = time.perf_counter()
-        level = analyse_run(run(dirichlet_partition(labels, cfg.clients, alpha, cfg.seed)), cfg.seed)
+        level = analyse_run(run(dirichlet_partition(labels, cfg.clients, alpha, cfg.seed)), cfg.seed, cfg.conditioning)
         s = level["summary"]
         log(f"  Dirichlet {alpha:>6g}: accuracy {level['global_accuracy']:.3f}, {s['pairs_hold_every_round']}/"
             f"{s['pairs']} pairs categorical in every round ({s['pair_rounds_hold']}/{s['pair_rounds']} pair-rounds), "
@@ -236,7 +293,7 @@ def run_sweep(cfg: NonIIDConfig, task: SweepTask, log=print) -> dict:
         result["levels"].append({"concentration": alpha, **level})
     failure_run = run(parts)
     own = [labels[p[0]] for p in parts]  # client i's only class
-    failure = analyse_run(failure_run, cfg.seed)
+    failure = analyse_run(failure_run, cfg.seed, cfg.conditioning)
     failure["summary"]["own_class_share"] = float(np.mean([np.mean(r.predictions[i] == own[i])
                                                            for r in failure_run.rounds for i in range(cfg.clients)]))
     failure["verdict"] = failure_verdict(failure["summary"])
@@ -262,7 +319,11 @@ def noniid_table(result: dict) -> str:
     notes = [f"pairs categorical in every round over the sweep: {result['pairs_hold']} of {result['pairs_total']}",
              "honest / deviator: mean KFCA-QP reward paid by the engine to honest clients and to one client that "
              "flips every sign; E(...): the same from the empirical deltas; KFCA-D: mean reward of the local "
-             "models' predicted test labels", result["disjoint"]["verdict"]]
+             "models' predicted test labels",
+             (f"KFCA-QP conditioned on the global's steps ({result['public_steps']} sign planes x "
+              f"{result['public_buckets']} magnitude buckets): deltas, flags and E(...) within the public strata"
+              if result.get("public_steps") else "KFCA-QP unconditioned (public steps 0)"),
+             result["disjoint"]["verdict"]]
     return text_table(f"non-IID sweep: {result['data']}, {result['clients']} clients, {result['rounds']} rounds",
                       ["Dirichlet", "accuracy", "pairs hold", "pair-rounds", "honest", "deviator", "E(honest)",
                        "E(deviator)", "KFCA-D"], rows, notes)

@@ -115,11 +115,14 @@ def llm_task(cfg, rows_per_client: int = ROWS_PER_CLIENT, local_steps: int = LOC
     def flat(state) -> torch.Tensor:
         return torch.cat([state[k].flatten() for k in names])
 
+    history = cfg.conditioning.history
+
     def run(parts: list[np.ndarray]) -> FederationRun:
         global_state = {k: v.clone() for k, v in initial.items()}
         sizes = np.array([p.size for p in parts], dtype=np.float64)
-        rounds = []
+        rounds, sent = [], []  # sent: the flat globals of the rounds so far, oldest first
         for t in range(cfg.rounds):
+            sent = [*sent, flat(global_state)][-(history + 1):]
             updates, predicted = [], []
             for c, part in enumerate(parts):
                 update = train_client(model, global_state, [examples[i] for i in part], recipe, server_round=t + 1,
@@ -128,7 +131,8 @@ def llm_task(cfg, rows_per_client: int = ROWS_PER_CLIENT, local_steps: int = LOC
                 load_adapter_state(model, {k: global_state[k] + update[k] for k in names})
                 predicted.append(predict(model, test, label_ids, pad))
                 updates.append(update)
-            rounds.append(RoundSignals(torch.stack([flat(u) for u in updates]), np.stack(predicted)))
+            rounds.append(RoundSignals(torch.stack([flat(u) for u in updates]), np.stack(predicted),
+                                       [new - old for old, new in zip(sent, sent[1:])]))
             weights = sizes / sizes.sum()
             global_state = {k: global_state[k] + sum(float(w) * u[k] for w, u in zip(weights, updates))
                             for k in names}
