@@ -8,7 +8,7 @@ from test_peer_pool import SCHEDULE, round_updates, run_rounds
 
 from kfca_llm.api import pack_updates
 from kfca_llm.errors import InputError
-from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, recorded_pool_settings, score_with_pool
 
 
 def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():
@@ -104,6 +104,9 @@ def test_a_sleepers_reputation_after_its_turn_falls_below_an_honest_partners():
     assert pool.reputation("sleeper", 9, 0.0, horizon=30) < pool.reputation("sleeper", 9, 0.0)  # settling: both sides
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
     assert again.reputation("sleeper", 40, 0.0) == sleeper
+    with pytest.raises(InputError, match="evidence"):  # a ledger's rows cannot rebuild it: no verifier may try
+        recorded_pool_settings(PoolSettings(rank_by="reputation").to_dict())
+    assert recorded_pool_settings(PoolSettings(rank_by="verdict-first").to_dict()).rank_by == "verdict-first"
     for forgetting, bad in ((0.8, 1.0), (1.0, 1.0)):  # what the rule's two constants do for it
         original = pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT
         pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT = forgetting, bad

@@ -91,7 +91,12 @@ class PoolSettings:
 
 def recorded_pool_settings(recorded: Mapping) -> PoolSettings:
     """The settings a ledger recorded for its run, as this version's (whatever rule they were recorded under: a
-    round that needed the pool is rescored only under the rule it was paid by, which ``recompute`` checks)."""
+    round that needed the pool is rescored only under the rule it was paid by, which ``recompute`` checks); an
+    ``InputError`` for ``rank_by="reputation"``, whose evidence the ledger's rows do not hold (a rebuilt pool would
+    rank without it, and a verifier would take the difference for tampering)."""
+    if recorded.get("rank_by") == "reputation":
+        raise InputError("peer pool: a ledger does not record the verdicts' evidence that rank_by=\"reputation\" ranks "
+                         "by; this version cannot rebuild such a run's pool")
     return PoolSettings(**{**recorded, "rule": POOL_RULE})
 
 
