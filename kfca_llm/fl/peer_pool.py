@@ -108,7 +108,8 @@ class PooledRound:
     charge, or charged by an earlier resubmission)."""
     evidence: dict[str, float] = dataclasses.field(default_factory=dict)
     """Real participant the pool has a verdict on -> what the verdict tells of it (``fl.pool_weights.evidence_of``):
-    what its reputation is built from (``PeerPool.reputation``)."""
+    what its reputation is built from (``PeerPool.reputation``); kept under ``rank_by="reputation"`` only (a ledger does
+    not record it: a pool rebuilt from one has none)."""
 
     @property
     def used_pool(self) -> bool:
@@ -302,7 +303,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                        short=tuple(chosen), warming=warming,
                        cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict),
                        unpaid=tuple(sorted(unsure)), resubmitted=resubmitted, charged_back=charged_back,
-                       evidence={c: t for c, t in evidence.items() if c in real})
+                       evidence={c: t for c, t in evidence.items() if c in real and rank_by == "reputation"})
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],
