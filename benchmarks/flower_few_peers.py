@@ -25,9 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+from kfca_llm.fl.pool_store import RANK_RULES, PoolSettings
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from kfca_llm.fl.pool_store import RANK_RULES, PoolSettings  # noqa: E402
 
 
 def auroc(deviators: list[float], honest: list[float]) -> float:
