@@ -9,20 +9,23 @@ participation of a client trains on the same samples), ``dynamic`` (seeded by th
 static first, then dynamic, one process each; ``--out`` gets ``.static`` / ``.dynamic`` before its suffix).
 
 Prints, per round, the two participants (partition and attack) and their rewards, then the figures the issue
-asks for: every round in which the flipper met an honest node (honest partner paid > 0 and > flipper?, counted
-apart in undetermined rounds, where neither is paid), the
-mean reward per node, the AUROC of mean reward separating deviators from honest nodes, the undetermined rounds.
+asks for: every round in which a flipping update (``flip``; ``flip-after:K`` after its K-th update; ``on-off`` its 2nd,
+4th, ...) met an honest node (honest partner paid > 0 and > it?, counted apart in undetermined rounds, where neither is
+paid), the mean reward per node, the AUROC of mean reward separating deviators from honest nodes, the undetermined rounds.
 Heavy (Ray start-up ~20 s, then about 2 s a round on two cores): run it alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 from pathlib import Path
+
+from kfca_llm.fl.pool_store import RANK_RULES, PoolSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,6 +60,7 @@ def run_each_data_order(args) -> int:
                 "--data-order", order]
         argv += [] if args.min_peers is None else ["--min-peers", str(args.min_peers)]
         argv += [] if args.own_replay_limit is None else ["--own-replay-limit", str(args.own_replay_limit)]
+        argv += ["--rank-by", args.rank_by]
         argv += [f"--set={pair}" for pair in args.set]
         argv += [] if args.out is None else ["--out", str(args.out.with_suffix(f".{order}{args.out.suffix}"))]
         print(f"== data order: {order} (train.dynamic-data-seed = {str(DATA_ORDERS[order]).lower()})", flush=True)
@@ -79,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a recipe key of the run config (a number or a word), e.g. train.learning-rate-max=5e-5")
     parser.add_argument("--own-replay-limit", type=float, default=None,
                         help="signs an own resubmission may differ in (rule 3: 0.02; default: the data order's)")
+    parser.add_argument("--rank-by", choices=RANK_RULES, default=PoolSettings().rank_by,
+                        help="PoolSettings.rank_by: how a disagreeing pair is settled")
     parser.add_argument("--out", type=Path, default=None, help="write the per-round rewards as JSON here")
     return parser
 
@@ -91,6 +97,7 @@ def main(argv=None) -> int:
     from flwr.serverapp.strategy import FedAvg
     from flwr.simulation import run_simulation
 
+    from kfca_llm.fl.peer_pool import PeerPool
     from kfca_llm.flower import KFCAStrategy
     from kfca_llm.fl.scoring import own_replay_limit
     from kfca_llm.flower.server_app import make_server_app
@@ -114,6 +121,7 @@ def main(argv=None) -> int:
 
         def __init__(self, *unused, **ignored):
             super().__init__(FedAvg(fraction_train=args.fraction, fraction_evaluate=0.0), ledger=None, **extra)
+            self.pool = PeerPool(dataclasses.replace(self.pool.settings, rank_by=args.rank_by))
             self.partition_of: dict[str, int] = {}
             self.resubmitted: dict[int, dict[str, tuple[str, ...]]] = {}
 
@@ -173,10 +181,10 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
     lines = [f"{args.nodes} nodes, fraction_train {args.fraction}, data order {args.data_order}, {len(rounds)} rounds scored, "
              f"min_peers {'default' if args.min_peers is None else args.min_peers}, wall {wall:.0f} s"]
     paid: dict[int, list[float]] = {}
-    flipper = next((p for p, s in attack_of.items() if s == "flip"), None)
     meetings, good, unpaid = 0, 0, 0
     for r in rounds:
         rewards = {int(p): v for p, v in r["rewards"].items()}
+        flipper = next((p for p in rewards if p in attack_of and flips(attack_of[p], len(paid.get(p, ())))), None)
         for p, v in rewards.items():
             paid.setdefault(p, []).append(v)
         tag = ", ".join(f"{p}{'=' + attack_of[p] if p in attack_of else ''} {v:+.4f}" for p, v in rewards.items())
@@ -202,7 +210,7 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
     hon = [m for p, m in means.items() if p not in attack_of]
     lines.append("mean reward per node: " + ", ".join(
         f"{p}{'=' + attack_of[p] if p in attack_of else ''} {m:+.4f} ({len(paid[p])})" for p, m in means.items()))
-    lines.append(f"flipper's honest partners paid > 0 and > the flipper: {good} of {meetings} meetings "
+    lines.append(f"flipping updates' honest partners paid > 0 and > the flipping node: {good} of {meetings} meetings "
                  f"(+{unpaid} in undetermined rounds never settled, neither paid)")
     if dev and hon:  # a short run may never sample a deviator
         lines.append(f"max deviator mean {max(dev):+.4f} < min honest mean {min(hon):+.4f}: {max(dev) < min(hon)}; "
@@ -210,6 +218,14 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
     lines.append(f"undetermined rounds never settled: {[r['round'] for r in rounds if r['undetermined']]}; settled "
                  f"later: {[r['round'] for r in rounds if r.get('settled')]}")
     return "\n".join(lines)
+
+
+def flips(spec: str, updates_before: int) -> bool:
+    """Whether a node of attack ``spec`` flips its update after ``updates_before`` updates of its own (``flip``,
+    ``flip-after:K``, ``on-off``; any other attack: no)."""
+    name, _, parameter = spec.partition(":")
+    return (name == "flip" or (name == "flip-after" and updates_before >= int(parameter))
+            or (name == "on-off" and updates_before % 2 == 1))
 
 
 if __name__ == "__main__":

@@ -244,3 +244,22 @@ def test_public_conditioning_benchmark_small(run_script):
     """bench_public.py: the stratum counts' cost beside the Gram counts', in one run (benchmarks/FREE_RIDERS.md)."""
     printed = run_script(["benchmarks/bench_public.py", "--clients", "3", "--coords", "40000", "--repeats", "1"])
     assert "| gram counts (every pair) |" in printed and "16 strata" in printed and "x gram counts" in printed
+
+
+def test_flower_few_peers_counts_the_meetings_of_every_flipping_update():
+    """``flower_few_peers.py`` counts a meeting wherever an update was flipped: a flipper's every one, a sleeper's
+    (``flip-after:1``) from its second on, an ``on-off`` node's 2nd, 4th, ...; a zero node's never."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from flower_few_peers import flips, summarise
+
+    assert [flips("on-off", k) for k in range(4)] == [False, True, False, True]
+    assert [flips("flip-after:2", k) for k in range(4)] == [False, False, True, True]
+    assert flips("flip", 0) and not flips("zero", 3) and not flips("copy:0.1", 1)
+    rounds = [{"round": t, "rewards": rewards, "undetermined": []} for t, rewards in enumerate(
+        [{"1": 0.2, "3": 0.1}, {"1": 0.1, "4": 0.3}, {"2": 0.3, "3": -0.1}, {"2": 0.1, "4": -0.2}, {"1": -0.1, "5": 0.0}],
+        start=1)]
+    args = SimpleNamespace(nodes=20, fraction=0.1, data_order="static", min_peers=None)
+    text = summarise(rounds, {3: "on-off", 4: "flip-after:1", 5: "zero"}, args, 0.0)
+    assert "flipping node: 2 of 2 meetings" in text  # round 3 (node 3's 2nd) and round 4 (node 4's 2nd)

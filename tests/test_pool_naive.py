@@ -128,9 +128,8 @@ def case(seed: int, long: bool = False) -> dict:
                 coords=LONG if long else SHORT)
 
 
-def naive_of(fed: Federation, settings: dict, verdict_first: bool = False) -> list[dict[str, float]]:
-    return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"],
-                     verdict_first=verdict_first,
+def naive_of(fed: Federation, settings: dict, rank_by: str = "record") -> list[dict[str, float]]:
+    return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
                      own_replay_limit=settings["own_replay_limit"], owners=fed.owners, references=fed.references,
                      reference_weight=settings["reference_weight"])
 
@@ -138,7 +137,7 @@ def naive_of(fed: Federation, settings: dict, verdict_first: bool = False) -> li
 def assert_equal(seed: int, long: bool, rank_by: str) -> None:
     settings = case(seed, long)
     fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
-    expected = naive_of(fed, settings, verdict_first=rank_by == "verdict-first")
+    expected = naive_of(fed, settings, rank_by)
     paid = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
                                       own_replay_limit=settings["own_replay_limit"]), settings["reference_weight"])
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
@@ -146,7 +145,7 @@ def assert_equal(seed: int, long: bool, rank_by: str) -> None:
         assert got == pytest.approx(want, abs=1e-12), f"round {t}"
 
 
-@pytest.mark.parametrize("rank_by", ["record", "verdict-first"])
+@pytest.mark.parametrize("rank_by", ["record", "verdict-first", "reputation"])
 @pytest.mark.parametrize("seed", range(16))
 def test_the_pool_pays_what_the_naive_reference_pays(seed, rank_by):
     assert_equal(seed, False, rank_by)
@@ -217,14 +216,16 @@ def test_the_federations_meet_every_rule():
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen
-    # and the verdicts settle some disagreeing pairs otherwise than verdict plus record do
-    differing = 0
+    # and the verdicts first, and the reputations, settle some disagreeing pairs otherwise than verdict plus record do
+    differing = {"verdict-first": 0, "reputation": 0}
     for seed, long in CASES[:16]:
         settings = case(seed, long)
         fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
-        record, first = (naive_of(fed, settings, verdict_first=v) for v in (False, True))
-        differing += sum(record[t][c] != first[t][c] for t in range(ROUNDS) for c in record[t])
-    assert differing > 0
+        record = naive_of(fed, settings)
+        for rule in differing:
+            other = naive_of(fed, settings, rule)
+            differing[rule] += sum(record[t][c] != other[t][c] for t in range(ROUNDS) for c in record[t])
+    assert all(differing.values()), differing
 
 
 def test_an_honest_retrain_is_no_replay_under_the_default_limit():

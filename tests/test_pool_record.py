@@ -1,5 +1,6 @@
 """A participant's record (``PeerPool.record``), which settles who deviated in a disagreeing pair beside the round's
-verdicts: the lower of its window's and its run's."""
+verdicts: the lower of its window's and its run's; or its reputation (``PeerPool.reputation``, ``rank_by="reputation"``),
+built from the pool's verdicts alone."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ from test_peer_pool import SCHEDULE, round_updates, run_rounds
 
 from kfca_llm.api import pack_updates
 from kfca_llm.errors import InputError
-from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, recorded_pool_settings, score_with_pool
 
 
 def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():
@@ -54,11 +55,13 @@ def test_a_record_is_the_lower_of_the_windows_and_the_runs():
     assert again.record("flipper", 16) == pool.record("flipper", 16)  # a resumed run keeps the run's scores
 
 
-@pytest.mark.parametrize("rank_by", ["record", "verdict-first"])
+@pytest.mark.parametrize("rank_by", ["record", "verdict-first", "reputation"])
 def test_a_record_cannot_outvote_a_clear_verdict_when_verdicts_come_first(rank_by):
     """The flipper c03 of round 8 with a record of +1 (honest so far: a sleeper that just turned). Ranked by verdict
     plus record, its record outvotes the round's verdicts and its honest partner c01 is fined; with
-    ``rank_by="verdict-first"`` the two verdicts, far apart against their standard errors, settle the pair alone."""
+    ``rank_by="verdict-first"`` the two verdicts, far apart against their standard errors, settle the pair alone; with
+    ``"reputation"`` the scores recorded count for nothing (a reputation is built from verdicts only, none recorded
+    here), and the round's verdicts rank the pair."""
     from kfca_llm.fl.pool_store import VERDICT_GATE
     from kfca_llm.fl.pool_weights import verdict_settles
 
@@ -75,4 +78,39 @@ def test_a_record_cannot_outvote_a_clear_verdict_when_verdicts_come_first(rank_b
         assert rewards["c01"] > 0 > rewards["c03"]
     assert verdict_settles((0.1, 0.01), (-0.1, 0.01), VERDICT_GATE) and not verdict_settles((0.1, 0.1), (-0.1, 0.1), 2.0)
     with pytest.raises(InputError, match="rank_by"):
-        PoolSettings(rank_by="reputation")
+        PoolSettings(rank_by="beta")
+
+
+def test_a_sleepers_reputation_after_its_turn_falls_below_an_honest_partners():
+    """A sleeper: three clear honest verdicts early in training (evidence +0.9), then one flip the pool judged weakly
+    (-0.5); its partner, honest late in training, has weaker evidence (+0.4 each). In the round they meet, both verdicts
+    tell nothing (0). Its turn weighs twice what honest evidence does and is the newest: the sleeper ranks below its
+    partner, where equal weights (or no forgetting of old evidence) would rank it above. Its scores (in-round payments,
+    here +1 for the flip a misranked pair read back) count for nothing, and a resumed run keeps the evidence."""
+    from kfca_llm.fl import pool_store
+
+    pool, words = PeerPool(PoolSettings(rank_by="reputation")), np.zeros(4, np.int32)
+    evidence = {"sleeper": {2: 0.9, 5: 0.9, 9: 0.9, 30: -0.5}, "honest": {25: 0.4, 33: 0.4, 37: 0.4}}
+    for t in range(1, 40):
+        present = {who: e[t] for who, e in evidence.items() if t in e}
+        pool.add_round(t, {who: words for who in present} | {"other": words}, {"sleeper": 1.0, "honest": 0.01},
+                       evidence=present)
+    sleeper, honest = pool.reputation("sleeper", 40, 0.0), pool.reputation("honest", 40, 0.0)
+    weights = [1, 0.8 * 2, 0.64, 0.512, 0.4096]  # now, the turn (bad: twice), then the honest ones, older and older
+    assert sleeper == pytest.approx(sum(w * v for w, v in zip(weights, [0, -0.5, 0.9, 0.9, 0.9])) / sum(weights))
+    assert sleeper < honest == pytest.approx(0.4 * (0.8 + 0.64 + 0.512) / (1 + 0.8 + 0.64 + 0.512))
+    assert pool.record("sleeper", 40) > pool.record("honest", 40)  # the scores' record: spent to the sleeper's favour
+    assert pool.reputation("other", 40, -0.3) == -0.3  # nothing recorded: the round's evidence alone
+    assert pool.reputation("sleeper", 9, 0.0, horizon=30) < pool.reputation("sleeper", 9, 0.0)  # settling: both sides
+    again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
+    assert again.reputation("sleeper", 40, 0.0) == sleeper
+    with pytest.raises(InputError, match="evidence"):  # a ledger's rows cannot rebuild it: no verifier may try
+        recorded_pool_settings(PoolSettings(rank_by="reputation").to_dict())
+    assert recorded_pool_settings(PoolSettings(rank_by="verdict-first").to_dict()).rank_by == "verdict-first"
+    for forgetting, bad in ((0.8, 1.0), (1.0, 1.0)):  # what the rule's two constants do for it
+        original = pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT
+        pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT = forgetting, bad
+        try:
+            assert pool.reputation("sleeper", 40, 0.0) > pool.reputation("honest", 40, 0.0)
+        finally:
+            pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT = original

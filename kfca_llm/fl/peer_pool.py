@@ -66,8 +66,8 @@ from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
                          pool_name, recorded_pool_settings)
-from .pool_weights import (cautious_means, orientation, pool_lag_weights, pool_scores, verdict_errors, verdict_settles,
-                           weighted_means)
+from .pool_weights import (cautious_means, orientation, pool_lag_weights, pool_scores, evidence_of, verdict_errors,
+                           verdict_settles, weighted_means)
 from .reference import REFERENCE, check_reference_weight
 
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
@@ -108,6 +108,10 @@ class PooledRound:
     charge, or charged by an earlier resubmission)."""
     planes: PublicPlanes | None = None
     """The round's public strata every pair was scored within (None: unconditioned); a pending round keeps them."""
+    evidence: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Real participant the pool has a verdict on -> what the verdict tells of it (``fl.pool_weights.evidence_of``):
+    what its reputation is built from (``PeerPool.reputation``); kept under ``rank_by="reputation"`` only (a ledger does
+    not record it: a pool rebuilt from one has none)."""
 
     @property
     def used_pool(self) -> bool:
@@ -250,9 +254,14 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
 
     # Who the pool ranks lower in a disagreeing pair: this round's verdict plus, for a real participant, its recent
     # record (an analysis scorer's owner's record is an honest submission's, not the strategy's).
-    rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
-    if pool is not None and pool.settings.rank_by == "verdict-first":  # a clear difference of verdicts settles alone
-        errors = verdict_errors(terms_of, verdict)
+    errors = verdict_errors(terms_of, verdict)
+    evidence = {c: evidence_of(verdict[c][0], errors[c]) for c in verdict}
+    rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
+    if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones
+        rank = {c: pool.reputation(c, round_, t, horizon) if c in real else t for c, t in evidence.items()}
+    else:
+        rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
+    if rank_by == "verdict-first":  # a clear difference of verdicts settles alone
         clear = {(c, p) for c, p in in_round_keys if c in verdict and p in verdict and p not in own and verdict_settles(
             (verdict[c][0], errors[c]), (verdict[p][0], errors[p]), VERDICT_GATE)}
         rank_of = {(c, p): ((verdict[c][0], verdict[p][0]) if (c, p) in clear else (rank[c], rank.get(p)))
@@ -304,7 +313,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                        short=tuple(chosen), warming=warming,
                        cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict),
                        unpaid=tuple(sorted(unsure)), resubmitted=resubmitted, charged_back=charged_back,
-                       planes=planes)
+                       planes=planes,
+                       evidence={c: t for c, t in evidence.items() if c in real and rank_by == "reputation"})
 
 
 def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],

@@ -5,8 +5,10 @@
 penalty "expected", duplicate policy "zero"), written as directly as the rules read in docs/few-peers.md, so that a test
 can hold the real implementation to it (``tests/test_pool_naive.py``). Covered: the pool (which entries, vetted by their
 round's score; sign words kept for the window and one round more), the signed lag weights, the pool's verdict, the
-in-round peer read the way verdict plus record say (or, with ``verdict_first``, by the verdicts alone where they differ
-by more than two standard errors), the record (the lower of the window's and the run's mean score), undetermined
+in-round peer read the way verdict plus record say (or, with ``rank_by="verdict-first"``, by the verdicts alone where
+they differ by more than two standard errors; with ``"reputation"``, by the mean of tanh(verdict / its standard error),
+this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one twice as much),
+the record (the lower of the window's and the run's mean score), undetermined
 participants (paid 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
 round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
 0, neither joins the pool), copies of another participant's earlier submission (within 2% of the signs, on every sign
@@ -23,6 +25,7 @@ the bonus / penalty partition of the tasks is ``partition.partition_classes`` (t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -43,6 +46,8 @@ class Entry:
     score: float
     """Its round's score (before the undetermined and copy rules): vetting and records."""
     paid: float
+    evidence: float | None
+    """tanh(its round's verdict on it over its standard error) (None: no verdict): reputations."""
     resubmitted: bool = False
 
 
@@ -54,7 +59,7 @@ def sketched(tasks: list[int], length: int) -> list[int]:
 
 
 def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: int = 10, pool_peers: int = 8,
-              pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02, verdict_first: bool = False,
+              pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02, rank_by: str = "record",
               own_replay_limit: float = 0.0, owners: list[dict[str, str]] | None = None,
               references: list[list[float] | None] | None = None, reference_weight: float = 4.0
               ) -> list[dict[str, float]]:
@@ -63,7 +68,7 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
     (-> the participant each is a side-by-side submission of; the round's other two submitters are its participants);
     ``references[t - 1]``: the round's trusted reference update (None: none)."""
     rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy,
-                 verdict_first=verdict_first, own_replay_limit=own_replay_limit, reference_weight=reference_weight)
+                 rank_by=rank_by, own_replay_limit=own_replay_limit, reference_weight=reference_weight)
 
     def round_of(r: int):
         submissions, reference = rounds[r - 1], (references or [None] * r)[r - 1]
@@ -81,7 +86,7 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
         result = score(t, *this, history, horizon=None, **rules)
         for c in sorted(negative):
             if c not in owned and c not in result.copies:
-                history.append(Entry(t, c, negative[c], result.scores[c], result.paid[c]))
+                history.append(Entry(t, c, negative[c], result.scores[c], result.paid[c], result.evidence.get(c)))
         for e in result.resubmitted:
             e.paid, e.resubmitted = min(e.paid, 0.0), True
         if result.unsure:
@@ -117,10 +122,12 @@ class Scored:
     resubmitted: list[Entry]
     matches: dict[str, list[Entry]] = field(default_factory=dict)
     """Scorer -> the earlier submissions it copies."""
+    evidence: dict[str, float] = field(default_factory=dict)
+    """Scorer the pool has a verdict on -> tanh(that verdict over its standard error)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, history, horizon, window, pool_peers, pool_weight, min_peers,
-          max_copy, verdict_first, own_replay_limit, reference_weight):
+          max_copy, rank_by, own_replay_limit, reference_weight):
     """Round ``t`` (``negative``: scorer -> its reports; ``owners``: the owned scorers' participants) on the pool of
     ``history``, or, settling it at ``horizon``, the pool on both sides of it."""
     a, b = sorted(c for c in negative if c not in owners)
@@ -199,13 +206,25 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
                                      for e in peers] for c in scorers}
     verdict = {c: sum(w * p for w, p in terms[c]) / sum(abs(w) for w, _ in terms[c])
                for c in scorers if sum(abs(w) for w, _ in terms[c]) > 0}
-    # An owned scorer is ranked on its verdict alone: its participant's record is an honest submission's.
-    rank = {c: verdict[c] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
     error = {c: sum(w * w * (p - verdict[c]) ** 2 for w, p in terms[c]) ** 0.5 / sum(abs(w) for w, _ in terms[c])
              if sum(w != 0 for w, _ in terms[c]) >= 2 else float("inf") for c in verdict}
+    evidence = {c: math.tanh(verdict[c] / error[c]) if 0 < error[c] < float("inf") else 0.0 for c in verdict}
+
+    def reputation(c: str) -> float:  # this round's evidence and the earlier ones, nearest first
+        earlier = sorted((e for e in history if e.client == c and e.round != t and e.round <= high
+                          and e.evidence is not None), key=lambda e: (abs(e.round - t), -e.round))
+        values = [evidence[c], *(e.evidence for e in earlier)]
+        weights = [0.8 ** age * (2.0 if v < 0 else 1.0) for age, v in enumerate(values)]
+        return sum(w * v for w, v in zip(weights, values)) / sum(weights)
+
+    # An owned scorer is ranked on its verdict alone: its participant's record is an honest submission's.
+    if rank_by == "reputation":
+        rank = {c: reputation(c) if c in (a, b) else evidence[c] for c in verdict}
+    else:
+        rank = {c: verdict[c] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
 
     def clear(c: str, p: str) -> bool:  # the verdicts differ by more than two standard errors: they settle the pair
-        return verdict_first and abs(verdict[c] - verdict[p]) > 2.0 * (error[c] ** 2 + error[p] ** 2) ** 0.5
+        return rank_by == "verdict-first" and abs(verdict[c] - verdict[p]) > 2.0 * (error[c] ** 2 + error[p] ** 2) ** 0.5
 
     ref = reference_weight if reference is not None else 0.0
     paid, scores, unsure, warming = {}, {}, set(), set()
@@ -241,4 +260,4 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
         if not ref and (c in unsure or support < pool_peers):
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
-    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches)
+    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence)

@@ -121,7 +121,7 @@ def close_round(pool: PeerPool, packer: SignPacker, round_: int, pooled: PooledR
     signs, task = words
     joining = set(participants) - {c for g in pooled.report.duplicates for c in g.clients}
     pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in joining},
-                   pooled.report.unadjusted_rewards, pooled.report.rewards)
+                   pooled.report.unadjusted_rewards, pooled.report.rewards, pooled.evidence)
     pool.mark_resubmitted([name for names in pooled.resubmitted.values() for name in names])
     _keep_pending(pool, packer, signs, task, round_, pooled, seed=seed, participants=participants, penalty=penalty,
                   bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, owners=owners)

@@ -27,9 +27,14 @@ own resubmission is a replay within ``PoolSettings.own_replay_limit`` of the sig
 copy of another's (an honest client retrained on the same samples is not charged back)."""
 
 
-RANK_RULES = ("record", "verdict-first")
+RANK_RULES = ("record", "verdict-first", "reputation")
 VERDICT_GATE = 2.0
 """Standard errors by which two verdicts must differ to settle a disagreeing pair alone (``rank_by="verdict-first"``)."""
+REPUTATION_FORGETTING = 0.8
+"""``rank_by="reputation"``: the weight of a participant's evidence one participation older than the next."""
+BAD_EVIDENCE_WEIGHT = 2.0
+"""``rank_by="reputation"``: the weight of negative evidence against positive evidence's 1 (bad evidence
+weighs more, so a participant that turns deviator loses its reputation faster than it built it)."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,8 @@ class PoolSettings:
     """How a disagreeing pair is settled (``fl.pool_weights.orientation``): ``"record"``, by each one's verdict plus its
     record; ``"verdict-first"``, by the verdicts alone where they differ by more than ``VERDICT_GATE`` standard errors
     of their difference (a participant that turns deviator cannot spend its record against a clear verdict), else as
-    ``"record"``."""
+    ``"record"``; ``"reputation"``, by each one's reputation (``PeerPool.reputation``): what the pool's verdicts told of
+    it, this round's and its earlier submissions', never its in-round payments, which the ranking itself decides."""
     rule: int = POOL_RULE
     """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
     a ledger of an earlier rule is not rescored with this one)."""
@@ -85,7 +91,12 @@ class PoolSettings:
 
 def recorded_pool_settings(recorded: Mapping) -> PoolSettings:
     """The settings a ledger recorded for its run, as this version's (whatever rule they were recorded under: a
-    round that needed the pool is rescored only under the rule it was paid by, which ``recompute`` checks)."""
+    round that needed the pool is rescored only under the rule it was paid by, which ``recompute`` checks); an
+    ``InputError`` for ``rank_by="reputation"``, whose evidence the ledger's rows do not hold (a rebuilt pool would
+    rank without it, and a verifier would take the difference for tampering)."""
+    if recorded.get("rank_by") == "reputation":
+        raise InputError("peer pool: a ledger does not record the verdicts' evidence that rank_by=\"reputation\" ranks "
+                         "by; this version cannot rebuild such a run's pool")
     return PoolSettings(**{**recorded, "rule": POOL_RULE})
 
 
@@ -131,6 +142,9 @@ class PeerPool:
         participant resubmitting it forfeits (``charge_of``)."""
         self._resubmitted: set[str] = set()
         """Pool names of submissions their participant resubmitted: charged back once, settled at most 0."""
+        self._evidence: dict[str, float] = {}
+        """Pool name -> what its round's verdict told of it (``fl.pool_weights.evidence_of``; missing: the pool had no
+        verdict on it), run-long: what ``reputation`` is built from."""
 
     def entries(self, before_round: int, extra: int = 0, horizon: int | None = None) -> list[PoolEntry]:
         """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name;
@@ -156,10 +170,11 @@ class PeerPool:
         return out[:self.settings.pool_peers]
 
     def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
-                  scores: Mapping[str, float] | None = None, paid: Mapping[str, float] | None = None) -> None:
+                  scores: Mapping[str, float] | None = None, paid: Mapping[str, float] | None = None,
+                  evidence: Mapping[str, float] | None = None) -> None:
         """Keep a round's sign words (call after scoring it, leaving out copies), its scores of them (the report's
-        ``unadjusted_rewards``; missing: not recorded) and what they were paid (``rewards``; missing: 0); old rounds
-        drop out."""
+        ``unadjusted_rewards``; missing: not recorded), what they were paid (``rewards``; missing: 0) and their
+        verdicts' evidence (``PooledRound.evidence``; missing: none); old rounds drop out."""
         if not signs:
             return
         widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
@@ -170,11 +185,13 @@ class PeerPool:
             self._scores.clear()
             self._paid.clear()
             self._resubmitted.clear()
+            self._evidence.clear()
         self._words = widths.pop()
         self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
         self._scores.update({pool_name(who, round_): (scores or {}).get(who) for who in signs})
         self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
         self._paid.update({pool_name(who, round_): float((paid or {}).get(who, 0.0)) for who in signs})
+        self._evidence.update({pool_name(who, round_): float(evidence[who]) for who in signs if who in (evidence or {})})
         # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
         for t in [t for t in self._rounds if t < round_ - self.settings.window]:
             del self._rounds[t]
@@ -220,6 +237,22 @@ class PeerPool:
                                                        [s for s in whole if s is not None]) if found]
         return min(means) if means else None
 
+    def reputation(self, participant: str, before_round: int, now: float, horizon: int | None = None) -> float:
+        """``participant``'s reputation in ``before_round``, whose verdict's evidence on it is ``now``
+        (``fl.pool_weights.evidence_of``): the weighted mean of ``now`` and of the evidence of its other submissions of
+        the run (up to ``horizon``, with one), each ``REPUTATION_FORGETTING`` times the weight of the one nearer
+        ``before_round`` (``now`` weighs 1), a negative one ``BAD_EVIDENCE_WEIGHT`` times more. Built from the pool's
+        verdicts only: a pair ranked the wrong way round does not raise the reputation of the one it favoured, and a
+        verdict counts by how clear it was, hardly by when in training it was measured."""
+        high = before_round - 1 if horizon is None else horizon
+        found = sorted(((abs(entry[1] - before_round), -entry[1]), value) for name, value in self._evidence.items()
+                       if (entry := parse_pool_name(name)) is not None and entry[0] == participant
+                       and entry[1] != before_round and entry[1] <= high)
+        weights = [REPUTATION_FORGETTING ** age for age in range(len(found) + 1)]
+        values = [now, *(value for _, value in found)]
+        weights = [w * (BAD_EVIDENCE_WEIGHT if v < 0 else 1.0) for w, v in zip(weights, values)]
+        return sum(w * v for w, v in zip(weights, values)) / sum(weights)
+
     def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
                       ) -> list[tuple[str, float]]:
         """(entry, agreement) of earlier submissions older than the window whose sketch ``words`` matches."""
@@ -249,7 +282,7 @@ class PeerPool:
             arrays[f"sketch.{k}"] = bits
         return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches]),
                         "scores": json.dumps(self._scores), "paid": json.dumps(self._paid),
-                        "resubmitted": json.dumps(sorted(self._resubmitted))}
+                        "resubmitted": json.dumps(sorted(self._resubmitted)), "evidence": json.dumps(self._evidence)}
 
     @classmethod
     def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
@@ -263,6 +296,7 @@ class PeerPool:
         pool._scores = {str(k): None if v is None else float(v) for k, v in json.loads(metadata.get("scores", "{}")).items()}
         pool._paid = {str(k): float(v) for k, v in json.loads(metadata.get("paid", "{}")).items()}
         pool._resubmitted = set(map(str, json.loads(metadata.get("resubmitted", "[]"))))
+        pool._evidence = {str(k): float(v) for k, v in json.loads(metadata.get("evidence", "{}")).items()}
         pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
                           for k, name in enumerate(json.loads(metadata["sketches"]))]
         return pool

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -61,6 +62,15 @@ def verdict_errors(pool_terms: Mapping[str, Sequence[tuple[float, float]]],
     far the verdict could be off)."""
     return {c: float(np.sqrt(sum(w * w * (pay - z) ** 2 for w, pay in pool_terms[c]))) / total
             if sum(w != 0.0 for w, _ in pool_terms[c]) >= 2 else float("inf") for c, (z, total) in verdicts.items()}
+
+
+def evidence_of(verdict: float, error: float) -> float:
+    """What a verdict tells of its participant, in (-1, 1): ``tanh`` of the verdict in units of its standard error
+    (``verdict_errors``), on a scale that hardly depends on when in training it was measured (early rounds pay 5-10
+    times late ones, and their verdicts stand 3-5 standard errors from 0 against late ones' 0.5-1: bounded, a clear
+    verdict counts about as much early as late); 0 where the error is infinite or 0 (no spread to tell how far the
+    verdict could be off)."""
+    return math.tanh(verdict / error) if 0.0 < error < float("inf") else 0.0
 
 
 def verdict_settles(mine: tuple[float, float], peer: tuple[float, float] | None, gate: float) -> bool:
