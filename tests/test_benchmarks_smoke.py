@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import triton
+from conftest import KERNELS_INTERPRETED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,13 +22,25 @@ def _version(text: str) -> tuple[int, int]:
 
 
 def _run(args):
-    """For the scripts that replace module attributes for their run (bench_host stubs the pack kernels,
-    bench_triton shrinks the staging buffer, bench_aggregation memoises training): a fresh interpreter, so the
-    worker's later tests see the real ones. The others run in the worker (conftest's ``run_script``)."""
+    """A fresh interpreter under TRITON_INTERPRET=1, for bench_host and bench_triton where the worker's kernels run
+    compiled (CUDA): Triton reads the variable when a kernel is decorated, so only a new process interprets them."""
     env = dict(os.environ, TRITON_INTERPRET=os.environ.get("TRITON_INTERPRET", "1"))
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
+
+
+@pytest.fixture
+def run_patching(run_script, monkeypatch):
+    """For the scripts that replace module attributes for their run (bench_host stubs the pack kernels,
+    bench_triton shrinks the staging buffer, bench_aggregation memoises training): in the worker as ``run_script``
+    runs them, each attribute in ``patched`` ((module, name) pairs) given back its value after the test, so the
+    worker's later tests see the real ones (a fresh interpreter would import torch, numba and triton again)."""
+    def run(args, patched):
+        for module, name in patched:
+            monkeypatch.setattr(module, name, getattr(module, name))
+        return run_script(args)
+    return run
 
 
 def test_cpu_engine_benchmark_small(tmp_path, run_script):
@@ -49,10 +62,13 @@ def test_cpu_engine_benchmark_small(tmp_path, run_script):
 @pytest.mark.skipif(_version(triton.__version__) < (3, 7) and _version(np.__version__) >= (2, 5),
                     reason="Triton < 3.7's interpreter hands scalar arguments to range() as 1-element arrays, which "
                            "numpy >= 2.5 no longer converts (the GPU image's Triton 3.6); 3.7 and 3.9 run it")
-def test_triton_benchmark_smoke():
+def test_triton_benchmark_smoke(run_patching):
     """Under TRITON_INTERPRET=1 (also where CUDA is present: the benchmark then stays on CPU tensors) it runs a
     resident and a streamed round of both formats and checks their words against the CPU backend."""
-    printed = _run(["benchmarks/bench_triton.py", "--smoke"])
+    from kfca_llm.engine import triton_backend
+
+    args = ["benchmarks/bench_triton.py", "--smoke"]
+    printed = run_patching(args, [(triton_backend, "STAGING_BYTES")]) if KERNELS_INTERPRETED else _run(args)
     rows = [line.split("|")[1:4] for line in printed.splitlines() if line.startswith("| bf16") or line.startswith("| fp32")]
     assert [[c.strip() for c in row] for row in rows] == [["bf16", "2", "resident"], ["bf16", "3", "resident"],
                                                           ["fp32", "2", "resident"], ["fp32", "3", "streamed"]]
@@ -63,8 +79,11 @@ def test_triton_benchmark_smoke():
                for shared, per_pair, chosen in ways), ways
 
 
-def test_host_benchmark_smoke():
-    printed = _run(["benchmarks/bench_host.py", "--smoke"])
+def test_host_benchmark_smoke(run_patching):
+    from kfca_llm.kernels.sign_pack import triton as triton_pack
+
+    args, kernels = ["benchmarks/bench_host.py", "--smoke"], ("_pack_words_kernel", "_pack_tails_kernel")
+    printed = run_patching(args, [(triton_pack, name) for name in kernels]) if KERNELS_INTERPRETED else _run(args)
     launches = {line.split("|")[2].strip(): int(line.split("|")[5]) for line in printed.splitlines()
                 if line.startswith("|    5 |")}
     # 5 clients, no partial words in this layout: one launch per round, or one per client when called per client
@@ -156,11 +175,13 @@ def test_robustness_benchmark_synthetic_part(run_script):
     assert "Honest rounds with any pair flagged: 0 of 12." in printed
 
 
-def test_aggregation_benchmark_smoke(tmp_path):
+def test_aggregation_benchmark_smoke(tmp_path, run_patching):
     """bench_aggregation --smoke: 6 clients, 2 rounds, flip: the oracle, exclude-negative and FedMedian behind
     KFCA, each one table row with the held-out loss; exclude-negative reports the flipper left out."""
     out = tmp_path / "agg.json"
-    printed = _run(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)])
+    from kfca_llm.fl import rounds
+
+    printed = run_patching(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)], [(rounds, "train_client")])
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in printed.splitlines()
             if line.startswith("| ") and not line.startswith("| method")}
     assert set(rows) == {"honest", "exclude-negative", "kfca+fedmedian"}, printed

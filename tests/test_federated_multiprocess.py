@@ -1,5 +1,8 @@
 """One process and two processes (accelerate launch --cpu, gloo) give the same rewards and adapters, with
-LoRA dropout on and gradient accumulation (each client's dropout and data order are seeded per client)."""
+LoRA dropout on and gradient accumulation (each client's dropout and data order are seeded per client).
+
+The one-process run is this worker's (``main``, one torch thread as each launched process has): the two
+launched processes are the real-process proof, a third interpreter would only import torch and peft again."""
 
 import json
 import os
@@ -29,9 +32,14 @@ def _run(command, cwd):
     return done
 
 
-def test_two_processes_match_one_process(tmp_path):
+def test_two_processes_match_one_process(tmp_path, monkeypatch):
+    from kfca_llm.cli import main
+    from kfca_llm.fl.rounds import torch_threads
+
     one, two = tmp_path / "one", tmp_path / "two"
-    _run([sys.executable, "-m", "kfca_llm.cli", *ARGS, "--out", str(one)], tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with torch_threads(1):
+        assert main([*ARGS, "--out", str(one)]) == 0
     _run([sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
           "-m", "kfca_llm.cli", *ARGS, "--out", str(two)], tmp_path)

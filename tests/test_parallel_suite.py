@@ -61,3 +61,23 @@ def test_an_xdist_worker_runs_torch_on_its_share_of_the_cores():
     assert worker_threads({}, 16) is None and worker_threads({**worker, "OMP_NUM_THREADS": "4"}, 16) is None
     if os.environ.get("PYTEST_XDIST_WORKER"):  # this session: the worker's torch and the processes it starts
         assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"]) >= 1
+
+
+def test_the_interpreters_language_is_patched_once_per_launch_not_again_in_each_helper_call(monkeypatch):
+    """conftest's patch_language_once: Triton's own patch runs where the language is unpatched (a launch starting),
+    and nothing runs inside a launch (its helpers see the launch's patch)."""
+    from types import SimpleNamespace
+
+    import triton.language as tl
+    from conftest import patch_language_once
+
+    calls = []
+    interpreter = SimpleNamespace(_patch_lang=lambda fn: calls.append(fn) or "triton's scope")
+    patch_language_once(interpreter, tl)
+    kernel = SimpleNamespace(__globals__={"tl": tl})
+    assert interpreter._patch_lang(kernel) == "triton's scope" and calls == [kernel]
+    monkeypatch.setattr(tl, "load", lambda *args, **kwargs: None)  # what Triton's patch puts in place
+    interpreter._patch_lang(kernel).restore()
+    assert calls == [kernel]
+    bare = SimpleNamespace(__globals__={})  # no language in sight: Triton's function (and its assertion) decides
+    assert interpreter._patch_lang(bare) == "triton's scope" and calls == [kernel, bare]
