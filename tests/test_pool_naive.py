@@ -278,16 +278,22 @@ def assert_pays_as_naive(fed: Federation, **rules) -> None:
     assert paid == [pytest.approx(want, abs=1e-12) for want in expected]
 
 
+def replayed_with_flips(seed: int, flipped: int, own_replay_limit: float):
+    """(copies found, federation) of three rounds in which participant "a" resubmits its round-1 update in round 3
+    with ``flipped`` of its 250 signs flipped."""
+    rng = np.random.default_rng(seed)
+    first = rng.standard_normal(250)
+    again = first.copy()
+    again[:flipped] *= -1
+    return copies_found([{"a": first, "b": rng.standard_normal(250)},
+                         {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
+                         {"a": again, "e": rng.standard_normal(250)}], own_replay_limit=own_replay_limit)
+
+
 def test_an_own_replay_at_exactly_the_limit_is_a_replay():
     """A resubmission differing from its participant's earlier update in exactly ``own_replay_limit`` of the tasks (5 of
     250 at 2%) is a replay, as one of another's exactly 2% away is a copy: "within" the limit includes it."""
-    rng = np.random.default_rng(7)
-    first = rng.standard_normal(250)
-    again = first.copy()
-    again[:5] *= -1
-    copies, fed = copies_found([{"a": first, "b": rng.standard_normal(250)},
-                                {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
-                                {"a": again, "e": rng.standard_normal(250)}], own_replay_limit=0.02)
+    copies, fed = replayed_with_flips(7, 5, 0.02)
     assert (3, "a") in copies
     assert_pays_as_naive(fed, own_replay_limit=0.02)
 
@@ -295,13 +301,7 @@ def test_an_own_replay_at_exactly_the_limit_is_a_replay():
 def test_an_own_replay_is_a_copy_first():
     """An own replay must be within the copy rule's 2% as well as within ``own_replay_limit``: at a limit of 5% a
     resubmission 3.2% away (8 of 250 signs) is scored as a fresh submission."""
-    rng = np.random.default_rng(8)
-    first = rng.standard_normal(250)
-    again = first.copy()
-    again[:8] *= -1
-    copies, fed = copies_found([{"a": first, "b": rng.standard_normal(250)},
-                                {"c": rng.standard_normal(250), "d": rng.standard_normal(250)},
-                                {"a": again, "e": rng.standard_normal(250)}], own_replay_limit=0.05)
+    copies, fed = replayed_with_flips(8, 8, 0.05)
     assert not copies
     assert_pays_as_naive(fed, own_replay_limit=0.05)
 

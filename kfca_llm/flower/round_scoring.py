@@ -76,12 +76,14 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
 
 
 class PublicTrajectory:
-    """The globals the server sent, the newest last, as many as the conditioning's longest span needs (float arrays
-    only); a global whose float tensors differ in names or shapes from the one before starts it again."""
+    """The global's steps between the globals the server sent (oldest first, as many as the conditioning's longest
+    span needs; float arrays only), each taken once, when its global is sent; a global whose float tensors differ in
+    names or shapes from the one before starts them again."""
 
     def __init__(self, conditioning: PublicConditioning):
         self.conditioning = conditioning
-        self._sent: list[dict[str, np.ndarray]] = []
+        self._last: dict[str, np.ndarray] | None = None
+        self._steps: list[dict[str, np.ndarray]] = []
 
     def sent(self, arrays: ArrayRecord) -> None:
         """Remember the global of a round (``configure_train``'s arrays)."""
@@ -89,17 +91,19 @@ class PublicTrajectory:
             return
         floats = {name: array.numpy() for name, array in arrays.items()}
         floats = {name: np.array(a, copy=True) for name, a in floats.items() if is_float(a)}
-        if self._sent and _shapes(self._sent[-1]) != _shapes(floats):
-            self._sent = []
-        self._sent = [*self._sent, floats][-(self.conditioning.history + 1):]
+        if self._last is None or _shapes(self._last) != _shapes(floats):
+            self._steps = []
+        else:  # an IEEE difference rounds to the sign of the exact one and is 0 only where the two are equal
+            step = {name: floats[name] - self._last[name] for name in floats}
+            self._steps = [*self._steps, step][-self.conditioning.history:]
+        self._last = floats
 
     def steps(self, shapes: Mapping[str, tuple[int, ...]]) -> list[dict[str, np.ndarray]]:
         """The global's steps (oldest first) over the scored tensors ``shapes``; none where the globals sent are
         not of that layout (a wrapped strategy that sends other arrays than the global it was given)."""
-        if not self._sent or _shapes(self._sent[-1]) != dict(shapes):
+        if self._last is None or _shapes(self._last) != dict(shapes):
             return []
-        # An IEEE difference rounds to the sign of the exact one and is 0 only where the two are equal.
-        return [{name: new[name] - old[name] for name in shapes} for old, new in zip(self._sent, self._sent[1:])]
+        return list(self._steps)
 
 
 def _shapes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
