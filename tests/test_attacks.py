@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from kfca_llm import attacks
+from kfca_llm import attack_registry
 from kfca_llm.attacks import (PAPER_ATTACKS, register_attack, resolve_attack, resolve_attacks,
                               valid_specs)
 from kfca_llm.errors import InputError
@@ -135,7 +135,7 @@ def test_duplicate_specs_raise():
 
 def test_register_user_attack_with_parameter(monkeypatch):
     # A private copy of the registry, so the user attack does not leak into other tests.
-    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))
+    monkeypatch.setattr(attack_registry, "_REGISTRY", dict(attack_registry._REGISTRY))
 
     @register_attack("scaled", parse=float, usage="scaled:S (any float)")
     def scaled(honest, history, generator, s):
@@ -222,7 +222,7 @@ def test_colluders_of_a_group_submit_one_shared_update():
 
 
 def test_old_style_user_attacks_and_context_attacks_share_the_registry(monkeypatch):
-    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))
+    monkeypatch.setattr(attack_registry, "_REGISTRY", dict(attack_registry._REGISTRY))
 
     @register_attack("halve_for_context_test")
     def halve(honest, history, generator):

@@ -117,9 +117,9 @@ def test_the_window_is_what_each_spec_reads():
 
 
 def test_a_registered_public_attack_declares_its_window(monkeypatch):
-    from kfca_llm import attacks, attacks_public
+    from kfca_llm import attack_registry, attacks, attacks_public
 
-    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))  # the user attack stays in this test
+    monkeypatch.setattr(attack_registry, "_REGISTRY", dict(attack_registry._REGISTRY))  # the user attack stays in this test
     monkeypatch.setattr(attacks_public, "_WINDOWS", dict(attacks_public._WINDOWS))
 
     @attacks_public.register_public_attack("replay-global", "replay-global:K", window=lambda k: k, parse=int)

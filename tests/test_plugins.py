@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import run_main
 
-from kfca_llm import attacks, plugins
+from kfca_llm import attack_registry, attacks, plugins
 
 HALVE = """
 from kfca_llm.attacks import register_attack
@@ -19,7 +19,7 @@ def halve(honest, history, generator):
 @pytest.fixture(autouse=True)
 def own_registry(monkeypatch):
     """Each test registers into a copy of the registry; entry points are looked up again."""
-    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))
+    monkeypatch.setattr(attack_registry, "_REGISTRY", dict(attack_registry._REGISTRY))
     monkeypatch.setattr(plugins, "_entry_points_loaded", False)
 
 

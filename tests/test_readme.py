@@ -20,9 +20,9 @@ def test_streaming_example_runs_and_scores_every_client(capsys):
 def test_custom_attack_example_registers_a_working_attack(monkeypatch):
     import torch
 
-    from kfca_llm import attacks
+    from kfca_llm import attack_registry, attacks
 
-    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))
+    monkeypatch.setattr(attack_registry, "_REGISTRY", dict(attack_registry._REGISTRY))
     exec(compile(one_block("docs/simulate.md", "python", "register_attack"), "docs/simulate.md", "exec"), {})
     attack = attacks.resolve_attack("halve")
     honest = {"w": torch.ones(3)}

@@ -165,10 +165,10 @@ def test_clients_per_round_follows_flower(n, fraction, want):
 
 
 def test_attack_specs_are_validated_by_the_attack_registry(monkeypatch):
-    from kfca_llm import attacks
+    from kfca_llm import attack_registry
     from kfca_llm.attacks import register_attack
 
-    monkeypatch.setattr(attacks, "_REGISTRY", dict(attacks._REGISTRY))  # keep the registration local
+    monkeypatch.setattr(attack_registry, "_REGISTRY", dict(attack_registry._REGISTRY))  # keep the registration local
 
     base = TINY
     with pytest.raises(RecipeError, match="kfca.attacks.*sparse:1.0"):

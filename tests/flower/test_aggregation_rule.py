@@ -9,7 +9,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 import torch  # noqa: E402
 from flower_local import LocalGrid, initial_arrays, numpy_node  # noqa: E402
-from test_strategy import RecordingFedAvg  # noqa: E402
+from flower_strategy_runs import RecordingFedAvg  # noqa: E402
 
 from kfca_llm.fl import aggregate  # noqa: E402
 from kfca_llm.fl.client import ClientUpdate  # noqa: E402

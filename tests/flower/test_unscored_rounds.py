@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
 
 from flower_local import numpy_node  # noqa: E402
-from test_strategy import bad_node, run  # noqa: E402
+from flower_strategy_runs import bad_node, run  # noqa: E402
 
 from kfca_llm.errors import NoTasksError  # noqa: E402
 from kfca_llm.flower import read_ledger  # noqa: E402
