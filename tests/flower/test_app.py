@@ -391,6 +391,7 @@ def test_kfca_reference_rows_makes_the_server_app_train_simulates_reference_each
     from kfca_llm.data import load_reference_examples
     from kfca_llm.fl.client import train_reference
     from kfca_llm.fl.reference import REFERENCE
+    from kfca_llm.fl.training_plan import TrainingPlan
     from kfca_llm.flower.server_app import build_strategy
     from kfca_llm.flower.task import _model, recipe_key
 
@@ -403,8 +404,8 @@ def test_kfca_reference_rows_makes_the_server_app_train_simulates_reference_each
     global1 = initial_adapter(recipe)
     model, tokenizer, _ = _model(recipe_key(recipe))
     rows = load_reference_examples(recipe, tokenizer, 8)
-    expected = train_reference(model, global1, rows, recipe, server_round=2, device=torch.device("cpu"),
-                               pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+    expected = train_reference(model, global1, rows, TrainingPlan.of(recipe), server_round=2,
+                               device=torch.device("cpu"), pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
     numpy_global = {k: v.numpy().copy() for k, v in global1.items()}
     second = strategy.reference(numpy_global, server_round=2)
     assert all(np.array_equal(second[k], expected[k].numpy()) for k in global1)  # simulate's reference of round 2
