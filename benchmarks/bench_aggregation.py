@@ -75,17 +75,17 @@ def memoised_training():
     cache: dict[tuple, object] = {}
     stats = {"trained": 0, "reused": 0}
 
-    def cached(model, global_state, examples, recipe, *, server_round, seed, **kwargs):
+    def cached(model, global_state, examples, plan, *, server_round, seed, **kwargs):
         digest = hashlib.sha256()
         for name in sorted(global_state):
             digest.update(name.encode())
             digest.update(global_state[name].detach().cpu().numpy().tobytes())
-        key = (digest.hexdigest(), seed, server_round, len(examples), recipe.train.training_arguments.max_steps)
+        key = (digest.hexdigest(), seed, server_round, len(examples), plan.max_steps)
         if key in cache:
             stats["reused"] += 1
             return cache[key]
         stats["trained"] += 1
-        cache[key] = train(model, global_state, examples, recipe, server_round=server_round, seed=seed, **kwargs)
+        cache[key] = train(model, global_state, examples, plan, server_round=server_round, seed=seed, **kwargs)
         return cache[key]
 
     rounds.train_client = cached

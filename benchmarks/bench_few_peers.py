@@ -96,17 +96,18 @@ def capture(rounds: int, cache: Path | None, dynamic: bool, overrides: tuple[str
 
         from kfca_llm.data import load_reference_examples
         from kfca_llm.fl.client import train_reference
+        from kfca_llm.fl.training_plan import TrainingPlan
 
         recipe = load_recipe("tiny", ["num-clients=20", "strategy.fraction-train=0.1", f"num-server-rounds={rounds}",
                                       'kfca.attacks=["honest"]', "train.save-client-updates=false",
                                       f"train.dynamic-data-seed={str(dynamic).lower()}", *overrides])
-        flat, reference_rows = {}, []
+        flat, reference_rows, plan = {}, [], TrainingPlan.of(recipe)
 
         def keep(context):
             if not reference_rows:
                 reference_rows.append(load_reference_examples(recipe, context.tokenizer, REFERENCE_ROWS))
             # What simulate's kfca.reference-rows trains (after the clients, from the round's global).
-            server = train_reference(context.model, context.global_state, reference_rows[0], recipe,
+            server = train_reference(context.model, context.global_state, reference_rows[0], plan,
                                      server_round=context.round, device=context.device,
                                      pad_token_id=context.pad_token_id)
             for client, update in [*((s.client, s.update) for s in context.submissions), (REFERENCE, server)]:

@@ -22,8 +22,9 @@ from . import synthetic
 from .hub import hub_offline, hub_reachable
 from .data import COLUMNS, IGNORE_INDEX, encode_example, format_example
 from .engine.layout import Layout
+from .fl.training_plan import TrainingPlan
 from .modeling import build_byte_tokenizer, is_tiny, lora_config, tiny_config
-from .recipe import Recipe, RecipeError, clients_per_round, examples_per_step, load_recipe, lr_for_round
+from .recipe import Recipe, RecipeError, clients_per_round, load_recipe, lr_for_round
 
 
 @dataclass(frozen=True)
@@ -256,7 +257,7 @@ def build_plan(recipe: Recipe, *, model_dir: str | Path | None = None, data_dir:
     return Plan(
         recipe=recipe, architecture=config.model_type, base_params=base_params, adapter_params=adapter_params,
         adapter_shapes=shapes, adapted_modules=adapted, clients_per_round=clients_per_round(recipe),
-        local_steps=ta.max_steps if ta.max_steps > 0 else None, examples_per_step=examples_per_step(recipe),
+        local_steps=ta.max_steps if ta.max_steps > 0 else None, examples_per_step=TrainingPlan.of(recipe).examples_per_step,
         sign_bytes_per_update=4 * layout.n_words, base_weight_bytes=base_bytes,
         adapter_train_bytes=adapter_train_bytes, rows_source=source, samples=tuple(samples), notes=tuple(notes))
 

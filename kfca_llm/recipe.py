@@ -227,9 +227,3 @@ def clients_per_round(recipe: Recipe) -> int:
     """Clients sampled per round: Flower's ``max(int(n * fraction), 2)``, at most n."""
     n = recipe.num_clients
     return min(n, max(int(n * recipe.strategy.fraction_train), 2))
-
-
-def examples_per_step(recipe: Recipe) -> int:
-    """Examples per optimizer step: the micro-batch times the gradient accumulation steps."""
-    ta = recipe.train.training_arguments
-    return ta.per_device_train_batch_size * ta.gradient_accumulation_steps

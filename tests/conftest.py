@@ -230,7 +230,6 @@ SLOW_SCOPES = {
     "tests/test_doc_tables.py": 9,
     "tests/test_cli.py": 7,
     "tests/valuation/test_fidelity_experiment.py": 6,
-    "tests/flower/test_app.py": 5,
     "tests/test_simulate_few_peers.py": 5,
 }
 """Seconds a scheduling scope (a module, or a ``SHARED_RUNS`` fixture's modules) took in `make test` on two

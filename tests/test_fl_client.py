@@ -14,6 +14,7 @@ from helpers import TINY
 from kfca_llm.data import collate, load_client_datasets
 from kfca_llm.engine.layout import FlatUpdate
 from kfca_llm.fl.client import adapter_state, load_adapter_state, make_optimizer, train_client
+from kfca_llm.fl.training_plan import TrainingPlan
 from kfca_llm.modeling import load_model_and_tokenizer
 from kfca_llm.recipe import load_recipe
 
@@ -70,7 +71,7 @@ def reference_sgd(model, global_state, batch, *, steps, factors, max_grad_norm):
 
 def run_client(setup, recipe, seed=0):
     model, tok, examples, global_state = setup
-    return train_client(model, global_state, examples, recipe, server_round=ROUND, seed=seed,
+    return train_client(model, global_state, examples, TrainingPlan.of(recipe), server_round=ROUND, seed=seed,
                         device=torch.device("cpu"), pad_token_id=tok.pad_token_id).update
 
 

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
 from kfca_llm.data import IGNORE_INDEX, load_client_datasets
 from kfca_llm.fl import client
+from kfca_llm.fl.training_plan import TrainingPlan
 from kfca_llm.modeling import load_model_and_tokenizer
 from kfca_llm.recipe import load_recipe
 from kfca_llm.synthetic import make_rows
@@ -65,7 +66,7 @@ def test_winner_recipe_trains_a_4bit_base_on_the_cpu(domain, tmp_path, monkeypat
     assert any("lora_magnitude_vector" in n for n in trainable) == recipe.model.lora.peft_use_dora
     made = optimizers_made(monkeypatch)
     global_state = client.adapter_state(model)
-    result = client.train_client(model, global_state, clients[0], recipe, server_round=1, seed=0,
+    result = client.train_client(model, global_state, clients[0], TrainingPlan.of(recipe), server_round=1, seed=0,
                                  device=torch.device("cpu"), pad_token_id=tok.pad_token_id)
     assert [type(o) for o in made] == [bnb.optim.PagedAdamW8bit]
     assert all(torch.isfinite(u).all() for u in result.update.values())

@@ -119,9 +119,9 @@ def test_simulate_seeds_a_clients_training_by_the_round_only_with_a_dynamic_data
     seeds: dict[str, list[int]] = {}
     train = rounds.train_client
 
-    def recording(model, global_state, examples, recipe, *, seed, **kwargs):
+    def recording(model, global_state, examples, plan, *, seed, **kwargs):
         seeds.setdefault(id(examples), []).append(seed)
-        return train(model, global_state, examples, recipe, seed=seed, **kwargs)
+        return train(model, global_state, examples, plan, seed=seed, **kwargs)
 
     monkeypatch.setattr(rounds, "train_client", recording)
     recipe = load_recipe(TINY, ["num-server-rounds=2", "num-clients=2", "strategy.fraction-train=1.0",

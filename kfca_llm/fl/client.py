@@ -1,17 +1,16 @@
 """Local training of one client in one round: global adapter in, ``local - global`` update out.
 
-Every training key of the recipe acts here, with Hugging Face ``Trainer`` semantics: ``optim`` picks the
-optimizer, ``lr-scheduler-type`` (with ``warmup-steps`` / ``warmup-ratio``) shapes the learning rate over
-the round's optimizer steps starting from the round's FlowerTune cosine value, each micro-batch loss is
-divided by ``gradient-accumulation-steps``, and gradients are clipped to ``max-grad-norm`` (0: off).
-Data order, dropout and LoRA noise are seeded from the client's seed alone (``fl.seeds.train_seed``: by the round only
-with ``train.dynamic-data-seed``), so the update does not depend on which process trains the client or what it
-trained before.
+Every training key of the recipe acts here, read from the ``TrainingPlan`` the caller resolved from the recipe once
+(``fl.training_plan``), with Hugging Face ``Trainer`` semantics: ``optim`` picks the optimizer, ``lr-scheduler-type``
+(with ``warmup-steps`` / ``warmup-ratio``) shapes the learning rate over the round's optimizer steps starting from the
+round's FlowerTune cosine value, each micro-batch loss is divided by ``gradient-accumulation-steps``, and gradients
+are clipped to ``max-grad-norm`` (0: off). Data order, dropout and LoRA noise are seeded from the client's seed alone
+(``plan.client_seed``, ``fl.seeds.train_seed``: by the round only with ``train.dynamic-data-seed``), so the update
+does not depend on which process trains the client or what it trained before.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,9 +20,9 @@ import torch
 
 from ..engine.layout import FlatUpdate, Layout
 from ..errors import InputError
-from ..recipe import Recipe, examples_per_step, lr_for_round
 from ..tensors import StateDict
-from .seeds import REFERENCE_TRAIN, derive_seed
+from .seeds import derive_seed
+from .training_plan import TrainingPlan
 
 
 @dataclass(frozen=True)
@@ -37,20 +36,6 @@ class ClientUpdate:
     loss_before: float
     """Loss on the probe batch (the first optimizer step's examples), eval mode, before training."""
     loss_after: float
-
-
-def local_steps(recipe: Recipe, num_examples: int) -> int:
-    """Optimizer steps per round: ``max-steps`` when positive (it caps the epochs, as in Hugging Face)."""
-    ta = recipe.train.training_arguments
-    if ta.max_steps > 0:
-        return ta.max_steps
-    return max(1, math.ceil(num_examples / examples_per_step(recipe))) * ta.num_train_epochs
-
-
-def warmup_steps(recipe: Recipe, steps: int) -> int:
-    """Hugging Face's rule: ``warmup-steps`` when positive, else ``ceil(warmup-ratio * steps)``."""
-    ta = recipe.train.training_arguments
-    return ta.warmup_steps if ta.warmup_steps > 0 else math.ceil(ta.warmup_ratio * steps)
 
 
 def make_optimizer(params: list[torch.nn.Parameter], lr: float, optim: str) -> torch.optim.Optimizer:
@@ -70,11 +55,11 @@ def make_optimizer(params: list[torch.nn.Parameter], lr: float, optim: str) -> t
     raise InputError(f"unknown optimizer {optim!r}")  # the recipe validates it first
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, recipe: Recipe, steps: int):
+def make_scheduler(optimizer: torch.optim.Optimizer, plan: TrainingPlan, steps: int):
     from transformers import get_scheduler
 
-    return get_scheduler(recipe.train.training_arguments.lr_scheduler_type, optimizer,
-                         num_warmup_steps=warmup_steps(recipe, steps), num_training_steps=steps)
+    return get_scheduler(plan.lr_scheduler_type, optimizer, num_warmup_steps=plan.warmup(steps),
+                         num_training_steps=steps)
 
 
 def example_order(num_examples: int, count: int, g: torch.Generator) -> list[int]:
@@ -129,29 +114,28 @@ def reproducible_on_cuda() -> None:
 
 
 def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequence[Mapping[str, Any]],
-                 recipe: Recipe, *, server_round: int, seed: int, device: torch.device, pad_token_id: int,
+                 plan: TrainingPlan, *, server_round: int, seed: int, device: torch.device, pad_token_id: int,
                  step_callback: Callable[[], None] | None = None) -> ClientUpdate:
     """Train one client for round ``server_round`` (1-based) from the global adapter.
 
-    ``seed`` seeds the data order and the dropout of this client in this round."""
+    ``seed`` (``plan.client_seed``) seeds the data order and the dropout of this client in this round."""
     if not examples:
         raise InputError("a client has no training examples")
-    ta = recipe.train.training_arguments
     if torch.device(device).type == "cuda":
         reproducible_on_cuda()
     load_adapter_state(model, global_state)
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(derive_seed(seed, 0))  # dropout: the same for this client on any process
-    steps = local_steps(recipe, len(examples))
-    micro, accumulation = ta.per_device_train_batch_size, ta.gradient_accumulation_steps
-    per_step = examples_per_step(recipe)
+    steps = plan.local_steps(len(examples))
+    micro, accumulation = plan.per_device_train_batch_size, plan.gradient_accumulation_steps
+    per_step = plan.examples_per_step
     order = example_order(len(examples), steps * per_step, g)
     probe = [examples[i] for i in order[:per_step]]
     loss_before = _probe_loss(model, probe, pad_token_id, device)
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, lr_for_round(recipe, server_round), ta.optim)
-    scheduler = make_scheduler(optimizer, recipe, steps)
+    optimizer = make_optimizer(params, plan.lr(server_round), plan.optim)
+    scheduler = make_scheduler(optimizer, plan, steps)
     model.train()
     for step in range(steps):
         chunk = order[step * per_step:(step + 1) * per_step]
@@ -159,8 +143,8 @@ def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequ
         for start in range(0, per_step, micro):
             batch = [examples[i] for i in chunk[start:start + micro]]
             (batch_loss(model, batch, pad_token_id, device) / accumulation).backward()
-        if ta.max_grad_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, ta.max_grad_norm)
+        if plan.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, plan.max_grad_norm)
         optimizer.step()
         scheduler.step()
         if step_callback is not None:
@@ -176,13 +160,13 @@ def train_client(model, global_state: Mapping[str, torch.Tensor], examples: Sequ
 
 
 def train_reference(model, global_state: Mapping[str, torch.Tensor], examples: Sequence[Mapping[str, Any]],
-                    recipe: Recipe, *, server_round: int, device: torch.device, pad_token_id: int) -> StateDict:
+                    plan: TrainingPlan, *, server_round: int, device: torch.device, pad_token_id: int) -> StateDict:
     """The server's trusted reference update of round ``server_round`` (``kfca.reference-rows``, ``fl.reference``):
     a client's training (``train_client``) from the round's global adapter on the server's held-out ``examples``,
-    seeded by the recipe's seed and the round alone (``kfca-llm simulate`` and the Flower app train the same one)."""
-    return train_client(model, global_state, examples, recipe, server_round=server_round,
-                        seed=derive_seed(recipe.kfca.seed, REFERENCE_TRAIN, server_round), device=device,
-                        pad_token_id=pad_token_id).update
+    seeded by the run's seed and the round alone (``plan.reference_seed``: ``kfca-llm simulate`` and the Flower app
+    train the same one)."""
+    return train_client(model, global_state, examples, plan, server_round=server_round,
+                        seed=plan.reference_seed(server_round), device=device, pad_token_id=pad_token_id).update
 
 
 def _first_pair(local: Mapping[str, torch.Tensor], global_state: Mapping[str, torch.Tensor]):

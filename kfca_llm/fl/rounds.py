@@ -6,7 +6,8 @@ Round t = 1..T:
    seeded RNG. When the recipe lists attacks, client 0 is the *attack-analysis client*: it takes part in
    every round (its own history of honest updates is what ``stale``/``lagged:K`` replay) and the others
    are sampled from clients 1..n-1.
-2. Every client trains from the global adapter (``client.train_client``), on whichever process.
+2. Every client trains from the global adapter (``client.train_client``), on whichever process, by the recipe's
+   ``TrainingPlan`` (resolved once per run).
 3. Submissions: each client sends its honest update, except the fixed attackers (``kfca.attackers =
    ["3=flip", ...]``), which send their attack; the analysis client also sends every listed strategy
    side by side. Attacks see the round's context (own history, the others' honest updates, the globals the
@@ -36,18 +37,19 @@ from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
 from ..attacks_public import public_windows
 from ..api import update_from_reference
 from ..errors import InputError
-from ..recipe import Recipe, clients_per_round, fixed_attackers, lr_for_round
+from ..recipe import Recipe, clients_per_round, fixed_attackers
 from ..tensors import StateDict
 from .aggregate import WeakVerdicts, aggregation_weights, fedavg
-from .client import ClientUpdate, adapter_state, load_adapter_state, local_steps, train_client, train_reference
+from .client import ClientUpdate, adapter_state, load_adapter_state, train_client, train_reference
 from .distributed import Processes
 from .evaluate import evaluate_global
 from .peer_pool import PeerPool
 from .records import FederationResult, RoundClock, RoundRecord, aggregated_shares
 from .scoring import RoundScores, Submission, pool_settings, score_round
-from .seeds import ATTACK, KFCA, SAMPLE, client_id, derive_seed, train_seed
+from .seeds import ATTACK, KFCA, SAMPLE, client_id, derive_seed
 from .state import (last_complete_round, load_checkpoint, load_pool, load_publics, save_checkpoint,
                     save_client_updates, save_pool)
+from .training_plan import TrainingPlan
 
 
 @dataclass(frozen=True)
@@ -227,6 +229,7 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
 
     procs = Processes(cpu=options.cpu)
     seed = recipe.kfca.seed
+    plan = TrainingPlan.of(recipe)  # all that local training reads of the recipe
     analysis = resolve_attacks(recipe.kfca.attacks)
     strategies = [a.spec for a in analysis]
     analysis_client = client_id(0) if analysis else None
@@ -277,11 +280,10 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
         clock = RoundClock(procs.device)  # where the round's time goes (result.timings)
         indices = sample_round_clients(recipe, t, seed)
         mine = procs.my_share(indices)
-        steps_bar = tqdm(total=sum(local_steps(recipe, len(datasets[i])) for i in mine),
+        steps_bar = tqdm(total=sum(plan.local_steps(len(datasets[i])) for i in mine),
                          desc=f"round {t} local steps", unit="step", leave=False, disable=not show)
-        local = [(client_id(i), train_client(model, global_state, datasets[i], recipe, server_round=t,
-                                             seed=train_seed(seed, t, i, recipe.train.dynamic_data_seed),
-                                             device=procs.device,
+        local = [(client_id(i), train_client(model, global_state, datasets[i], plan, server_round=t,
+                                             seed=plan.client_seed(t, i), device=procs.device,
                                              pad_token_id=pad_id, step_callback=lambda: steps_bar.update(1)))
                  for i in mine]
         steps_bar.close()
@@ -295,7 +297,7 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
         # The server's reference client: the same training from the same global on rows no client has (every
         # process trains it alike: a seeded, deterministic update; its time counts as training time).
         reference = None if reference_rows is None else train_reference(
-            model, global_state, reference_rows, recipe, server_round=t, device=procs.device, pad_token_id=pad_id)
+            model, global_state, reference_rows, plan, server_round=t, device=procs.device, pad_token_id=pad_id)
         kfca_seed = derive_seed(seed, KFCA, t)
         train_s += clock.lap()
         sent = [*sent, global_state][-(recipe.kfca.conditioning.history + 1):]
@@ -319,7 +321,7 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
                 history.append(trained[cid].update)
 
         result.rounds.append(RoundRecord(
-            round=t, learning_rate=lr_for_round(recipe, t), clients=list(trained), analysis_client=analysis_client,
+            round=t, learning_rate=plan.lr(t), clients=list(trained), analysis_client=analysis_client,
             kfca_seed=kfca_seed, strategy_rewards=scores.strategy_rewards, honest_rewards=scores.honest_rewards,
             fixed_attacker_rewards=scores.fixed_attacker_rewards,
             fixed_attacks={cid: fixed[cid].spec for cid in trained if cid in fixed}, pairs=scores.pairs,

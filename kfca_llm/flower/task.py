@@ -19,7 +19,8 @@ from ..attacks import resolve_attack
 from ..errors import InputError
 from ..fl.client import ClientUpdate, adapter_state, train_client
 from ..fl.rounds import attack_context
-from ..fl.seeds import client_id, train_seed
+from ..fl.seeds import client_id
+from ..fl.training_plan import TrainingPlan
 from ..recipe import DEFAULT_RECIPE, Recipe, fixed_attackers, load_recipe
 
 APP_KEYS = ("recipe", "kfca.aggregation", "kfca.ledger", "kfca.keep-signs", "kfca.identity", "kfca.resume",
@@ -84,9 +85,9 @@ def train_partition(recipe: Recipe, partition: int, global_state: Mapping[str, t
     key = recipe_key(recipe)
     model, tokenizer, _ = _model(key)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return train_client(model, global_state, _datasets(key)[partition], recipe, server_round=server_round,
-                        seed=train_seed(recipe.kfca.seed, server_round, partition, recipe.train.dynamic_data_seed),
-                        device=torch.device("cpu"), pad_token_id=pad_id)
+    plan = TrainingPlan.of(recipe)
+    return train_client(model, global_state, _datasets(key)[partition], plan, server_round=server_round,
+                        seed=plan.client_seed(server_round, partition), device=torch.device("cpu"), pad_token_id=pad_id)
 
 
 @lru_cache(maxsize=2)
@@ -142,8 +143,8 @@ def reference_update(recipe: Recipe, global_arrays: Mapping[str, Any], server_ro
     model, tokenizer, _ = _model(key)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     global_state = {name: torch.as_tensor(array) for name, array in global_arrays.items()}
-    update = train_reference(model, global_state, reference_rows(recipe), recipe, server_round=server_round,
-                             device=torch.device("cpu"), pad_token_id=pad_id)
+    update = train_reference(model, global_state, reference_rows(recipe), TrainingPlan.of(recipe),
+                             server_round=server_round, device=torch.device("cpu"), pad_token_id=pad_id)
     return {name: update[name].detach().cpu().numpy() for name in global_state}
 
 

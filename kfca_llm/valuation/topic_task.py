@@ -94,6 +94,7 @@ def llm_task(cfg, rows_per_client: int = ROWS_PER_CLIENT, local_steps: int = LOC
     """The sweep's federation on the tiny LLM: the tiny recipe's model, LoRA and local training."""
     from ..fl.client import adapter_state, load_adapter_state, train_client
     from ..fl.seeds import derive_seed
+    from ..fl.training_plan import TrainingPlan
     from ..modeling import load_model_and_tokenizer
     from ..recipe import load_recipe
     from .noniid import FederationRun, RoundSignals, SweepTask, class_counts
@@ -102,6 +103,7 @@ def llm_task(cfg, rows_per_client: int = ROWS_PER_CLIENT, local_steps: int = LOC
     if cfg.rounds > recipe.num_server_rounds:  # the learning-rate schedule spans the recipe's rounds
         recipe = load_recipe("tiny", [f"kfca.seed={cfg.seed}", f"train.training-arguments.max-steps={local_steps}",
                                       f"num-server-rounds={cfg.rounds}"])
+    plan = TrainingPlan.of(recipe)
     model, tokenizer = load_model_and_tokenizer(recipe)
     pad = tokenizer.pad_token_id
     rows, labels = make_topic_rows(rows_per_client * cfg.clients, cfg.seed)
@@ -125,7 +127,7 @@ def llm_task(cfg, rows_per_client: int = ROWS_PER_CLIENT, local_steps: int = LOC
             sent = [*sent, flat(global_state)][-(history + 1):]
             updates, predicted = [], []
             for c, part in enumerate(parts):
-                update = train_client(model, global_state, [examples[i] for i in part], recipe, server_round=t + 1,
+                update = train_client(model, global_state, [examples[i] for i in part], plan, server_round=t + 1,
                                       seed=derive_seed(cfg.seed, t, c), device=torch.device("cpu"),
                                       pad_token_id=pad).update
                 load_adapter_state(model, {k: global_state[k] + update[k] for k in names})
