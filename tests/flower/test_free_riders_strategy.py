@@ -163,3 +163,36 @@ def test_two_free_riders_meeting_are_paid_about_nothing_within_their_own_recepti
     assert np.mean(meeting_pay(without)) > 0.25 * honest_mean(without), meeting_pay(without)  # 39%
     assert min(meeting_pay(off_by_one)) > 0, meeting_pay(off_by_one)
     assert np.mean(meeting_pay(off_by_one)) > 0.1 * honest_mean(off_by_one), meeting_pay(off_by_one)  # 15%
+
+
+def test_the_ledger_records_each_rounds_spans_with_its_participants_reception_gaps(runs, tmp_path):
+    """``public_steps`` counts the round's sign planes, ``public_spans`` lists their spans: the participants'
+    reception gaps (rounds since each was last sent a global, up to the 16 steps kept) among them. The chain covers
+    the spans: a ledger whose spans were edited does not verify."""
+    import shutil
+    import sqlite3
+
+    from kfca_llm.flower import read_ledger
+
+    ledger = runs[2]
+    contents = read_ledger(ledger)
+    last: dict[str, int] = {}
+    checked, edited_round = 0, None
+    for row in sorted(contents.rounds, key=lambda r: r.round):
+        t = row.round
+        nodes = [r.node_id for r in contents.rewards if r.round == t]
+        if row.public_steps is not None:
+            assert len(row.public_spans) == row.public_steps <= 5 and list(row.public_spans) == sorted(row.public_spans)
+            gaps = {min(t - last[n], t - 1, 16) for n in nodes if n in last}
+            assert gaps <= set(row.public_spans), (t, gaps, row.public_spans)
+            if gaps - {1, 2, 4, 8, 16}:
+                checked, edited_round = checked + 1, t
+        last.update(dict.fromkeys(nodes, t))
+    assert checked >= 5  # rounds whose strata hold a gap no doubling span does
+    edited = tmp_path / "edited.sqlite"
+    shutil.copy(ledger, edited)
+    shutil.copytree(f"{ledger}.d", f"{edited}.d")
+    with sqlite3.connect(edited) as conn:
+        conn.execute("UPDATE rounds SET public_spans = '[1,2,4,8,16]' WHERE round = ?", (edited_round,))
+    check = verify_ledger(edited)
+    assert not check.ok and any(f"round {edited_round}: its rows do not hash" in e for e in check.chain_errors)
