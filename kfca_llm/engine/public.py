@@ -14,6 +14,12 @@ A coordinate's stratum, from the newest steps ``g_1`` (newest), ``g_2``, ...:
   constant within a stratum, and a change over a span in between (a client sampled every 10 rounds replays the
   change since it was last sampled) is nearly so. Early in a run, with ``L < 2**(K-1)`` steps, the spans are
   ``min(2**k, L)`` without repeats: every step known counts;
+* where the server knows when it sent each participant of the round a global (``KFCAStrategy``, ``simulate``), the
+  participants' *reception gaps* take sign planes of their own: the change over the steps since each one's previous
+  global, what a free rider replays, so its replay is constant within the strata whoever it meets (two free riders
+  with gaps of 7 and 5 rounds share the change over the 5 newest steps, which no doubling span holds, and are paid
+  for it without the gaps' planes). The planes stay ``K``: each gap replaces the doubling span nearest it
+  (``public_spans``);
 * ``log2(Q)`` magnitude bits: the bucket of ``|g_1|`` among ``Q`` quantile buckets of its tensor (bucket
   ``b`` counts the thresholds ``|g_1|`` reaches; threshold ``q`` is the ``floor(q n / Q)``-th smallest value,
   an element of the tensor, so no interpolation and no float that a device could round differently).
