@@ -14,6 +14,12 @@ A coordinate's stratum, from the newest steps ``g_1`` (newest), ``g_2``, ...:
   constant within a stratum, and a change over a span in between (a client sampled every 10 rounds replays the
   change since it was last sampled) is nearly so. Early in a run, with ``L < 2**(K-1)`` steps, the spans are
   ``min(2**k, L)`` without repeats: every step known counts;
+* where the server knows when it sent each participant of the round a global (``KFCAStrategy``, ``simulate``), the
+  participants' *reception gaps* take sign planes of their own: the change over the steps since each one's previous
+  global, what a free rider replays, so its replay is constant within the strata whoever it meets (two free riders
+  with gaps of 7 and 5 rounds share the change over the 5 newest steps, which no doubling span holds, and are paid
+  for it without the gaps' planes). The planes stay ``K``: each gap replaces the doubling span nearest it
+  (``public_spans``);
 * ``log2(Q)`` magnitude bits: the bucket of ``|g_1|`` among ``Q`` quantile buckets of its tensor (bucket
   ``b`` counts the thresholds ``|g_1|`` reaches; threshold ``q`` is the ``floor(q n / Q)``-th smallest value,
   an element of the tensor, so no interpolation and no float that a device could round differently).
@@ -84,6 +90,8 @@ class PublicPlanes:
     steps: int
     """How many sign planes (spans) there are: fewer than asked for early in a run."""
     magnitude_bits: int
+    spans: tuple[int, ...] = ()
+    """The span of each sign plane (newest steps summed), in plane order; () where not known (planes read back)."""
 
     @property
     def n_planes(self) -> int:
@@ -129,11 +137,12 @@ def check_public_steps(layout: Layout, steps: Sequence[Mapping]) -> list[Mapping
 
 
 def public_planes(layout: Layout, steps: Sequence[Mapping], conditioning: PublicConditioning,
-                  device=None) -> PublicPlanes | None:
+                  device=None, gaps: Sequence[int] = ()) -> PublicPlanes | None:
     """The strata planes of ``steps`` (oldest first; the newest ``conditioning.history`` count), on ``device``; None
-    when conditioning is off or there is no step (round 1: nothing public yet)."""
+    when conditioning is off or there is no step (round 1: nothing public yet). ``gaps``: the round's participants'
+    reception gaps (``public_spans``)."""
     steps = check_public_steps(layout, steps)
-    spans = public_spans(conditioning, len(steps))
+    spans = public_spans(conditioning, len(steps), gaps)
     if not spans:
         return None
     newest_first = steps[::-1][:spans[-1]]
@@ -152,13 +161,39 @@ def public_planes(layout: Layout, steps: Sequence[Mapping], conditioning: Public
                 bits[spans.index(n), start:stop] = total < 0
         for b, plane in enumerate(magnitude_bucket_bits(values[0].abs(), conditioning.magnitude_buckets)):
             bits[used + b, start:stop] = plane
-    return PublicPlanes(pack_planes(bits), steps=used, magnitude_bits=conditioning.magnitude_bits)
+    return PublicPlanes(pack_planes(bits), steps=used, magnitude_bits=conditioning.magnitude_bits,
+                        spans=tuple(spans))
 
 
-def public_spans(conditioning: PublicConditioning, n_steps: int) -> list[int]:
-    """The spans (newest steps summed) of the sign planes when ``n_steps`` steps are known: ``min(2**k, n_steps)``
-    for ``k < conditioning.steps``, without repeats."""
+def doubling_spans(conditioning: PublicConditioning, n_steps: int) -> list[int]:
+    """``min(2**k, n_steps)`` for ``k < conditioning.steps``, without repeats (sorted)."""
     return sorted({min(1 << k, n_steps) for k in range(conditioning.steps)} - {0})
+
+
+def public_spans(conditioning: PublicConditioning, n_steps: int, gaps: Sequence[int] = ()) -> list[int]:
+    """The spans (newest steps summed) of the sign planes when ``n_steps`` steps are known, sorted.
+
+    Without ``gaps``: the doubling spans ``min(2**k, n_steps)`` for ``k < conditioning.steps``, without repeats.
+    ``gaps``: the reception gaps of the round's participants (how many steps the global took since the global each
+    received before this round's; a free rider replays the change over it), each clipped to ``n_steps``. Every
+    distinct gap is a span (at most ``conditioning.steps`` of them: the most frequent, ties the shorter); the doubling
+    spans fill the planes left, the one nearest a gap (ratio of spans; ties the longer) dropped first while there
+    are more spans than planes. A replay over a participant's own gap is then constant within the strata, whoever it
+    meets."""
+    doubling = doubling_spans(conditioning, n_steps)
+    if not doubling or not gaps:
+        return doubling
+    counts: dict[int, int] = {}
+    for gap in gaps:
+        if isinstance(gap, bool) or not isinstance(gap, (int, np.integer)) or gap < 1:
+            raise InputError(f"a reception gap must be a positive integer (steps), got {gap!r}")
+        clipped = min(int(gap), n_steps)
+        counts[clipped] = counts.get(clipped, 0) + 1
+    chosen = set(sorted(counts, key=lambda g: (-counts[g], g))[:conditioning.steps])
+    spare = [s for s in doubling if s not in chosen]
+    while spare and len(chosen) + len(spare) > conditioning.steps:
+        spare.remove(min(spare, key=lambda s: (min(abs(math.log2(s / g)) for g in chosen), -s)))
+    return sorted(chosen | set(spare))
 
 
 def magnitude_bucket_bits(magnitude: torch.Tensor, buckets: int) -> list[torch.Tensor]:

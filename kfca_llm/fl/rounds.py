@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +140,13 @@ def sample_round_clients(recipe: Recipe, t: int, seed: int) -> list[int]:
     return sorted(rng.choice(recipe.num_clients, size=k, replace=False).tolist())
 
 
+def reception_gaps(last_round: Mapping[int, int], t: int, indices: Sequence[int]) -> list[int]:
+    """The reception gaps of round ``t``'s clients ``indices`` (sorted): how many rounds, so how many of the global's
+    steps, since each last received a global (``last_round``: client -> the last round it trained in; a client
+    training for the first time has none)."""
+    return sorted(t - last_round[i] for i in indices if i in last_round)
+
+
 def attack_context(seed: int, t: int, client: str, key: str, honest: dict[str, StateDict],
                    history: list[StateDict], public: list[StateDict] = ()) -> AttackContext:
     """What ``client`` knows in round ``t``; its generator is keyed by ``key`` (the spec text), so a
@@ -252,6 +259,8 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     # The globals the server sent, oldest first: the newest ones give the public steps that scoring conditions on
     # (kfca.public-steps: the global's change over the last 1, 2, 4, ... rounds).
     sent: list[StateDict] = []
+    # Client -> the last round it trained in (sampling is seeded: a resume replays it): its reception gap.
+    last_round: dict[int, int] = {}
     pool = PeerPool(pool_settings(recipe))
     start = 1
     out_dir = Path(options.out_dir) if options.out_dir is not None else None
@@ -273,6 +282,8 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     if recipe.kfca.public_steps and recipe.kfca.penalty == "sampled":  # after a resume's checks, before any training
         raise InputError('kfca.penalty = "sampled" draws penalty tasks from the whole of M_1 and M_2, not within '
                          "public strata: set kfca.public-steps = 0 with it (or keep the expected penalty)")
+    for t in range(1, start):
+        last_round.update(dict.fromkeys(sample_round_clients(recipe, t, seed), t))
     T = recipe.num_server_rounds
     show = options.progress and procs.is_main
     rounds_bar = tqdm(total=T, initial=start - 1, desc="rounds", unit="round", disable=not show)
@@ -302,7 +313,9 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
         train_s += clock.lap()
         sent = [*sent, global_state][-(recipe.kfca.conditioning.history + 1):]
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
-                             pool=pool, round_=t, reference=reference, public=public_steps(sent))
+                             pool=pool, round_=t, reference=reference, public=public_steps(sent),
+                             gaps=reception_gaps(last_round, t, indices))
+        last_round.update(dict.fromkeys(indices, t))
         scoring_s = clock.lap()
         settle_earlier_rounds(result.rounds, scores.settlements)
         start_state = global_state

@@ -114,12 +114,13 @@ def own_replay_limit(recipe: Recipe) -> float:
 
 def score_round(submissions: Sequence[Submission], *, analysis_client: str | None, kfca: KfcaConfig,
                 kfca_seed: int, pool: PeerPool | None = None, round_: int = 0, reference: StateDict | None = None,
-                public: Sequence[StateDict] = ()) -> RoundScores:
+                public: Sequence[StateDict] = (), gaps: Sequence[int] = ()) -> RoundScores:
     """Score a round's submissions (see the module docstring); with a ``pool``, clients with too few peers
     borrow earlier rounds' submissions (``fl.peer_pool``) and the round's real submissions join the pool;
     ``reference``: the server's reference update (``fl.reference``), a peer of every submission with weight
     ``kfca.reference-weight``; ``public``: the global adapter's recent steps the server sent (oldest first), the
-    public trajectory the in-round penalty is conditioned on (``kfca.public-steps``; pool peers are not)."""
+    public trajectory the in-round penalty is conditioned on (``kfca.public-steps``; pool peers are not), with
+    ``gaps`` the participants' reception gaps (``engine.public.public_spans``)."""
     participants = {s.client: s for s in submissions if not s.analysis}
     if len(participants) != sum(not s.analysis for s in submissions):
         raise InputError("a client sent more than one submission outside the attack analysis")
@@ -150,8 +151,8 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
         pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
                                  bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,
                                  owners={s.id: s.client for s in analysed}, reference=signs,
-                                 reference_weight=kfca.reference_weight, public=public or None,
-                                 conditioning=kfca.conditioning)
+                                 reference_weight=kfca.reference_weight,
+                                 public=packer.public_planes(public, kfca.conditioning, gaps) if public else None)
     except NoTasksError as exc:
         return _unscorable(round_, exc, analysed, participants, pack_s)
     report = pooled.report

@@ -53,6 +53,13 @@ def _strings(value) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _spans(value) -> tuple[int, ...]:
+    items = _json(value)
+    if not isinstance(items, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in items):
+        raise ValueError("is not a JSON list of positive integers")
+    return tuple(items)
+
+
 def _object(value) -> dict:
     item = _json(value)
     if not isinstance(item, dict):
@@ -78,6 +85,7 @@ _SCALARS: dict[str, tuple[tuple[str, ...], Callable]] = {
     "bool": (("integer",), lambda v: _flag(v)),
     "dict": (("text",), _object),
     "tuple[str, ...]": (("text",), _strings),
+    "tuple[int, ...]": (("text",), _spans),
     "tuple[tuple[str, tuple[int, ...]], ...]": (("text",), _layout),
 }
 

@@ -95,7 +95,12 @@ class RoundRow:
     """SHA-256 of the public strata's packed planes the round was scored within (``engine.public``: ``public_steps``
     sign planes, then the magnitude planes; kept in the signs store when the run keeps signs); None: unconditioned."""
     public_steps: int | None = None
-    """How many of the global's steps the planes cover (fewer than the setting early in a run); None: unconditioned."""
+    """How many sign planes the planes hold (fewer than the setting early in a run; before ``public_spans`` also the
+    doubling spans ``1, 2, 4, ...`` they cover); None: unconditioned."""
+    public_spans: tuple[int, ...] | None = None
+    """The span of each sign plane (the global's newest steps summed; ``engine.public.public_spans``: the doubling
+    spans and the participants' reception gaps), ``public_steps`` of them; None: unconditioned, or recorded before
+    the spans were."""
 
 
 @dataclass(frozen=True)
@@ -169,8 +174,9 @@ class RoundEntry:
     undetermined: Sequence[str] | None = None
     reference_sha256: str | None = None
     """SHA-256 of the reference's sign words (its bytes in ``signs`` when kept); None: no reference."""
-    public: tuple[str, int] | None = None
-    """(SHA-256, steps) of the public strata's planes (their bytes in ``signs`` when kept); None: unconditioned."""
+    public: tuple[str, int, tuple[int, ...]] | None = None
+    """(SHA-256, sign planes, their spans) of the public strata's planes (their bytes in ``signs`` when kept); None:
+    unconditioned."""
     settlements: Sequence[SettlementRow] = ()
     """Earlier undetermined rounds' participants this round settled (``fl.pool_settle``)."""
 
@@ -206,7 +212,7 @@ def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow]
 
 
 ADDED_ROUND_COLUMNS = {"undetermined": "TEXT", "reference_sha256": "TEXT", "public_sha256": "TEXT",
-                       "public_steps": "INTEGER"}
+                       "public_steps": "INTEGER", "public_spans": "TEXT"}
 """Columns of ``rounds`` added to schema 4 after it was first written, with their SQL types: a ledger may lack them
 (read as None), the chain hashes them only where recorded."""
 _ADDED_ROUND_FIELDS = tuple(ADDED_ROUND_COLUMNS)

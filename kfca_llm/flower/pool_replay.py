@@ -40,9 +40,12 @@ def recorded_planes(round_row: RoundRow, read_words) -> Any:
     steps = round_row.public_steps
     if steps is None or not 1 <= steps <= conditioning.steps:
         raise Damaged(f"the round records {steps!r} public steps; its settings allow 1 to {conditioning.steps}")
+    spans = round_row.public_spans  # None: recorded before the spans were (doubling spans)
+    if spans is not None and (len(spans) != steps or list(spans) != sorted(set(spans))):
+        raise Damaged(f"the round records the spans {list(spans)} for {steps} public sign planes")
     n_planes = steps + conditioning.magnitude_bits
     words = np.ascontiguousarray(read_words(round_row.public_sha256, n_planes), dtype=np.int32)
-    return PublicPlanes(words.reshape(n_planes, -1), steps, conditioning.magnitude_bits)
+    return PublicPlanes(words.reshape(n_planes, -1), steps, conditioning.magnitude_bits, tuple(spans or ()))
 
 
 def pending_from_rows(round_row: RoundRow, rows: Sequence[RewardRow], read_words) -> Any:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -46,8 +46,9 @@ class ScoredRound:
     """SHA-256 of the reference's sign words the round was scored against (None: none); kept in ``signs``."""
     settlements: list[Settlement] = field(default_factory=list)
     """Participants of earlier undetermined rounds this round's pool settled (``fl.pool_settle``)."""
-    public: tuple[str, int] | None = None
-    """(SHA-256, steps) of the public strata's planes the round was scored within (kept in ``signs``); None: none."""
+    public: tuple[str, int, tuple[int, ...]] | None = None
+    """(SHA-256, sign planes, their spans) of the public strata's planes the round was scored within (kept in
+    ``signs``); None: none."""
 
     @property
     def report(self) -> RewardReport:
@@ -78,25 +79,42 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
 class PublicTrajectory:
     """The global's steps between the globals the server sent (oldest first, as many as the conditioning's longest
     span needs; float arrays only), each taken once, when its global is sent; a global whose float tensors differ in
-    names or shapes from the one before starts them again."""
+    names or shapes from the one before starts them again. And which node was sent which global: a node's
+    *reception gap* is how many steps the global took between the global it was sent before and this round's (what
+    a free rider replays; ``engine.public.public_spans``)."""
 
     def __init__(self, conditioning: PublicConditioning):
         self.conditioning = conditioning
         self._last: dict[str, np.ndarray] | None = None
         self._steps: list[dict[str, np.ndarray]] = []
+        self._sent = 0
+        """How many globals were sent (this one included); the steps start again at ``_start``."""
+        self._start = 0
+        self._received: dict[int, int] = {}
+        """Node -> the global (``_sent`` count) it was last sent."""
+        self._gaps: dict[int, int] = {}
+        """Node -> its reception gap in this round (nodes sent a global now that had one since the steps began)."""
 
-    def sent(self, arrays: ArrayRecord) -> None:
-        """Remember the global of a round (``configure_train``'s arrays)."""
+    def sent(self, arrays: ArrayRecord, nodes: Iterable[int] = ()) -> None:
+        """Remember the global of a round (``configure_train``'s arrays) and the nodes it was sent to."""
         if not self.conditioning.enabled:
             return
         floats = {name: array.numpy() for name, array in arrays.items()}
         floats = {name: np.array(a, copy=True) for name, a in floats.items() if is_float(a)}
+        self._sent += 1
         if self._last is None or _shapes(self._last) != _shapes(floats):
             self._steps = []
+            self._start = self._sent
         else:  # an IEEE difference rounds to the sign of the exact one and is 0 only where the two are equal
             step = {name: floats[name] - self._last[name] for name in floats}
             self._steps = [*self._steps, step][-self.conditioning.history:]
         self._last = floats
+        self._gaps = {}
+        for node in nodes:
+            before = self._received.get(node)
+            if before is not None and before >= self._start:
+                self._gaps[node] = self._sent - before
+            self._received[node] = self._sent
 
     def steps(self, shapes: Mapping[str, tuple[int, ...]]) -> list[dict[str, np.ndarray]]:
         """The global's steps (oldest first) over the scored tensors ``shapes``; none where the globals sent are
@@ -104,6 +122,10 @@ class PublicTrajectory:
         if self._last is None or _shapes(self._last) != dict(shapes):
             return []
         return list(self._steps)
+
+    def gaps(self, nodes: Iterable[int]) -> list[int]:
+        """The reception gaps of ``nodes`` in this round (sorted; a node first sent a global now has none)."""
+        return sorted(self._gaps[node] for node in nodes if node in self._gaps)
 
 
 def _shapes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -113,11 +135,13 @@ def _shapes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
 def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers: int | None, seed: int,
                 penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                 reference: np.ndarray | None, reference_weight: float, keep_signs: bool,
-                public: list[Mapping[str, np.ndarray]] = (), conditioning: PublicConditioning = OFF) -> ScoredRound:
+                public: list[Mapping[str, np.ndarray]] = (), conditioning: PublicConditioning = OFF,
+                gaps: list[int] = ()) -> ScoredRound:
     """Score the packed round against its peers and ``pool`` (then add its participants, copies left out, to the
     pool); ``reference``: the server's packed signs, or None; ``public``: the global's recent steps (oldest first),
-    the strata every pair is scored within under ``conditioning`` (``engine.public``)."""
-    planes = packer.public_planes(list(public), conditioning) if public else None
+    the strata every pair is scored within under ``conditioning`` (``engine.public``), with ``gaps`` the
+    participants' reception gaps (``PublicTrajectory.gaps``)."""
+    planes = packer.public_planes(list(public), conditioning, gaps) if public else None
     pooled = score_with_pool(packer, pool, server_round, peers=peers, seed=seed, penalty=penalty,
                              bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                              reference=reference, reference_weight=reference_weight, public=planes)
@@ -162,7 +186,7 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
     public_record = None
     if planes is not None:  # a verifier scores the round within the same strata again
         planes_bytes = words_bytes(planes.host_words())
-        public_record = (sha256_hex(planes_bytes), planes.steps)
+        public_record = (sha256_hex(planes_bytes), planes.steps, planes.spans)
         if keep_signs:
             kept[public_record[0]] = planes_bytes
     layout = [(slot.name, slot.shape) for slot in packer.layout.slots]

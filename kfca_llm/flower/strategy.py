@@ -215,7 +215,7 @@ class KFCAStrategy(Strategy):
         messages = self._with_receipts(
             self.strategy.configure_train(server_round + self.round_offset, arrays, config, grid))
         self._sent = {}
-        self._trajectory.sent(arrays)
+        self._trajectory.sent(arrays, [message.metadata.dst_node_id for message in messages])
         for message in messages:
             sent = message.content.get(self.arrayrecord_key) if message.has_content() else None
             self._sent[message.metadata.dst_node_id] = sent if isinstance(sent, ArrayRecord) else arrays
@@ -309,7 +309,8 @@ class KFCAStrategy(Strategy):
                            penalty=self.penalty, bonus_fraction=self.bonus_fraction, duplicates=self.duplicates,
                            duplicate_rule=self.duplicate_rule, reference=reference,
                            reference_weight=self.reference_weight, keep_signs=self.keep_signs,
-                           public=self._trajectory.steps(shapes), conditioning=self.conditioning)
+                           public=self._trajectory.steps(shapes), conditioning=self.conditioning,
+                           gaps=self._trajectory.gaps(reply.metadata.src_node_id for reply in paid.values()))
 
     def _select(self, paid: Mapping[str, Message], scored: ScoredRound | None
                 ) -> tuple[list[Message], str | None]:

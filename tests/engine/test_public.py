@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from kfca_llm import score_updates
-from kfca_llm.engine.public import PublicConditioning, public_planes
+from kfca_llm.engine.public import PublicConditioning, public_planes, public_spans
 from kfca_llm.engine.layout import Layout
 from kfca_llm.errors import InputError
 from kfca_llm.kernels.sign_pack.reference import pack_words
 
 SHAPES = {"a.lora_A": (37, 29), "b.lora_B": (61,), "c": (5, 7, 3)}  # odd sizes: padded words, several tensors
+BIG = {"a.lora_A": (211, 97), "b.lora_B": (20011,)}  # enough coordinates for tasks of both sets in most strata
 
 
 def _trajectory(rng, n_steps=4):
@@ -205,3 +206,40 @@ def test_saved_globals_give_the_steps_score_updates_takes(rng, tmp_path, capsys)
     assert json.loads((tmp_path / "r.json").read_text())["rewards"] == pytest.approx(report.rewards, abs=0)
     with pytest.raises(InputError, match="needs the reference"):
         score_checkpoints(clients, public=paths[:-1])
+
+
+@pytest.mark.parametrize("n_steps, gaps, spans", [
+    (16, [], [1, 2, 4, 8, 16]),  # no reception known: the doubling spans
+    (16, [7, 12], [1, 2, 4, 7, 12]),  # each gap takes the place of the doubling span nearest it
+    (16, [1, 10], [1, 2, 4, 10, 16]),  # a gap that is a doubling span takes no plane of its own
+    (16, [3, 3], [1, 2, 3, 8, 16]),
+    (16, [25, 30], [1, 2, 4, 8, 16]),  # clipped to the steps kept
+    (3, [5], [1, 2, 3]),  # early in a run: every step known
+    (16, [3, 5, 6, 7, 9, 9, 11], [3, 5, 6, 7, 9]),  # more gaps than planes: the most frequent, ties the shorter
+])
+def test_the_spans_are_the_participants_reception_gaps_and_the_doubling_spans_that_fit(n_steps, gaps, spans):
+    assert public_spans(PublicConditioning(steps=5, magnitude_buckets=2), n_steps, gaps) == spans
+
+
+def test_two_free_riders_with_the_same_reception_gap_earn_zero_against_each_other():
+    """Two nodes last sampled in the same round, 6 rounds ago (no doubling span), replay the same change with
+    magnitudes of their own: the same signs, which the doubling spans' strata do not hold, so they agree far beyond
+    them and are paid for it (about 0.2 each). With the gap's plane each report is constant within the strata and
+    both earn 0 (to float rounding) whatever the partition; a gap off by one round (5 or 7) pays them again."""
+    conditioning = PublicConditioning(steps=5, magnitude_buckets=2)
+    layout = Layout.from_shapes(BIG)
+    paid = {(6,): [], (): [], (5,): [], (7,): []}
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        steps = [{k: torch.from_numpy(rng.normal(size=s)) for k, s in BIG.items()} for _ in range(16)]
+        change = {k: sum(step[k] for step in steps[-6:]) for k in BIG}
+        updates = {"free-ride:1": change, "free-ride-signs:1": {
+            k: torch.sign(c) * torch.from_numpy(np.abs(rng.normal(size=BIG[k]))) for k, c in change.items()}}
+        for gaps, out in paid.items():
+            planes = public_planes(layout, steps, conditioning, gaps=gaps + gaps)  # both last received 6 rounds ago
+            report = score_updates(updates, seed=seed, backend="cpu", duplicates="flag", public=planes)
+            out.extend(report.rewards.values())
+            assert set(gaps) <= set(planes.spans) and len(planes.spans) == 5
+    assert max(map(abs, paid[(6,)])) < 1e-12, paid[(6,)]
+    for gaps in ((), (5,), (7,)):
+        assert min(paid[gaps]) > 0.1, (gaps, paid[gaps])

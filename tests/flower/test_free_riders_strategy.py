@@ -75,3 +75,124 @@ def test_the_conditioned_pool_rounds_verify(runs):
     """Pool pairs are scored within the round's strata too: verify rebuilds the pool and recomputes every round."""
     check = verify_ledger(runs[2])
     assert check.ok and {r.status for r in check.rounds} == {"match"}
+
+
+# Two free riders, nodes 4 and 9, each sampled with an honest node in between (rounds 3 and 5, 15 and 13, 23 and 25)
+# and meeting each other in rounds 10, 20 and 30 with reception gaps 7 and 5 (no doubling span, and a round too long
+# neither); every other round two honest nodes drawn at random. A free rider replays the global's change since its
+# previous reception (its first reply is zeros): node 4 rescaled, node 9 its signs with magnitudes of its own.
+MEETINGS, ALONE = (10, 20, 30), {3: 4, 5: 9, 13: 9, 15: 4, 23: 4, 25: 9}
+HONEST_NODES = [n for n in range(1, NODES + 1) if n not in (4, 9)]
+
+
+def schedule(t: int) -> list[int]:
+    if t in MEETINGS:
+        return [4, 9]
+    honest = np.random.default_rng(t).choice(HONEST_NODES, 2, replace=False).tolist()
+    return sorted([ALONE[t], honest[0]] if t in ALONE else honest)
+
+
+BIG = {"a.lora_A": (64, 128), "b.lora_B": (128, 64)}  # 16k coordinates: tasks of both sets in most of 64 strata
+BIG_PERSISTENT = {k: np.random.default_rng(5).standard_normal(s) for k, s in BIG.items()}
+
+
+def big_update(node: int, t: int) -> dict[str, np.ndarray]:
+    """test_peer_pool_strategy's honest update over ``BIG``."""
+    this_round, own = np.random.default_rng(1000 + t), np.random.default_rng(7919 * node + t)
+    return {k: (0.6 * BIG_PERSISTENT[k] + 0.6 * this_round.standard_normal(s) + own.standard_normal(s)).astype(
+        np.float32) * 0.01 for k, s in BIG.items()}
+
+
+def run_planted(**options) -> KFCAStrategy:
+    from flwr.app import MessageType, RecordDict
+
+    class Scheduled(FedAvg):
+        def configure_train(self, server_round, arrays, config, grid):
+            config["server-round"] = server_round
+            record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: config})
+            return self._construct_messages(record, schedule(server_round), MessageType.TRAIN)
+
+    received: dict[int, dict[str, np.ndarray]] = {}
+
+    def node(message):
+        n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
+        sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
+        honest = big_update(n, t)
+        if n in (4, 9):
+            last = received.get(n, sent)
+            received[n] = sent
+            change = {k: sent[k] - last[k] for k in sent}
+            if n == 4:  # free-ride:1
+                honest = {k: c * (np.linalg.norm(honest[k]) / max(np.linalg.norm(c), 1e-30)) for k, c in change.items()}
+            else:  # free-ride-signs:1
+                noise = np.random.default_rng(t)
+                honest = {k: np.sign(c) * np.abs(noise.standard_normal(c.shape)).astype(np.float32) * 0.01
+                          for k, c in change.items()}
+        return reply_with(message, ArrayRecord({k: Array(sent[k] + u) for k, u in honest.items()}))
+
+    strategy = KFCAStrategy(Scheduled(fraction_train=0.1, fraction_evaluate=0.0), ledger=None, **options)
+    start = ArrayRecord({k: Array(np.zeros(s, dtype=np.float32)) for k, s in BIG.items()})
+    strategy.start(grid=LocalGrid({n: node for n in range(1, NODES + 1)}), initial_arrays=start,
+                   num_rounds=max(MEETINGS))
+    return strategy
+
+
+def meeting_pay(strategy: KFCAStrategy) -> list[float]:
+    return [strategy.rewards[t][pid(n)] for t in MEETINGS for n in (4, 9)]
+
+
+def test_two_free_riders_meeting_are_paid_about_nothing_within_their_own_reception_gaps(monkeypatch):
+    """The round's strata hold the change over each participant's own reception gap (``PublicTrajectory.gaps``):
+    two free riders meeting are paid about 0, though the doubling spans 1, 2, 4, 8, 16 hold neither one's change.
+    Without the reception planes, or with every gap a round too long, the same meetings pay them."""
+    from kfca_llm.flower.round_scoring import PublicTrajectory
+
+    def honest_mean(strategy):
+        return np.mean([v for r in strategy.rewards.values() for who, v in r.items() if who not in (pid(4), pid(9))])
+
+    with_gaps = run_planted()
+    honest = honest_mean(with_gaps)
+    assert honest > 0
+    paid = meeting_pay(with_gaps)
+    assert max(map(abs, paid)) < 0.1 * honest and np.mean(np.abs(paid)) < 0.03 * honest, (paid, honest)  # 4.5%, 1.2%
+    gaps = PublicTrajectory.gaps
+    monkeypatch.setattr(PublicTrajectory, "gaps", lambda self, nodes: [])
+    without = run_planted()
+    monkeypatch.setattr(PublicTrajectory, "gaps", lambda self, nodes: [g + 1 for g in gaps(self, nodes)])
+    off_by_one = run_planted()
+    assert np.mean(meeting_pay(without)) > 0.25 * honest_mean(without), meeting_pay(without)  # 39%
+    assert min(meeting_pay(off_by_one)) > 0, meeting_pay(off_by_one)
+    assert np.mean(meeting_pay(off_by_one)) > 0.1 * honest_mean(off_by_one), meeting_pay(off_by_one)  # 15%
+
+
+def test_the_ledger_records_each_rounds_spans_with_its_participants_reception_gaps(runs, tmp_path):
+    """``public_steps`` counts the round's sign planes, ``public_spans`` lists their spans: the participants'
+    reception gaps (rounds since each was last sent a global, up to the 16 steps kept) among them. The chain covers
+    the spans: a ledger whose spans were edited does not verify."""
+    import shutil
+    import sqlite3
+
+    from kfca_llm.flower import read_ledger
+
+    ledger = runs[2]
+    contents = read_ledger(ledger)
+    last: dict[str, int] = {}
+    checked, edited_round = 0, None
+    for row in sorted(contents.rounds, key=lambda r: r.round):
+        t = row.round
+        nodes = [r.node_id for r in contents.rewards if r.round == t]
+        if row.public_steps is not None:
+            assert len(row.public_spans) == row.public_steps <= 5 and list(row.public_spans) == sorted(row.public_spans)
+            gaps = {min(t - last[n], t - 1, 16) for n in nodes if n in last}
+            assert gaps <= set(row.public_spans), (t, gaps, row.public_spans)
+            if gaps - {1, 2, 4, 8, 16}:
+                checked, edited_round = checked + 1, t
+        last.update(dict.fromkeys(nodes, t))
+    assert checked >= 5  # rounds whose strata hold a gap no doubling span does
+    edited = tmp_path / "edited.sqlite"
+    shutil.copy(ledger, edited)
+    shutil.copytree(f"{ledger}.d", f"{edited}.d")
+    with sqlite3.connect(edited) as conn:
+        conn.execute("UPDATE rounds SET public_spans = '[1,2,4,8,16]' WHERE round = ?", (edited_round,))
+    check = verify_ledger(edited)
+    assert not check.ok and any(f"round {edited_round}: its rows do not hash" in e for e in check.chain_errors)
