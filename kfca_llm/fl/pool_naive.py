@@ -61,12 +61,13 @@ def sketched(tasks: list[int], length: int) -> list[int]:
 def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: int = 10, pool_peers: int = 8,
               pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02, rank_by: str = "record",
               own_replay_limit: float = 0.0, owners: list[dict[str, str]] | None = None,
-              references: list[list[float] | None] | None = None, reference_weight: float = 4.0
-              ) -> list[dict[str, float]]:
+              references: list[list[float] | None] | None = None, reference_weight: float = 4.0,
+              strata: list[list[int] | None] | None = None) -> list[dict[str, float]]:
     """What each scorer of each round (round t = index + 1, seeded ``seeds[t - 1]``) is paid for it, in its round or,
     undetermined there, by the later round that settled it. ``owners[t - 1]``: the round's attack-analysis scorers
     (-> the participant each is a side-by-side submission of; the round's other two submitters are its participants);
-    ``references[t - 1]``: the round's trusted reference update (None: none)."""
+    ``references[t - 1]``: the round's trusted reference update (None: none); ``strata[t - 1]``: each coordinate's
+    public stratum in round t (None: the round is not conditioned)."""
     rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy,
                  rank_by=rank_by, own_replay_limit=own_replay_limit, reference_weight=reference_weight)
 
@@ -76,7 +77,7 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
         length = len(next(iter(submissions.values())))
         tasks = [k for k in range(length) if any(u[k] != 0 for u in submissions.values())]
         reference = None if reference is None or reference_weight == 0 else [v < 0 for v in reference]
-        return negative, (owners or [{}] * r)[r - 1], tasks, seeds[r - 1], reference
+        return negative, (owners or [{}] * r)[r - 1], tasks, seeds[r - 1], reference, (strata or [None] * r)[r - 1]
 
     history: list[Entry] = []
     pending: dict[int, list[str]] = {}  # round -> its scorers still waiting to be settled
@@ -126,10 +127,11 @@ class Scored:
     """Scorer the pool has a verdict on -> tanh(that verdict over its standard error)."""
 
 
-def score(t, negative, owners, tasks, seed, reference, history, horizon, window, pool_peers, pool_weight, min_peers,
-          max_copy, rank_by, own_replay_limit, reference_weight):
-    """Round ``t`` (``negative``: scorer -> its reports; ``owners``: the owned scorers' participants) on the pool of
-    ``history``, or, settling it at ``horizon``, the pool on both sides of it."""
+def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
+          min_peers, max_copy, rank_by, own_replay_limit, reference_weight):
+    """Round ``t`` (``negative``: scorer -> its reports; ``owners``: the owned scorers' participants; ``strata``: each
+    coordinate's public stratum, or None) on the pool of ``history``, or, settling it at ``horizon``, the pool on both
+    sides of it."""
     a, b = sorted(c for c in negative if c not in owners)
     owner = {a: a, b: b, **owners}
     scorers = sorted(owner)
@@ -139,10 +141,27 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
     first = [k for k in tasks if kinds[k] == PENALTY_1]
     second = [k for k in tasks if kinds[k] == PENALTY_2]
 
-    def pay(mine: list[bool], peer: list[bool]) -> float:
-        agree = sum(mine[k] == peer[k] for k in bonus) / len(bonus)
+    def expected_penalty(mine: list[bool], peer: list[bool], first: list[int], second: list[int]) -> float:
         x, y = sum(mine[k] for k in first), sum(peer[k] for k in second)
-        return agree - (x * y + (len(first) - x) * (len(second) - y)) / (len(first) * len(second))
+        return (x * y + (len(first) - x) * (len(second) - y)) / (len(first) * len(second))
+
+    def blind_pay(mine: list[bool], peer: list[bool]) -> float:
+        agree = sum(mine[k] == peer[k] for k in bonus) / len(bonus)
+        return agree - expected_penalty(mine, peer, first, second)
+
+    # Within public strata the penalty pairs are drawn within the stratum of a uniform bonus task: per stratum of the
+    # bonus tasks, its share of them and its penalty tasks of both sets (none of either: all of both, unconditioned).
+    within = {}
+    for s in sorted({strata[k] for k in bonus}) if strata is not None else ():
+        in_first, in_second = [k for k in first if strata[k] == s], [k for k in second if strata[k] == s]
+        within[s] = (sum(strata[k] == s for k in bonus) / len(bonus),
+                     (in_first, in_second) if in_first and in_second else (first, second))
+
+    def pay(mine: list[bool], peer: list[bool]) -> float:
+        if strata is None:
+            return blind_pay(mine, peer)
+        agree = sum(mine[k] == peer[k] for k in bonus) / len(bonus)
+        return agree - sum(share * expected_penalty(mine, peer, *sets) for share, sets in within.values())
 
     def differing(mine: list[bool], other: list[bool], on: list[int]) -> int:
         return sum(mine[k] != other[k] for k in on)
@@ -179,16 +198,18 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
     other_copy = {c for c in scorers if matches[c] and c not in own}
 
     # Lag weights: the median payment between entries of other participants k rounds apart, over its largest size.
-    by_lag: dict[int, list[float]] = {}
-    for newer in rows:
-        for older in rows:
-            lag = newer.round - older.round
-            if 1 <= lag <= window and newer.client != older.client:
-                by_lag.setdefault(lag, []).append(pay(newer.negative, older.negative))
-    medians = {k: median(v) for k, v in by_lag.items()}
-    scale = max((abs(m) for m in medians.values()), default=0.0)
-    lag_weight = {k: m / scale for k, m in medians.items()} if scale else {}
+    def lag_weights(payment) -> dict[int, float]:
+        by_lag: dict[int, list[float]] = {}
+        for newer in rows:
+            for older in rows:
+                lag = newer.round - older.round
+                if 1 <= lag <= window and newer.client != older.client:
+                    by_lag.setdefault(lag, []).append(payment(newer.negative, older.negative))
+        medians = {k: median(v) for k, v in by_lag.items()}
+        scale = max((abs(m) for m in medians.values()), default=0.0)
+        return {k: m / scale for k, m in medians.items()} if scale else {}
 
+    lag_weight = lag_weights(pay)
     chosen, seen = [], {a, b}  # pool peers (an owned scorer gets its participant's): one entry per other participant
     for e in rows:
         if e.round >= t - window and e.client not in seen and e.score > 0:
@@ -202,13 +223,27 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
         means = [sum(s) / len(s) for s in (recent, whole) if s]
         return min(means) if means else None
 
+    def verdicts(payment, weight_of: dict[int, float]) -> dict[str, tuple[float, float]]:
+        """Scorer -> (the weighted mean of its pool payments, its standard error)."""
+        out = {}
+        for c in scorers:
+            terms_ = [] if c in own else [(weight_of.get(abs(t - e.round), 0.0), payment(negative[c], e.negative))
+                                          for e in peers]
+            total = sum(abs(w) for w, _ in terms_)
+            if total > 0:
+                z = sum(w * p for w, p in terms_) / total
+                out[c] = (z, sum(w * w * (p - z) ** 2 for w, p in terms_) ** 0.5 / total
+                          if sum(w != 0 for w, _ in terms_) >= 2 else float("inf"))
+        return out
+
     terms = {c: [] if c in own else [(lag_weight.get(abs(t - e.round), 0.0), pay(negative[c], e.negative))
                                      for e in peers] for c in scorers}
-    verdict = {c: sum(w * p for w, p in terms[c]) / sum(abs(w) for w, _ in terms[c])
-               for c in scorers if sum(abs(w) for w, _ in terms[c]) > 0}
-    error = {c: sum(w * w * (p - verdict[c]) ** 2 for w, p in terms[c]) ** 0.5 / sum(abs(w) for w, _ in terms[c])
-             if sum(w != 0 for w, _ in terms[c]) >= 2 else float("inf") for c in verdict}
-    evidence = {c: math.tanh(verdict[c] / error[c]) if 0 < error[c] < float("inf") else 0.0 for c in verdict}
+    conditioned = verdicts(pay, lag_weight)
+    verdict = {c: z for c, (z, _) in conditioned.items()}
+    # Ranked: within public strata, the lower of the verdict within them and the one without them (with its error).
+    blind = verdicts(blind_pay, lag_weights(blind_pay)) if strata is not None else {}
+    ranked = {c: blind[c] if c in blind and blind[c][0] < z else (z, e) for c, (z, e) in conditioned.items()}
+    evidence = {c: math.tanh(z / e) if 0 < e < float("inf") else 0.0 for c, (z, e) in ranked.items()}
 
     def reputation(c: str) -> float:  # this round's evidence and the earlier ones, nearest first
         earlier = sorted((e for e in history if e.client == c and e.round != t and e.round <= high
@@ -221,10 +256,11 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
     if rank_by == "reputation":
         rank = {c: reputation(c) if c in (a, b) else evidence[c] for c in verdict}
     else:
-        rank = {c: verdict[c] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
+        rank = {c: ranked[c][0] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
 
     def clear(c: str, p: str) -> bool:  # the verdicts differ by more than two standard errors: they settle the pair
-        return rank_by == "verdict-first" and abs(verdict[c] - verdict[p]) > 2.0 * (error[c] ** 2 + error[p] ** 2) ** 0.5
+        (z, e), (z_, e_) = ranked[c], ranked[p]
+        return rank_by == "verdict-first" and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
 
     ref = reference_weight if reference is not None else 0.0
     paid, scores, unsure, warming = {}, {}, set(), set()
@@ -237,7 +273,7 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
         elif in_round[c] >= 0:
             peer_sign = 1.0
         else:  # the one ranked lower is fined, the other reads it back
-            mine, theirs = (verdict[c], verdict[p]) if clear(c, p) else (rank[c], rank[p])
+            mine, theirs = (ranked[c][0], ranked[p][0]) if clear(c, p) else (rank[c], rank[p])
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
