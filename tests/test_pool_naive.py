@@ -198,6 +198,7 @@ def test_the_federations_meet_every_rule():
         seen.update(f"{c} left out" for c in result.copies if c in real)
         seen.update("in-round copy" for c in result.copies if not result.matches.get(c))
         seen.update("undetermined" for c in result.unsure if horizon is None)
+        seen.update("the pool alone, unclear" for c in result.unclear if c in real)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
@@ -235,7 +236,7 @@ def test_the_federations_meet_every_rule():
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
-            "charged back", "fined", "owned own resubmission", "owned undetermined", "owned settled",
+            "charged back", "fined", "the pool alone, unclear", "owned own resubmission", "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen

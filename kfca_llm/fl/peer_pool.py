@@ -299,8 +299,13 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # charged back, once. Its reward is then known, never undetermined.
     resubmitted = {} if duplicates == "flag" else {
         c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
+    # Nor where the pool's verdict alone would pay it (no in-round peer counted) and stands within VERDICT_GATE standard
+    # errors of 0: within public strata an honest update's verdict across rounds can be as weak as noise, and a
+    # payment of noise is no evidence (the in-round peer an own resubmission or a constant report, say).
+    counted = {c for (c, _), weight in zip(in_round_keys, weights) if weight != 0.0}
     unsure = set() if reference is not None else {
-        c for c in chosen if len(weighted.get(c, ())) < pool.settings.min_peers and c not in resubmitted}
+        c for c in chosen if c not in resubmitted and (len(weighted.get(c, ())) < pool.settings.min_peers or (
+            c in verdict and c not in counted and not abs(verdict[c][0]) > VERDICT_GATE * errors[c]))}
     paid |= {c: 0.0 for c in unsure}
     charged_back = {c: pool.charge_of(names) for c, names in resubmitted.items()}
     paid |= {c: min(paid[c], 0.0) - charged_back[c] for c in resubmitted}

@@ -125,6 +125,8 @@ class Scored:
     """Scorer -> the earlier submissions it copies."""
     evidence: dict[str, float] = field(default_factory=dict)
     """Scorer the pool has a verdict on -> tanh(that verdict over its standard error)."""
+    unclear: set[str] = field(default_factory=set)
+    """Undetermined scorers with distinct peers enough: the pool alone, its verdict within two standard errors of 0."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -263,7 +265,7 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         return rank_by == "verdict-first" and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
 
     ref = reference_weight if reference is not None else 0.0
-    paid, scores, unsure, warming = {}, {}, set(), set()
+    paid, scores, unsure, warming, unclear = {}, {}, set(), set(), set()
     for c in scorers:
         p = peer_of[c]
         if c not in verdict:
@@ -286,9 +288,13 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         reward = min(scores[c], 0.0) if c in twins or c in other_copy else scores[c]
         if c in own and c in (a, b):  # a participant's own resubmission (never an owned scorer's replay) is charged
             reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in matches[c] if not e.resubmitted)
-        elif len(distinct) < min_peers and not ref:
+        elif not ref and len(distinct) < min_peers:
             reward = 0.0  # undetermined: no majority that could outvote a deviator (a trusted reference tells)
             unsure.add(c)
+        elif not ref and not peer_sign and c in verdict and not abs(verdict[c]) > 2.0 * conditioned[c][1]:
+            reward = 0.0  # undetermined too: the pool alone, its verdict within two standard errors of 0
+            unsure.add(c)
+            unclear.add(c)
         if any(e.resubmitted for e in history if (e.round, e.client) == (t, c)):
             reward = min(reward, 0.0)  # resubmitted since: its settlement is paid at most 0
         paid[c] = reward
@@ -296,4 +302,4 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         if not ref and (c in unsure or support < pool_peers):
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
-    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence)
+    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear)
