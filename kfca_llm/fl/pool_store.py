@@ -17,14 +17,17 @@ from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
-POOL_RULE = 4
+POOL_RULE = 5
 """1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2: in-round peers read the way the
 pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards not paid; pool
 peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``: the window's); 3: as 2, a
 participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged back
-(``fl.peer_pool``), and a participant's record is the lower of its window's and its run's; 4 (this version): as 3, an
-own resubmission is a replay within ``PoolSettings.own_replay_limit`` of the signs (default none), no longer the 2% of a
-copy of another's (an honest client retrained on the same samples is not charged back)."""
+(``fl.peer_pool``), and a participant's record is the lower of its window's and its run's; 4: as 3, an own resubmission
+is a replay within ``PoolSettings.own_replay_limit`` of the signs (default none), no longer the 2% of a copy of
+another's (an honest client retrained on the same samples is not charged back); 5 (this version): as 4, within public
+strata a disagreeing pair is ranked on the lower of each one's verdict within and without them, and a participant whose
+reward would rest on the pool's verdict alone is undetermined while that verdict is within ``VERDICT_GATE`` standard
+errors of 0."""
 
 
 RANK_RULES = ("record", "verdict-first", "reputation")
