@@ -227,11 +227,19 @@ def test_the_federations_meet_every_rule():
             seen.update({"a reference changes a reward"} if alone.paid != result.paid else set())
         return result
 
+    conditioned = []  # the conditioned federations' strata, as the real pool computed them
+    for seed in range(4):
+        settings = case(seed, seed % 3 == 2)
+        fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
+        conditioned.append((fed, settings, real_run(fed, PoolSettings(window=settings["window"]),
+                                                    settings["reference_weight"], PublicConditioning())[1]))
     pool_naive.score = spy
     try:
         for seed, long in CASES:
             settings = case(seed, long)
             naive_of(federation(seed, coords=settings["coords"], reference=settings["reference"]), settings)
+        for fed, settings, strata in conditioned:
+            naive_of(fed, settings, strata=strata)
     finally:
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",

@@ -265,6 +265,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
     if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones
         rank = {c: pool.reputation(c, round_, t, horizon) if c in real else t for c, t in evidence.items()}
+    elif planes is not None:  # the lower verdict ranks a flip low: a record would only be a sleeper's to spend
+        rank = {c: z for c, (z, _) in ranked.items()}
     else:
         rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in ranked.items()}
     if rank_by == "verdict-first":  # a clear difference of verdicts settles alone
@@ -299,13 +301,14 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # charged back, once. Its reward is then known, never undetermined.
     resubmitted = {} if duplicates == "flag" else {
         c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
-    # Nor where the pool's verdict alone would pay it (no in-round peer counted) and stands within VERDICT_GATE standard
-    # errors of 0: within public strata an honest update's verdict across rounds can be as weak as noise, and a
+    # Within public strata, nor where the pool's verdict alone would pay it (no in-round peer counted) and stands within
+    # VERDICT_GATE standard errors of 0: there an honest update's verdict across rounds can be as weak as noise, and a
     # payment of noise is no evidence (the in-round peer an own resubmission or a constant report, say).
     counted = {c for (c, _), weight in zip(in_round_keys, weights) if weight != 0.0}
     unsure = set() if reference is not None else {
         c for c in chosen if c not in resubmitted and (len(weighted.get(c, ())) < pool.settings.min_peers or (
-            c in verdict and c not in counted and not abs(verdict[c][0]) > VERDICT_GATE * errors[c]))}
+            planes is not None and c in verdict and c not in counted
+            and not abs(verdict[c][0]) > VERDICT_GATE * errors[c]))}
     paid |= {c: 0.0 for c in unsure}
     charged_back = {c: pool.charge_of(names) for c, names in resubmitted.items()}
     paid |= {c: min(paid[c], 0.0) - charged_back[c] for c in resubmitted}

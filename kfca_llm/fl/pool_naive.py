@@ -258,6 +258,8 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     # An owned scorer is ranked on its verdict alone: its participant's record is an honest submission's.
     if rank_by == "reputation":
         rank = {c: reputation(c) if c in (a, b) else evidence[c] for c in verdict}
+    elif strata is not None:  # within strata the lower verdict ranks alone, no record
+        rank = {c: ranked[c][0] for c in verdict}
     else:
         rank = {c: ranked[c][0] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
 
@@ -292,8 +294,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         elif not ref and len(distinct) < min_peers:
             reward = 0.0  # undetermined: no majority that could outvote a deviator (a trusted reference tells)
             unsure.add(c)
-        elif not ref and not peer_sign and c in verdict and not abs(verdict[c]) > 2.0 * conditioned[c][1]:
-            reward = 0.0  # undetermined too: the pool alone, its verdict within two standard errors of 0
+        elif not ref and strata is not None and not peer_sign and c in verdict \
+                and not abs(verdict[c]) > 2.0 * conditioned[c][1]:
+            reward = 0.0  # undetermined too within strata: the pool alone, its verdict within two standard errors of 0
             unsure.add(c)
             unclear.add(c)
         if any(e.resubmitted for e in history if (e.round, e.client) == (t, c)):
