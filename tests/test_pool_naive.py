@@ -172,7 +172,7 @@ def test_the_pool_pays_what_the_naive_reference_pays_on_long_updates(seed):
     assert_equal(seed, True, "record")
 
 
-@pytest.mark.parametrize("rank_by", ["record", "verdict-first", "reputation"])
+@pytest.mark.parametrize("rank_by", ["record", "verdict", "verdict-first", "reputation"])
 @pytest.mark.parametrize("seed", range(4))
 def test_the_pool_pays_what_the_naive_reference_pays_within_public_strata(seed, rank_by):
     """The default conditioning (issue 43): every pair scored within the strata of the global's steps before the round,

@@ -265,7 +265,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
     if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones
         rank = {c: pool.reputation(c, round_, t, horizon) if c in real else t for c, t in evidence.items()}
-    elif planes is not None:  # the lower verdict ranks a flip low: a record would only be a sleeper's to spend
+    elif rank_by == "verdict":  # no record a sleeper could spend
         rank = {c: z for c, (z, _) in ranked.items()}
     else:
         rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in ranked.items()}

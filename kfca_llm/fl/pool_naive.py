@@ -258,7 +258,7 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     # An owned scorer is ranked on its verdict alone: its participant's record is an honest submission's.
     if rank_by == "reputation":
         rank = {c: reputation(c) if c in (a, b) else evidence[c] for c in verdict}
-    elif strata is not None:  # within strata the lower verdict ranks alone, no record
+    elif rank_by == "verdict":  # the verdict alone, no record
         rank = {c: ranked[c][0] for c in verdict}
     else:
         rank = {c: ranked[c][0] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
