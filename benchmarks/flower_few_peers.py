@@ -119,8 +119,10 @@ def main(argv=None) -> int:
     class Strategy(KFCAStrategy):
         """The default KFCAStrategy around FedAvg(fraction_train); remembers each node's partition."""
 
-        def __init__(self, *unused, **ignored):
-            super().__init__(FedAvg(fraction_train=args.fraction, fraction_evaluate=0.0), ledger=None, **extra)
+        def __init__(self, wrapped, **recipe_settings):
+            # The recipe's pool keys (``--set kfca.pool-peers=16``); the rest as the benchmark has always run it.
+            pool = {key: recipe_settings[key] for key in ("pool_window", "pool_peers", "pool_weight")}
+            super().__init__(FedAvg(fraction_train=args.fraction, fraction_evaluate=0.0), ledger=None, **pool, **extra)
             self.pool = PeerPool(dataclasses.replace(self.pool.settings, rank_by=args.rank_by))
             self.partition_of: dict[str, int] = {}
             self.resubmitted: dict[int, dict[str, tuple[str, ...]]] = {}

@@ -18,6 +18,7 @@ import pytest
 
 from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
+from kfca_llm.engine.public import OFF, PublicConditioning
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 from kfca_llm.fl.pool_naive import naive_run, sketched
 from kfca_llm.fl.pool_settle import close_round
@@ -98,23 +99,35 @@ def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: 
     return out
 
 
-def real_run(fed: Federation, settings: PoolSettings, reference_weight: float) -> list[dict[str, float]]:
-    """``score_with_pool`` and ``close_round`` round after round; a settled scorer is paid its settlement."""
-    pool, out = PeerPool(settings), []
+def real_run(fed: Federation, settings: PoolSettings, reference_weight: float,
+             conditioning: PublicConditioning = OFF) -> tuple[list[dict[str, float]], list[list[int] | None]]:
+    """``score_with_pool`` and ``close_round`` round after round; a settled scorer is paid its settlement. Under
+    ``conditioning`` each round is scored within the strata of the global's steps before it (a round's step: the mean
+    of its two participants' updates); returned beside the rewards, each coordinate's stratum per round."""
+    pool, out, strata, steps = PeerPool(settings), [], [], []
     for t, (submissions, owners, reference, seed) in enumerate(
             zip(fed.rounds, fed.owners, fed.references, fed.seeds), start=1):
         packer = pack_updates({c: {"w": np.array(u, dtype=np.float32)} for c, u in submissions.items()})
         a, b = sorted(c for c in submissions if c not in owners)
         pairs = [(a, b), (b, a), *((s, b if owner == a else a) for s, owner in sorted(owners.items()))]
         signs = None if reference is None else reference_signs(packer, {"w": np.array(reference, dtype=np.float32)})
+        planes = packer.public_planes(steps, conditioning) if conditioning.enabled and steps else None
+        strata.append(None if planes is None else stratum_of_each_coordinate(planes, len(submissions[a])))
         scored = score_with_pool(packer, pool, t, pairs=pairs, seed=seed, copy_candidates=[a, b], owners=owners,
-                                 reference=signs, reference_weight=reference_weight)
+                                 reference=signs, reference_weight=reference_weight, public=planes)
+        steps.append({"w": (np.array(submissions[a], dtype=np.float32) + np.array(submissions[b], dtype=np.float32)) / 2})
         out.append(dict(scored.report.rewards))
         for settled in close_round(pool, packer, t, scored, words=packer.words(), participants=[a, b], seed=seed,
                                    penalty="expected", bonus_fraction=0.5, duplicates="zero",
                                    duplicate_rule=DuplicateRule(), owners=owners):
             out[settled.round - 1][settled.participant] = settled.reward
-    return out
+    return out, strata
+
+
+def stratum_of_each_coordinate(planes, length: int) -> list[int]:
+    """Coordinate e's stratum: bit p is bit e % 32 of plane p's word e // 32."""
+    words = planes.host_words().astype(np.int64) & 0xFFFFFFFF
+    return [sum(int(words[p, e // 32] >> (e % 32) & 1) << p for p in range(words.shape[0])) for e in range(length)]
 
 
 def case(seed: int, long: bool = False) -> dict:
@@ -128,18 +141,20 @@ def case(seed: int, long: bool = False) -> dict:
                 coords=LONG if long else SHORT)
 
 
-def naive_of(fed: Federation, settings: dict, rank_by: str = "record") -> list[dict[str, float]]:
+def naive_of(fed: Federation, settings: dict, rank_by: str = "record", strata=None) -> list[dict[str, float]]:
     return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
                      own_replay_limit=settings["own_replay_limit"], owners=fed.owners, references=fed.references,
-                     reference_weight=settings["reference_weight"])
+                     reference_weight=settings["reference_weight"], strata=strata)
 
 
-def assert_equal(seed: int, long: bool, rank_by: str) -> None:
+def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicConditioning = OFF) -> None:
     settings = case(seed, long)
     fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
-    expected = naive_of(fed, settings, rank_by)
-    paid = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
-                                      own_replay_limit=settings["own_replay_limit"]), settings["reference_weight"])
+    paid, strata = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"],
+                                              rank_by=rank_by, own_replay_limit=settings["own_replay_limit"]),
+                            settings["reference_weight"], conditioning)
+    assert any(strata) == conditioning.enabled
+    expected = naive_of(fed, settings, rank_by, strata)
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
     for t, (got, want) in enumerate(zip(paid, expected), start=1):
         assert got == pytest.approx(want, abs=1e-12), f"round {t}"
@@ -157,6 +172,14 @@ def test_the_pool_pays_what_the_naive_reference_pays_on_long_updates(seed):
     assert_equal(seed, True, "record")
 
 
+@pytest.mark.parametrize("rank_by", ["record", "verdict", "verdict-first", "reputation"])
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pool_pays_what_the_naive_reference_pays_within_public_strata(seed, rank_by):
+    """The default conditioning (issue 43): every pair scored within the strata of the global's steps before the round,
+    the disagreeing pairs ranked on the lower of the verdicts within and without them."""
+    assert_equal(seed, seed % 3 == 2, rank_by, PublicConditioning())
+
+
 CASES = [(seed, False) for seed in range(16)] + [(seed, True) for seed in range(4)]
 
 
@@ -167,14 +190,15 @@ def test_the_federations_meet_every_rule():
     seen = set()
     original = pool_naive.score
 
-    def spy(t, negative, owners, tasks, seed, reference, history, *args, horizon=None, window, own_replay_limit,
-            **kwargs):
-        result = original(t, negative, owners, tasks, seed, reference, history, *args, horizon=horizon, window=window,
-                          own_replay_limit=own_replay_limit, **kwargs)
+    def spy(t, negative, owners, tasks, seed, reference, strata, history, *args, horizon=None, window,
+            own_replay_limit, **kwargs):
+        result = original(t, negative, owners, tasks, seed, reference, strata, history, *args, horizon=horizon,
+                          window=window, own_replay_limit=own_replay_limit, **kwargs)
         real = [c for c in negative if c not in owners]
         seen.update(f"{c} left out" for c in result.copies if c in real)
         seen.update("in-round copy" for c in result.copies if not result.matches.get(c))
         seen.update("undetermined" for c in result.unsure if horizon is None)
+        seen.update("the pool alone, unclear" for c in result.unclear if c in real)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
@@ -197,22 +221,30 @@ def test_the_federations_meet_every_rule():
                 if own and e.round < t - window and whole and not own_replay_limit:
                     seen.add("an own replay on the sketch alone")
         if reference is not None and horizon is None:
-            alone = original(t, negative, owners, tasks, seed, None, history, *args, horizon=horizon, window=window,
-                             own_replay_limit=own_replay_limit, **kwargs)
+            alone = original(t, negative, owners, tasks, seed, None, strata, history, *args, horizon=horizon,
+                             window=window, own_replay_limit=own_replay_limit, **kwargs)
             seen.update({"a reference determines a round"} if alone.unsure else set())
             seen.update({"a reference changes a reward"} if alone.paid != result.paid else set())
         return result
 
+    conditioned = []  # the conditioned federations' strata, as the real pool computed them
+    for seed in range(4):
+        settings = case(seed, seed % 3 == 2)
+        fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
+        conditioned.append((fed, settings, real_run(fed, PoolSettings(window=settings["window"]),
+                                                    settings["reference_weight"], PublicConditioning())[1]))
     pool_naive.score = spy
     try:
         for seed, long in CASES:
             settings = case(seed, long)
             naive_of(federation(seed, coords=settings["coords"], reference=settings["reference"]), settings)
+        for fed, settings, strata in conditioned:
+            naive_of(fed, settings, strata=strata)
     finally:
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
-            "charged back", "fined", "owned own resubmission", "owned undetermined", "owned settled",
+            "charged back", "fined", "the pool alone, unclear", "owned own resubmission", "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen
@@ -235,8 +267,8 @@ def test_an_honest_retrain_is_no_replay_under_the_default_limit():
 
     original, found = pool_naive.score, []
 
-    def spy(t, negative, owners, tasks, seed, reference, history, *args, window, **kwargs):
-        result = original(t, negative, owners, tasks, seed, reference, history, *args, window=window, **kwargs)
+    def spy(t, negative, owners, tasks, seed, reference, strata, history, *args, window, **kwargs):
+        result = original(t, negative, owners, tasks, seed, reference, strata, history, *args, window=window, **kwargs)
         found.extend(e for e in result.matches.get(f"c{RETRAINER}", []) if e.round >= t - window)
         return result
 
@@ -274,7 +306,7 @@ def copies_found(rounds: list[dict[str, np.ndarray]], **rules) -> tuple[set[tupl
 
 def assert_pays_as_naive(fed: Federation, **rules) -> None:
     expected = naive_run(fed.rounds, fed.seeds, **rules)
-    paid = real_run(fed, PoolSettings(window=rules.get("window", 10), own_replay_limit=rules["own_replay_limit"]), 0.0)
+    paid, _ = real_run(fed, PoolSettings(window=rules.get("window", 10), own_replay_limit=rules["own_replay_limit"]), 0.0)
     assert paid == [pytest.approx(want, abs=1e-12) for want in expected]
 
 

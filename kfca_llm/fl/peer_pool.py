@@ -66,8 +66,8 @@ from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
                          pool_name, recorded_pool_settings)
-from .pool_weights import (cautious_means, orientation, pool_lag_weights, pool_scores, evidence_of, verdict_errors,
-                           verdict_settles, weighted_means)
+from .pool_weights import (cautious_means, evidence_of, lower_verdicts, orientation, pool_lag_weights, pool_scores,
+                           public_blind_verdicts, verdict_errors, verdict_settles, weighted_means)
 from .reference import REFERENCE, check_reference_weight
 
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
@@ -219,7 +219,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     if reference is not None:
         buffers.signs[index[REFERENCE], :n_words] = reference
     buffers.task[:n_words] = task
-    counts = cpu.round_counts(buffers, seed, bonus_fraction)
+    counts = plain_counts = cpu.round_counts(buffers, seed, bonus_fraction)
     if planes is not None:
         negatives, sizes = cpu.stratum_counts(buffers, seed, bonus_fraction, planes.host_words())
         counts = dataclasses.replace(counts, strata_negatives=negatives, strata_sizes=sizes)
@@ -253,18 +253,26 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                 if c in chosen and any(lag_of.get(e.name, 0.0) for e in chosen[c])}
 
     # Who the pool ranks lower in a disagreeing pair: this round's verdict plus, for a real participant, its recent
-    # record (an analysis scorer's owner's record is an honest submission's, not the strategy's).
+    # record (an analysis scorer's owner's record is an honest submission's, not the strategy's). Within public strata
+    # the verdict ranked is the lower of the one within them and the one without them, each with its error: neither
+    # following the trajectory (a free rider) nor running against it (a flip) then ranks high.
     errors = verdict_errors(terms_of, verdict)
-    evidence = {c: evidence_of(verdict[c][0], errors[c]) for c in verdict}
+    ranked = {c: (z, errors[c]) for c, (z, _) in verdict.items()}
+    if planes is not None:
+        ranked = lower_verdicts(ranked, public_blind_verdicts(plain_counts, rows, len(packer.clients),
+                                                              pool.settings.window, round_, pool_keys, index))
+    evidence = {c: evidence_of(*ranked[c]) for c in verdict}
     rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
     if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones
         rank = {c: pool.reputation(c, round_, t, horizon) if c in real else t for c, t in evidence.items()}
+    elif rank_by == "verdict":  # no record a sleeper could spend
+        rank = {c: z for c, (z, _) in ranked.items()}
     else:
-        rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in verdict.items()}
+        rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in ranked.items()}
     if rank_by == "verdict-first":  # a clear difference of verdicts settles alone
         clear = {(c, p) for c, p in in_round_keys if c in verdict and p in verdict and p not in own and verdict_settles(
-            (verdict[c][0], errors[c]), (verdict[p][0], errors[p]), VERDICT_GATE)}
-        rank_of = {(c, p): ((verdict[c][0], verdict[p][0]) if (c, p) in clear else (rank[c], rank.get(p)))
+            ranked[c], ranked[p], VERDICT_GATE)}
+        rank_of = {(c, p): ((ranked[c][0], ranked[p][0]) if (c, p) in clear else (rank[c], rank.get(p)))
                    for c, p in in_round_keys if c in verdict}
     else:
         rank_of = {(c, p): (rank[c], rank.get(p)) for c, p in in_round_keys if c in verdict}
@@ -293,8 +301,14 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # charged back, once. Its reward is then known, never undetermined.
     resubmitted = {} if duplicates == "flag" else {
         c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
+    # Within public strata, nor where the pool's verdict alone would pay it (no in-round peer counted) and stands within
+    # VERDICT_GATE standard errors of 0: there an honest update's verdict across rounds can be as weak as noise, and a
+    # payment of noise is no evidence (the in-round peer an own resubmission or a constant report, say).
+    counted = {c for (c, _), weight in zip(in_round_keys, weights) if weight != 0.0}
     unsure = set() if reference is not None else {
-        c for c in chosen if len(weighted.get(c, ())) < pool.settings.min_peers and c not in resubmitted}
+        c for c in chosen if c not in resubmitted and (len(weighted.get(c, ())) < pool.settings.min_peers or (
+            planes is not None and c in verdict and c not in counted
+            and not abs(verdict[c][0]) > VERDICT_GATE * errors[c]))}
     paid |= {c: 0.0 for c in unsure}
     charged_back = {c: pool.charge_of(names) for c, names in resubmitted.items()}
     paid |= {c: min(paid[c], 0.0) - charged_back[c] for c in resubmitted}

@@ -8,8 +8,9 @@ round's score; sign words kept for the window and one round more), the signed la
 in-round peer read the way verdict plus record say (or, with ``rank_by="verdict-first"``, by the verdicts alone where
 they differ by more than two standard errors; with ``"reputation"``, by the mean of tanh(verdict / its standard error),
 this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one twice as much),
-the record (the lower of the window's and the run's mean score), undetermined
-participants (paid 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
+the record (the lower of the window's and the run's mean score), public strata (each round's pairs scored within its
+strata, a disagreeing pair ranked on the lower of the verdicts within and without them), undetermined participants
+(paid 0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
 round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
 0, neither joins the pool), copies of another participant's earlier submission (within 2% of the signs, on every sign
 in the window and on the 4,096-bit sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of
@@ -61,12 +62,13 @@ def sketched(tasks: list[int], length: int) -> list[int]:
 def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: int = 10, pool_peers: int = 8,
               pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02, rank_by: str = "record",
               own_replay_limit: float = 0.0, owners: list[dict[str, str]] | None = None,
-              references: list[list[float] | None] | None = None, reference_weight: float = 4.0
-              ) -> list[dict[str, float]]:
+              references: list[list[float] | None] | None = None, reference_weight: float = 4.0,
+              strata: list[list[int] | None] | None = None) -> list[dict[str, float]]:
     """What each scorer of each round (round t = index + 1, seeded ``seeds[t - 1]``) is paid for it, in its round or,
     undetermined there, by the later round that settled it. ``owners[t - 1]``: the round's attack-analysis scorers
     (-> the participant each is a side-by-side submission of; the round's other two submitters are its participants);
-    ``references[t - 1]``: the round's trusted reference update (None: none)."""
+    ``references[t - 1]``: the round's trusted reference update (None: none); ``strata[t - 1]``: each coordinate's
+    public stratum in round t (None: the round is not conditioned)."""
     rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy,
                  rank_by=rank_by, own_replay_limit=own_replay_limit, reference_weight=reference_weight)
 
@@ -76,7 +78,7 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
         length = len(next(iter(submissions.values())))
         tasks = [k for k in range(length) if any(u[k] != 0 for u in submissions.values())]
         reference = None if reference is None or reference_weight == 0 else [v < 0 for v in reference]
-        return negative, (owners or [{}] * r)[r - 1], tasks, seeds[r - 1], reference
+        return negative, (owners or [{}] * r)[r - 1], tasks, seeds[r - 1], reference, (strata or [None] * r)[r - 1]
 
     history: list[Entry] = []
     pending: dict[int, list[str]] = {}  # round -> its scorers still waiting to be settled
@@ -124,12 +126,15 @@ class Scored:
     """Scorer -> the earlier submissions it copies."""
     evidence: dict[str, float] = field(default_factory=dict)
     """Scorer the pool has a verdict on -> tanh(that verdict over its standard error)."""
+    unclear: set[str] = field(default_factory=set)
+    """Undetermined scorers with distinct peers enough: the pool alone, its verdict within two standard errors of 0."""
 
 
-def score(t, negative, owners, tasks, seed, reference, history, horizon, window, pool_peers, pool_weight, min_peers,
-          max_copy, rank_by, own_replay_limit, reference_weight):
-    """Round ``t`` (``negative``: scorer -> its reports; ``owners``: the owned scorers' participants) on the pool of
-    ``history``, or, settling it at ``horizon``, the pool on both sides of it."""
+def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
+          min_peers, max_copy, rank_by, own_replay_limit, reference_weight):
+    """Round ``t`` (``negative``: scorer -> its reports; ``owners``: the owned scorers' participants; ``strata``: each
+    coordinate's public stratum, or None) on the pool of ``history``, or, settling it at ``horizon``, the pool on both
+    sides of it."""
     a, b = sorted(c for c in negative if c not in owners)
     owner = {a: a, b: b, **owners}
     scorers = sorted(owner)
@@ -139,10 +144,27 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
     first = [k for k in tasks if kinds[k] == PENALTY_1]
     second = [k for k in tasks if kinds[k] == PENALTY_2]
 
-    def pay(mine: list[bool], peer: list[bool]) -> float:
-        agree = sum(mine[k] == peer[k] for k in bonus) / len(bonus)
+    def expected_penalty(mine: list[bool], peer: list[bool], first: list[int], second: list[int]) -> float:
         x, y = sum(mine[k] for k in first), sum(peer[k] for k in second)
-        return agree - (x * y + (len(first) - x) * (len(second) - y)) / (len(first) * len(second))
+        return (x * y + (len(first) - x) * (len(second) - y)) / (len(first) * len(second))
+
+    def blind_pay(mine: list[bool], peer: list[bool]) -> float:
+        agree = sum(mine[k] == peer[k] for k in bonus) / len(bonus)
+        return agree - expected_penalty(mine, peer, first, second)
+
+    # Within public strata the penalty pairs are drawn within the stratum of a uniform bonus task: per stratum of the
+    # bonus tasks, its share of them and its penalty tasks of both sets (none of either: all of both, unconditioned).
+    within = {}
+    for s in sorted({strata[k] for k in bonus}) if strata is not None else ():
+        in_first, in_second = [k for k in first if strata[k] == s], [k for k in second if strata[k] == s]
+        within[s] = (sum(strata[k] == s for k in bonus) / len(bonus),
+                     (in_first, in_second) if in_first and in_second else (first, second))
+
+    def pay(mine: list[bool], peer: list[bool]) -> float:
+        if strata is None:
+            return blind_pay(mine, peer)
+        agree = sum(mine[k] == peer[k] for k in bonus) / len(bonus)
+        return agree - sum(share * expected_penalty(mine, peer, *sets) for share, sets in within.values())
 
     def differing(mine: list[bool], other: list[bool], on: list[int]) -> int:
         return sum(mine[k] != other[k] for k in on)
@@ -179,16 +201,18 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
     other_copy = {c for c in scorers if matches[c] and c not in own}
 
     # Lag weights: the median payment between entries of other participants k rounds apart, over its largest size.
-    by_lag: dict[int, list[float]] = {}
-    for newer in rows:
-        for older in rows:
-            lag = newer.round - older.round
-            if 1 <= lag <= window and newer.client != older.client:
-                by_lag.setdefault(lag, []).append(pay(newer.negative, older.negative))
-    medians = {k: median(v) for k, v in by_lag.items()}
-    scale = max((abs(m) for m in medians.values()), default=0.0)
-    lag_weight = {k: m / scale for k, m in medians.items()} if scale else {}
+    def lag_weights(payment) -> dict[int, float]:
+        by_lag: dict[int, list[float]] = {}
+        for newer in rows:
+            for older in rows:
+                lag = newer.round - older.round
+                if 1 <= lag <= window and newer.client != older.client:
+                    by_lag.setdefault(lag, []).append(payment(newer.negative, older.negative))
+        medians = {k: median(v) for k, v in by_lag.items()}
+        scale = max((abs(m) for m in medians.values()), default=0.0)
+        return {k: m / scale for k, m in medians.items()} if scale else {}
 
+    lag_weight = lag_weights(pay)
     chosen, seen = [], {a, b}  # pool peers (an owned scorer gets its participant's): one entry per other participant
     for e in rows:
         if e.round >= t - window and e.client not in seen and e.score > 0:
@@ -202,13 +226,27 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
         means = [sum(s) / len(s) for s in (recent, whole) if s]
         return min(means) if means else None
 
+    def verdicts(payment, weight_of: dict[int, float]) -> dict[str, tuple[float, float]]:
+        """Scorer -> (the weighted mean of its pool payments, its standard error)."""
+        out = {}
+        for c in scorers:
+            terms_ = [] if c in own else [(weight_of.get(abs(t - e.round), 0.0), payment(negative[c], e.negative))
+                                          for e in peers]
+            total = sum(abs(w) for w, _ in terms_)
+            if total > 0:
+                z = sum(w * p for w, p in terms_) / total
+                out[c] = (z, sum(w * w * (p - z) ** 2 for w, p in terms_) ** 0.5 / total
+                          if sum(w != 0 for w, _ in terms_) >= 2 else float("inf"))
+        return out
+
     terms = {c: [] if c in own else [(lag_weight.get(abs(t - e.round), 0.0), pay(negative[c], e.negative))
                                      for e in peers] for c in scorers}
-    verdict = {c: sum(w * p for w, p in terms[c]) / sum(abs(w) for w, _ in terms[c])
-               for c in scorers if sum(abs(w) for w, _ in terms[c]) > 0}
-    error = {c: sum(w * w * (p - verdict[c]) ** 2 for w, p in terms[c]) ** 0.5 / sum(abs(w) for w, _ in terms[c])
-             if sum(w != 0 for w, _ in terms[c]) >= 2 else float("inf") for c in verdict}
-    evidence = {c: math.tanh(verdict[c] / error[c]) if 0 < error[c] < float("inf") else 0.0 for c in verdict}
+    conditioned = verdicts(pay, lag_weight)
+    verdict = {c: z for c, (z, _) in conditioned.items()}
+    # Ranked: within public strata, the lower of the verdict within them and the one without them (with its error).
+    blind = verdicts(blind_pay, lag_weights(blind_pay)) if strata is not None else {}
+    ranked = {c: blind[c] if c in blind and blind[c][0] < z else (z, e) for c, (z, e) in conditioned.items()}
+    evidence = {c: math.tanh(z / e) if 0 < e < float("inf") else 0.0 for c, (z, e) in ranked.items()}
 
     def reputation(c: str) -> float:  # this round's evidence and the earlier ones, nearest first
         earlier = sorted((e for e in history if e.client == c and e.round != t and e.round <= high
@@ -220,14 +258,17 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
     # An owned scorer is ranked on its verdict alone: its participant's record is an honest submission's.
     if rank_by == "reputation":
         rank = {c: reputation(c) if c in (a, b) else evidence[c] for c in verdict}
+    elif rank_by == "verdict":  # the verdict alone, no record
+        rank = {c: ranked[c][0] for c in verdict}
     else:
-        rank = {c: verdict[c] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
+        rank = {c: ranked[c][0] + ((record(c) if c in (a, b) else None) or 0.0) for c in verdict}
 
     def clear(c: str, p: str) -> bool:  # the verdicts differ by more than two standard errors: they settle the pair
-        return rank_by == "verdict-first" and abs(verdict[c] - verdict[p]) > 2.0 * (error[c] ** 2 + error[p] ** 2) ** 0.5
+        (z, e), (z_, e_) = ranked[c], ranked[p]
+        return rank_by == "verdict-first" and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
 
     ref = reference_weight if reference is not None else 0.0
-    paid, scores, unsure, warming = {}, {}, set(), set()
+    paid, scores, unsure, warming, unclear = {}, {}, set(), set(), set()
     for c in scorers:
         p = peer_of[c]
         if c not in verdict:
@@ -237,7 +278,7 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
         elif in_round[c] >= 0:
             peer_sign = 1.0
         else:  # the one ranked lower is fined, the other reads it back
-            mine, theirs = (verdict[c], verdict[p]) if clear(c, p) else (rank[c], rank[p])
+            mine, theirs = (ranked[c][0], ranked[p][0]) if clear(c, p) else (rank[c], rank[p])
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
@@ -250,9 +291,14 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
         reward = min(scores[c], 0.0) if c in twins or c in other_copy else scores[c]
         if c in own and c in (a, b):  # a participant's own resubmission (never an owned scorer's replay) is charged
             reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in matches[c] if not e.resubmitted)
-        elif len(distinct) < min_peers and not ref:
+        elif not ref and len(distinct) < min_peers:
             reward = 0.0  # undetermined: no majority that could outvote a deviator (a trusted reference tells)
             unsure.add(c)
+        elif not ref and strata is not None and not peer_sign and c in verdict \
+                and not abs(verdict[c]) > 2.0 * conditioned[c][1]:
+            reward = 0.0  # undetermined too within strata: the pool alone, its verdict within two standard errors of 0
+            unsure.add(c)
+            unclear.add(c)
         if any(e.resubmitted for e in history if (e.round, e.client) == (t, c)):
             reward = min(reward, 0.0)  # resubmitted since: its settlement is paid at most 0
         paid[c] = reward
@@ -260,4 +306,4 @@ def score(t, negative, owners, tasks, seed, reference, history, horizon, window,
         if not ref and (c in unsure or support < pool_peers):
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
-    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence)
+    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear)

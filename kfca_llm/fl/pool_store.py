@@ -17,17 +17,21 @@ from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
-POOL_RULE = 4
+POOL_RULE = 5
 """1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2: in-round peers read the way the
 pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards not paid; pool
 peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``: the window's); 3: as 2, a
 participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged back
-(``fl.peer_pool``), and a participant's record is the lower of its window's and its run's; 4 (this version): as 3, an
-own resubmission is a replay within ``PoolSettings.own_replay_limit`` of the signs (default none), no longer the 2% of a
-copy of another's (an honest client retrained on the same samples is not charged back)."""
+(``fl.peer_pool``), and a participant's record is the lower of its window's and its run's; 4: as 3, an own resubmission
+is a replay within ``PoolSettings.own_replay_limit`` of the signs (default none), no longer the 2% of a copy of
+another's (an honest client retrained on the same samples is not charged back); 5 (this version): as 4, within public
+strata a disagreeing pair is ranked on the lower of each one's verdict within and without them (``rank_by="verdict"``:
+that alone, no record), and a participant whose
+reward would rest on the pool's verdict alone is undetermined while that verdict is within ``VERDICT_GATE`` standard
+errors of 0."""
 
 
-RANK_RULES = ("record", "verdict-first", "reputation")
+RANK_RULES = ("record", "verdict", "verdict-first", "reputation")
 VERDICT_GATE = 2.0
 """Standard errors by which two verdicts must differ to settle a disagreeing pair alone (``rank_by="verdict-first"``)."""
 REPUTATION_FORGETTING = 0.8
@@ -58,7 +62,9 @@ class PoolSettings:
     a limit above that acts as it."""
     rank_by: str = "record"
     """How a disagreeing pair is settled (``fl.pool_weights.orientation``): ``"record"``, by each one's verdict plus its
-    record; ``"verdict-first"``, by the verdicts alone where they differ by more than ``VERDICT_GATE`` standard errors
+    record; ``"verdict"``, by the verdicts alone (within public strata the lower verdict catches a flip in its round, and
+    no record is there for a sleeper to spend; measured to let free riders win more noisy disagreements with honest
+    partners); ``"verdict-first"``, by the verdicts alone where they differ by more than ``VERDICT_GATE`` standard errors
     of their difference (a participant that turns deviator cannot spend its record against a clear verdict), else as
     ``"record"``; ``"reputation"``, by each one's reputation (``PeerPool.reputation``): what the pool's verdicts told of
     it, this round's and its earlier submissions', never its in-round payments, which the ranking itself decides."""

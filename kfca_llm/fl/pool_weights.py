@@ -55,6 +55,34 @@ def pool_scores(pool_terms: Mapping[str, Sequence[tuple[float, float]]]) -> dict
     return out
 
 
+def public_blind_verdicts(plain: RoundCounts, rows: Mapping, first: int, window: int, round_: int,
+                          pool_keys: Sequence[tuple[str, str]], index: Mapping[str, int]
+                          ) -> dict[str, tuple[float, float]]:
+    """Scorer -> (verdict, its standard error) as without the public strata: ``plain`` counts (no strata), their own
+    lag weights, the same pool pairs (``rows``: pool entry name -> ``PoolEntry``, rows ``first`` onwards)."""
+    lags = pool_lag_weights(plain, list(rows.values()), first, window)
+    if not pool_keys or not lags:
+        return {}
+    payment, _, _ = pair_payments(plain, np.array([(index[c], index[p]) for c, p in pool_keys], dtype=np.int64))
+    terms: dict[str, list[tuple[float, float]]] = {}
+    for (client, entry), pay in zip(pool_keys, payment.tolist()):
+        terms.setdefault(client, []).append((lags.get(abs(round_ - rows[entry].round), 0.0), pay))
+    verdicts = pool_scores(terms)
+    errors = verdict_errors(terms, verdicts)
+    return {c: (z, errors[c]) for c, (z, _) in verdicts.items()}
+
+
+def lower_verdicts(conditioned: Mapping[str, tuple[float, float]], blind: Mapping[str, tuple[float, float]]
+                   ) -> dict[str, tuple[float, float]]:
+    """Scorer -> (verdict, standard error): the lower of its verdict within the public strata and without them
+    (``conditioned`` and ``blind``, each with its error). A free rider's conditioned verdict is about 0 and its blind
+    one high; a flipped update's conditioned verdict is weak (the flip of what an honest update adds beyond the
+    trajectory) and its blind one strongly negative (it runs against the trajectory); an honest update's are both
+    above 0. So the lower one ranks each below an honest update, where either alone ranks one of them above it
+    (``benchmarks/ROBUSTNESS.md``)."""
+    return {c: blind[c] if c in blind and blind[c][0] < z else (z, error) for c, (z, error) in conditioned.items()}
+
+
 def verdict_errors(pool_terms: Mapping[str, Sequence[tuple[float, float]]],
                    verdicts: Mapping[str, tuple[float, float]]) -> dict[str, float]:
     """Scorer -> the standard error of its verdict: the weighted spread of its pool payments about it,

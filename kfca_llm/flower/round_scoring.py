@@ -21,6 +21,7 @@ from ..engine.duplicates import DuplicateRule
 from ..engine.public import OFF, PublicConditioning
 from ..errors import InputError
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
+from ..fl.pool_store import VERDICT_GATE
 from ..fl.pool_settle import Settlement, close_round
 from ..packer import SignPacker
 from ..report import RewardReport
@@ -154,11 +155,12 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
             "tells who deviated now)", server_round, settled.participant, settled.round, settled.reward)
     if pooled.undetermined:
         log(WARNING, "KFCA: round %s is undetermined for %s: fewer than min_peers=%s distinct peers (in this "
-            "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted and their "
-            "rewards cannot tell who deviated yet: not paid now, settled by a later round once the pool on both sides "
-            "of it can tell (within the window). Raise the clients per round (fraction_train / min_train_nodes), "
-            "lower min_peers, or widen pool_window", server_round, ", ".join(pooled.undetermined),
-            pool.settings.min_peers, pool.settings.window)
+            "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted, or the pool's "
+            "verdict alone stands behind the reward and is within %s standard errors of 0: their rewards cannot tell "
+            "who deviated yet: not paid now, settled by a later round once the pool on both sides of it can tell "
+            "(within the window). Raise the clients per round (fraction_train / min_train_nodes), lower min_peers, or "
+            "widen pool_window", server_round, ", ".join(pooled.undetermined), pool.settings.min_peers,
+            pool.settings.window, VERDICT_GATE)
     for who in pooled.own_resubmissions:
         if who in pooled.resubmitted:
             charged = pooled.charged_back[who]
