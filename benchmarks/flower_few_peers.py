@@ -63,6 +63,7 @@ def run_each_data_order(args) -> int:
         argv += ["--rank-by", args.rank_by]
         argv += [f"--set={pair}" for pair in args.set]
         argv += [] if args.out is None else ["--out", str(args.out.with_suffix(f".{order}{args.out.suffix}"))]
+        argv += [] if args.capture is None else ["--capture", str(args.capture.with_suffix(f".{order}.npz"))]
         print(f"== data order: {order} (train.dynamic-data-seed = {str(DATA_ORDERS[order]).lower()})", flush=True)
         if subprocess.run(argv).returncode:
             return 1
@@ -86,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rank-by", choices=RANK_RULES, default=PoolSettings().rank_by,
                         help="PoolSettings.rank_by: how a disagreeing pair is settled")
     parser.add_argument("--out", type=Path, default=None, help="write the per-round rewards as JSON here")
+    parser.add_argument("--capture", type=Path, default=None,
+                        help="save the scored rounds here (.npz) to pay them again under other settings (flower_capture.py)")
     return parser
 
 
@@ -139,6 +142,12 @@ def main(argv=None) -> int:
                     self.partition_of[str(m.metadata.src_node_id)] = int(m.content["metrics"]["partition-id"])
             return super().aggregate_train(server_round, replies)
 
+    capture = None
+    if args.capture is not None:
+        import kfca_llm.flower.strategy as strategy_module
+        from flower_capture import Capture
+
+        capture = strategy_module.score_round = Capture(strategy_module.score_round)
     done = {}
     server_app = make_server_app(config, strategy_class=Strategy,
                                  on_result=lambda strategy, result: done.update(strategy=strategy))
@@ -164,6 +173,9 @@ def main(argv=None) -> int:
                        "settled": {str(strategy.partition_of[nodes[w]]): settled[(t, w)] for w in rewards
                                    if (t, w) in settled},
                        "resubmitted": [strategy.partition_of[nodes[w]] for w in strategy.resubmitted.get(t, {})]})
+    if capture is not None:
+        capture.save(args.capture, {t: {who: strategy.partition_of[nodes[who]] for who in nodes}
+                                    for t, nodes in strategy.node_ids.items()}, attacks)
     print(summarise(rounds, attack_of, args, wall))
     from bench_few_peers import markdown, measure
 

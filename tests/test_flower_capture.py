@@ -1,0 +1,46 @@
+"""``benchmarks/flower_capture.py``: a Flower run's scored rounds, captured and paid again, give what the run paid.
+Driven here through the strategy's own ``score_round`` (no Flower run: the capture wraps that function only), a
+flipper among honest clients at two a round, within public strata, with a settlement; then paid again under another
+pool weight, which must change what the rounds pay."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from kfca_llm.api import pack_updates
+from kfca_llm.engine.duplicates import DuplicateRule
+from kfca_llm.engine.public import PublicConditioning
+from kfca_llm.fl.peer_pool import PeerPool, PoolSettings
+from kfca_llm.flower.round_scoring import score_round
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from flower_capture import Capture, replay  # noqa: E402
+
+
+def test_a_captured_run_paid_again_is_what_it_paid_and_another_ranking_changes_it(tmp_path):
+    rng = np.random.default_rng(5)
+    persistent = rng.standard_normal(600)
+    capture, pool, steps, live = Capture(score_round), PeerPool(PoolSettings()), [], {}
+    for t in range(1, 15):
+        pair = sorted(rng.choice(6, size=2, replace=False).tolist())
+        updates = {f"n{c}": {"w": ((-1 if c == 0 else 1) * (persistent + rng.standard_normal(600))).astype(np.float32)}
+                   for c in pair}
+        scored = capture(pack_updates(updates), pool, t, peers=None, seed=t, penalty="expected", bonus_fraction=0.5,
+                         duplicates="zero", duplicate_rule=DuplicateRule(), reference=None, reference_weight=1.0,
+                         keep_signs=False, public=steps[-16:], conditioning=PublicConditioning())
+        live[t] = dict(scored.report.rewards)
+        for settled in scored.settlements:
+            live[settled.round][settled.participant] = settled.reward
+        steps.append({"w": sum(u["w"] for u in updates.values()) / 2})
+    path = tmp_path / "run.npz"
+    capture.save(path, {t: {w: int(w[1:]) for w in paid} for t, paid in live.items()}, {"0": "flip"})
+
+    again = replay(path, {})
+    assert {r["round"]: r["rewards"] for r in again["rounds"]} == {
+        t: {str(int(w[1:])): v for w, v in sorted(paid.items(), key=lambda kv: int(kv[0][1:]))}
+        for t, paid in live.items()}
+    assert any(r["settled"] for r in again["rounds"])  # a settlement is replayed too
+    assert sum(len(r["rewards"]) for r in again["rounds"]) == 28
+    weighed_otherwise = replay(path, {"weight": 2.0})  # the pool's verdict against an in-round peer's 1
+    assert weighed_otherwise["rounds"] != again["rounds"] and weighed_otherwise["args"]["weight"] == "2.0"
