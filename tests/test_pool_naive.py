@@ -172,11 +172,16 @@ def test_the_pool_pays_what_the_naive_reference_pays_on_long_updates(seed):
     assert_equal(seed, True, "record")
 
 
+CONDITIONED_SEEDS = (0, 1, 2, 3, 13)
+"""Seed 13's federation has disagreeing pairs the verdicts without the strata settle (pool rule 6)."""
+
+
 @pytest.mark.parametrize("rank_by", ["record", "verdict", "verdict-first", "reputation"])
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", CONDITIONED_SEEDS)
 def test_the_pool_pays_what_the_naive_reference_pays_within_public_strata(seed, rank_by):
     """The default conditioning (issue 43): every pair scored within the strata of the global's steps before the round,
-    the disagreeing pairs ranked on the lower of the verdicts within and without them."""
+    the disagreeing pairs ranked on the lower of the verdicts within and without them, or on those without them alone
+    where they settle the pair."""
     assert_equal(seed, seed % 3 == 2, rank_by, PublicConditioning())
 
 
@@ -199,6 +204,7 @@ def test_the_federations_meet_every_rule():
         seen.update("in-round copy" for c in result.copies if not result.matches.get(c))
         seen.update("undetermined" for c in result.unsure if horizon is None)
         seen.update("the pool alone, unclear" for c in result.unclear if c in real)
+        seen.update("the trajectory settles a pair" for c in result.by_trajectory)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
@@ -228,7 +234,7 @@ def test_the_federations_meet_every_rule():
         return result
 
     conditioned = []  # the conditioned federations' strata, as the real pool computed them
-    for seed in range(4):
+    for seed in CONDITIONED_SEEDS:
         settings = case(seed, seed % 3 == 2)
         fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
         conditioned.append((fed, settings, real_run(fed, PoolSettings(window=settings["window"]),
@@ -244,7 +250,7 @@ def test_the_federations_meet_every_rule():
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
-            "charged back", "fined", "the pool alone, unclear", "owned own resubmission", "owned undetermined", "owned settled",
+            "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "owned own resubmission", "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen

@@ -114,3 +114,39 @@ def test_a_sleepers_reputation_after_its_turn_falls_below_an_honest_partners():
             assert pool.reputation("sleeper", 40, 0.0) > pool.reputation("honest", 40, 0.0)
         finally:
             pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT = original
+
+
+def test_within_public_strata_the_verdicts_without_them_settle_a_pair_the_record_would_misrank(monkeypatch):
+    """Pool rule 6. The sleeper c03 of round 8 (a forged record of +1: honest so far) flips beside the honest c01, both
+    scored within the public strata of the global's steps so far. Verdict plus record rank c03 above c01 (the record
+    outvotes the verdicts), but their verdicts without the strata settle the pair: c03's is below 0 and far below c01's
+    against their standard errors, so c01 is paid > 0 and c03 is fined. Two verdicts above 0 never settle a pair,
+    however far apart (a free rider's, which follows the trajectory, cannot win that way)."""
+    from kfca_llm.engine.public import PublicConditioning
+    from kfca_llm.fl import peer_pool
+    from kfca_llm.fl.pool_store import VERDICT_GATE
+    from kfca_llm.fl.pool_weights import trajectory_settles
+
+    def round_8(settles_by_trajectory: bool) -> dict[str, float]:
+        if not settles_by_trajectory:
+            monkeypatch.setattr(peer_pool, "trajectory_settles", lambda *args: False)
+        pool, steps = PeerPool(PoolSettings()), []
+        for t in range(1, 8):
+            updates = round_updates(t, SCHEDULE[t], {3: "flip"})
+            packer = pack_updates(updates)
+            planes = packer.public_planes(steps, PublicConditioning()) if steps else None
+            scored = score_with_pool(packer, pool, t, seed=t, public=planes)
+            scores = dict(scored.report.unadjusted_rewards) | ({"c03": 1.0} if "c03" in updates else {})
+            pool.add_round(t, dict(zip(packer.clients, packer.words()[0])), scores)
+            steps.append({"w": sum(u["w"] for u in updates.values()) / len(updates)})
+        packer = pack_updates(round_updates(8, (1, 3), {3: "flip"}))
+        rewards = score_with_pool(packer, pool, 8, seed=8, public=packer.public_planes(steps, PublicConditioning()))
+        monkeypatch.undo()
+        return rewards.report.rewards
+
+    settled, by_record = round_8(True), round_8(False)
+    assert settled["c01"] > 0 > settled["c03"]
+    assert by_record["c03"] > 0 > by_record["c01"]
+    assert trajectory_settles((0.1, 0.01), (-0.1, 0.01), VERDICT_GATE)
+    assert not trajectory_settles((0.3, 0.01), (0.05, 0.01), VERDICT_GATE)  # both above 0: never
+    assert not trajectory_settles((0.1, 0.1), (-0.1, 0.1), VERDICT_GATE)  # within their errors

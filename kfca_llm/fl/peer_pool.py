@@ -67,7 +67,8 @@ from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
                          pool_name, recorded_pool_settings)
 from .pool_weights import (cautious_means, evidence_of, lower_verdicts, orientation, pool_lag_weights, pool_scores,
-                           public_blind_verdicts, verdict_errors, verdict_settles, weighted_means)
+                           public_blind_verdicts, trajectory_settles, verdict_errors, verdict_settles,
+                           weighted_means)
 from .reference import REFERENCE, check_reference_weight
 
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
@@ -258,9 +259,9 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     # following the trajectory (a free rider) nor running against it (a flip) then ranks high.
     errors = verdict_errors(terms_of, verdict)
     ranked = {c: (z, errors[c]) for c, (z, _) in verdict.items()}
-    if planes is not None:
-        ranked = lower_verdicts(ranked, public_blind_verdicts(plain_counts, rows, len(packer.clients),
-                                                              pool.settings.window, round_, pool_keys, index))
+    blind = {} if planes is None else public_blind_verdicts(plain_counts, rows, len(packer.clients),
+                                                            pool.settings.window, round_, pool_keys, index)
+    ranked = lower_verdicts(ranked, blind) if planes is not None else ranked
     evidence = {c: evidence_of(*ranked[c]) for c in verdict}
     rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
     if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones
@@ -276,6 +277,11 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                    for c, p in in_round_keys if c in verdict}
     else:
         rank_of = {(c, p): (rank[c], rank.get(p)) for c, p in in_round_keys if c in verdict}
+    # Within public strata, a pair the trajectory settles is ranked on the verdicts without the strata alone, whatever
+    # the records: one of them clearly ran against the way the pool moved (a flip; a sleeper's or an on-off
+    # attacker's record cannot buy it back).
+    rank_of |= {(c, p): (blind[c][0], blind[p][0]) for c, p in rank_of
+                if c in blind and p in blind and p not in own and trajectory_settles(blind[c], blind[p], VERDICT_GATE)}
     weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
                else orientation(pay[(c, p)], rank_of[(c, p)][0], None if p in own else rank_of[(c, p)][1])
                for c, p in in_round_keys]

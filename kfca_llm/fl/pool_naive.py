@@ -9,7 +9,8 @@ in-round peer read the way verdict plus record say (or, with ``rank_by="verdict-
 they differ by more than two standard errors; with ``"reputation"``, by the mean of tanh(verdict / its standard error),
 this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one twice as much),
 the record (the lower of the window's and the run's mean score), public strata (each round's pairs scored within its
-strata, a disagreeing pair ranked on the lower of the verdicts within and without them), undetermined participants
+strata, a disagreeing pair ranked on the lower of the verdicts within and without them, or on the verdicts without them
+alone where the lower of those is below 0 and they differ by more than two standard errors), undetermined participants
 (paid 0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
 round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
 0, neither joins the pool), copies of another participant's earlier submission (within 2% of the signs, on every sign
@@ -128,6 +129,8 @@ class Scored:
     """Scorer the pool has a verdict on -> tanh(that verdict over its standard error)."""
     unclear: set[str] = field(default_factory=set)
     """Undetermined scorers with distinct peers enough: the pool alone, its verdict within two standard errors of 0."""
+    by_trajectory: set[str] = field(default_factory=set)
+    """Scorers in a disagreeing pair that the verdicts without the public strata settled (pool rule 6)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -267,8 +270,14 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         (z, e), (z_, e_) = ranked[c], ranked[p]
         return rank_by == "verdict-first" and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
 
+    def against_trajectory(c: str, p: str) -> bool:  # within strata: the lower verdict without them is below 0 and
+        if c not in blind or p not in blind:        # the two differ by more than two standard errors
+            return False
+        (z, e), (z_, e_) = blind[c], blind[p]
+        return min(z, z_) < 0 and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
+
     ref = reference_weight if reference is not None else 0.0
-    paid, scores, unsure, warming, unclear = {}, {}, set(), set(), set()
+    paid, scores, unsure, warming, unclear, by_trajectory = {}, {}, set(), set(), set(), set()
     for c in scorers:
         p = peer_of[c]
         if c not in verdict:
@@ -278,7 +287,10 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         elif in_round[c] >= 0:
             peer_sign = 1.0
         else:  # the one ranked lower is fined, the other reads it back
-            mine, theirs = (ranked[c][0], ranked[p][0]) if clear(c, p) else (rank[c], rank[p])
+            if against_trajectory(c, p):
+                by_trajectory.add(c)
+            mine, theirs = ((blind[c][0], blind[p][0]) if against_trajectory(c, p) else
+                            (ranked[c][0], ranked[p][0]) if clear(c, p) else (rank[c], rank[p]))
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
@@ -306,4 +318,5 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         if not ref and (c in unsure or support < pool_peers):
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
-    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear)
+    return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
+                  by_trajectory)

@@ -106,6 +106,15 @@ def verdict_settles(mine: tuple[float, float], peer: tuple[float, float] | None,
     return peer is not None and abs(mine[0] - peer[0]) > gate * float(np.hypot(mine[1], peer[1]))
 
 
+def trajectory_settles(mine: tuple[float, float], peer: tuple[float, float], gate: float) -> bool:
+    """Whether two verdicts without the public strata (verdict, standard error) settle a disagreeing pair alone: the
+    lower is below 0 (it ran against the way the pool moved) and they differ by more than ``gate`` standard errors of
+    their difference. At two a round a flip's verdict without the strata is negative (-12 to +1 standard errors, median
+    -1.7, in Flower) and an honest update's rarely is; both a free rider's and an honest update's are above 0, so
+    a free rider gains nothing from it (``benchmarks/ROBUSTNESS.md``, pool rule 6)."""
+    return min(mine[0], peer[0]) < 0.0 and verdict_settles(mine, peer, gate)
+
+
 def orientation(payment: float, mine: float, peer: float | None) -> float:
     """How an in-round peer's payment counts for a scorer ranked ``mine``: +1 as it is, -1 read back (the pair
     disagrees and the peer ranks lower), 0 when the pool has no verdict on the peer."""
