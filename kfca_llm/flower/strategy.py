@@ -34,6 +34,7 @@ from ..engine.public import PublicConditioning
 from ..errors import InputError, NoTasksError
 from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation_weights, check_weak_verdict
 from ..fl.peer_pool import PeerPool, PoolSettings
+from ..fl.pool_close import copy_groups
 from ..fl.pool_settle import Settlement
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
@@ -343,7 +344,7 @@ class KFCAStrategy(Strategy):
             self.undetermined[server_round] = scored.pooled.undetermined
             self.settlements[server_round] = list(scored.settlements)
             peers = report.peers
-            group_of = {c: g.clients for g in report.duplicates for c in g.clients}
+            group_of = copy_groups(report)  # what closing the round read (fl.pool_close)
             rows = [RewardRow(self.run_id, server_round, who, node_of[who], float(reward), tuple(peers[who]),
                               num_examples(paid[who], self.weighted_by_key), scored.digests[who],
                               float(report.unadjusted_rewards[who]), group_of.get(who))
