@@ -165,15 +165,20 @@ class PeerPool:
 
     def candidates(self, before_round: int, participant: str, exclude: Sequence[str],
                    horizon: int | None = None) -> list[PoolEntry]:
-        """Up to ``pool_peers`` entries: each other participant's nearest one (most recent, without a ``horizon``) its
-        round did not score <= 0, nearest first."""
+        """The first ``pool_peers`` of the ``eligible`` entries."""
+        return self.eligible(before_round, participant, exclude, horizon)[:self.settings.pool_peers]
+
+    def eligible(self, before_round: int, participant: str, exclude: Sequence[str],
+                 horizon: int | None = None) -> list[PoolEntry]:
+        """Each other participant's nearest entry (most recent, without a ``horizon``) its round did not score <= 0,
+        nearest first: what ``candidates`` draws from (public: a benchmark draws otherwise among them)."""
         seen, out = set(exclude) | {participant}, []
         for entry in self.entries(before_round, horizon=horizon):
             score = self._scores.get(entry.name)
             if entry.participant not in seen and (score is None or score > 0):
                 seen.add(entry.participant)
                 out.append(entry)
-        return out[:self.settings.pool_peers]
+        return out
 
     def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
                   scores: Mapping[str, float] | None = None, paid: Mapping[str, float] | None = None,
