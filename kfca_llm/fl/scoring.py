@@ -30,6 +30,7 @@ from .aggregate import WeakVerdicts
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
 from .pool_close import ClosingRound, close_round
 from .pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
+from .pool_settings import POOL_KEYS
 from .pool_settle import Settlement
 from .reference import reference_signs
 from ..errors import InputError, NoTasksError
@@ -102,10 +103,16 @@ def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> lis
 
 
 def pool_settings(recipe: Recipe) -> PoolSettings:
-    """The recipe's pool: its ``kfca.*`` keys, and the own-replay limit its clients' data order allows."""
-    kfca = recipe.kfca
-    return PoolSettings(min_peers=kfca.min_peers, window=kfca.pool_window, pool_peers=kfca.pool_peers,
-                        weight=kfca.pool_weight, own_replay_limit=own_replay_limit(recipe))
+    """The recipe's pool: its ``kfca.*`` keys (``fl.pool_settings.POOL_KEYS``), and the own-replay limit its clients'
+    data order allows."""
+    return PoolSettings(**{name: getattr(recipe.kfca, key.argument) for name, key in POOL_KEYS.items()},
+                        own_replay_limit=own_replay_limit(recipe))
+
+
+def pool_arguments(settings: PoolSettings) -> dict[str, int | float]:
+    """``settings`` as ``KFCAStrategy``'s keyword arguments."""
+    return {**{key.argument: getattr(settings, name) for name, key in POOL_KEYS.items()},
+            "own_replay_limit": settings.own_replay_limit}
 
 
 def own_replay_limit(recipe: Recipe) -> float:
