@@ -4,6 +4,7 @@ the recipe's pool and ``KFCAStrategy``'s arguments take their defaults and bound
 import inspect
 
 import pytest
+
 from kfca_llm import InputError
 from kfca_llm.fl.peer_pool import PoolSettings
 from kfca_llm.fl.pool_settings import POOL_KEYS
