@@ -70,10 +70,7 @@ class RandomDrawPool(PeerPool):
     """The pool drawing its peers at random among the window's distinct participants (seeded by round)."""
 
     def candidates(self, before_round, participant, exclude, horizon=None):
-        everyone = PoolSettings(**{**self.settings.to_dict(), "pool_peers": 10**6})
-        pool = PeerPool(everyone)
-        pool._rounds, pool._scores = self._rounds, self._scores
-        entries = pool.candidates(before_round, participant, exclude, horizon)
+        entries = self.eligible(before_round, participant, exclude, horizon)
         rng = np.random.default_rng([before_round, sum(map(ord, participant))])
         order = rng.permutation(len(entries))[:self.settings.pool_peers]
         return [entries[k] for k in sorted(order)]

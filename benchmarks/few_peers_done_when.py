@@ -11,7 +11,7 @@ from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
-from kfca_llm.fl.pool_settle import close_round
+from kfca_llm.fl.pool_close import ClosingRound, close_round
 from kfca_llm.fl.reference import REFERENCE
 from kfca_llm.fl.rounds import attack_context
 from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
@@ -20,8 +20,9 @@ from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
 def close_defaults(pool: PeerPool, packer, t: int, scored, seed: int) -> list:
     """``close_round`` with the default scoring settings every setting here scores with: the round joins the pool, is
     kept pending where undetermined, and what the pool can settle is returned."""
-    return close_round(pool, packer, t, scored, words=packer.words(), participants=packer.clients, seed=seed,
-                       penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
+    return close_round(pool, ClosingRound.scored(packer, t, scored, words=packer.words(), participants=packer.clients,
+                                                 seed=seed, penalty="expected", bonus_fraction=0.5, duplicates="zero",
+                                                 duplicate_rule=DuplicateRule()))
 
 
 DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}

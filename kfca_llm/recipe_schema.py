@@ -17,6 +17,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
 
 from . import attacks_public  # noqa: F401  registers the free riders: recipes may list them (torch-free)
 from .attacks import resolve_attacks
+from .fl.pool_settings import POOL_KEYS
 from .partition import Penalty
 
 Domain = Literal["general-nlp", "finance", "medical", "code"]
@@ -119,6 +120,12 @@ class DatasetConfig(_Section):
     heldout_rows: StrictInt = Field(64, ge=0)
 
 
+def _pool_field(name: str) -> Any:
+    """The recipe key of ``PoolSettings``' field ``name``: its default and bounds."""
+    key = POOL_KEYS[name]
+    return Field(key.default, **key.bounds())
+
+
 class KfcaConfig(_Section):
     peers: PositiveOrNone = None  # peers scored per client; None = every other client
     bonus_fraction: StrictFloat = Field(0.5, gt=0.0, lt=1.0)
@@ -140,10 +147,11 @@ class KfcaConfig(_Section):
     # Peers beyond the round (kfca_llm.fl.peer_pool): a client with fewer than min-peers in-round peers is also
     # scored against pool-peers other clients' submissions of the last pool-window rounds; the pool's verdict as a
     # whole weighs pool-weight against an in-round peer's 1 (which is read the way the pool's verdict says).
-    min_peers: StrictInt = Field(2, ge=0)
-    pool_window: StrictInt = Field(10, ge=1)
-    pool_peers: StrictInt = Field(8, ge=0)
-    pool_weight: StrictFloat = Field(0.5, gt=0.0)
+    # Defaults and bounds: the pool's own (kfca_llm.fl.pool_settings.POOL_KEYS).
+    min_peers: StrictInt = _pool_field("min_peers")
+    pool_window: StrictInt = _pool_field("window")
+    pool_peers: StrictInt = _pool_field("pool_peers")
+    pool_weight: StrictFloat = _pool_field("weight")
     # A trusted reference (kfca_llm.fl.reference): the server trains on reference-rows held-out rows each round
     # from the global adapter; that update is a peer of every client with weight reference-weight (0 rows: off).
     reference_rows: StrictInt = Field(0, ge=0)

@@ -13,7 +13,7 @@ from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.errors import InputError
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
-from kfca_llm.fl.pool_settle import close_round
+from kfca_llm.fl.pool_close import ClosingRound, close_round
 
 STALE = 4
 
@@ -38,8 +38,9 @@ def run(rounds: int, schedule=pair, pool: PeerPool | None = None, duplicates: st
         packer = pack_updates(round_updates(t, schedule(t), stale))
         scored[t] = score_with_pool(packer, pool, t, seed=t, duplicates=duplicates)
         paid[t] = dict(scored[t].report.rewards)
-        done = close_round(pool, packer, t, scored[t], words=packer.words(), participants=packer.clients, seed=t,
-                           penalty="expected", bonus_fraction=0.5, duplicates=duplicates, duplicate_rule=DuplicateRule())
+        done = close_round(pool, ClosingRound.scored(
+            packer, t, scored[t], words=packer.words(), participants=packer.clients, seed=t, penalty="expected",
+            bonus_fraction=0.5, duplicates=duplicates, duplicate_rule=DuplicateRule()))
         settled += done
         for s in done:
             paid[s.round][s.participant] = s.reward

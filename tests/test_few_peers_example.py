@@ -19,7 +19,7 @@ from doc_pages import ROOT, markdown_table, one_block, page  # noqa: E402
 from kfca_llm.api import pack_updates  # noqa: E402
 from kfca_llm.engine.duplicates import DuplicateRule  # noqa: E402
 from kfca_llm.fl.peer_pool import PeerPool, PooledRound, PoolSettings, parse_pool_name, score_with_pool  # noqa: E402
-from kfca_llm.fl.pool_settle import close_round  # noqa: E402
+from kfca_llm.fl.pool_close import ClosingRound, close_round  # noqa: E402
 
 PAGE = "docs/few-peers.md"
 MARKER = "the round of A (honest) and B (flipper)"
@@ -55,8 +55,9 @@ def run() -> tuple[PooledRound, PeerPool]:
         scored = score_with_pool(packer, pool, t, pairs=[(a, b), (b, a)], seed=t, copy_candidates=[a, b])
         if t == len(ROUNDS):
             return scored, pool
-        close_round(pool, packer, t, scored, words=packer.words(), participants=[a, b], seed=t, penalty="expected",
-                    bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule())
+        close_round(pool, ClosingRound.scored(packer, t, scored, words=packer.words(), participants=[a, b], seed=t,
+                                              penalty="expected", bonus_fraction=0.5, duplicates="zero",
+                                              duplicate_rule=DuplicateRule()))
     raise AssertionError("unreachable")
 
 

@@ -146,14 +146,14 @@ def saved_state(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from kfca_llm.fl.state import round_dir, scoring_settings
+    from kfca_llm.fl.state import resume_settings, round_dir
     from kfca_llm.recipe import load_recipe
 
     recipe = load_recipe("tiny")
     state = tmp_path / "state" / "round-001"
     state.mkdir(parents=True)
     (state / "records.json").write_text(json.dumps({"seed": 0, "strategies": ["honest"],
-                                                    "scoring": scoring_settings(recipe), "rounds": []}))
+                                                    "scoring": resume_settings(recipe), "rounds": []}))
     save_file({"client-001/001/w": torch.zeros(4, 2)}, str(state / "history.safetensors"))
     round_dir(tmp_path, 1).mkdir(parents=True)
     save_file({"w": torch.zeros(4, 2)}, str(round_dir(tmp_path, 1) / "adapter_model.safetensors"))

@@ -21,7 +21,7 @@ from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.engine.public import OFF, PublicConditioning
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 from kfca_llm.fl.pool_naive import naive_run, sketched
-from kfca_llm.fl.pool_settle import close_round
+from kfca_llm.fl.pool_close import ClosingRound, close_round
 from kfca_llm.fl.reference import reference_signs
 
 SHORT, LONG = 256, 8492
@@ -117,9 +117,9 @@ def real_run(fed: Federation, settings: PoolSettings, reference_weight: float,
                                  reference=signs, reference_weight=reference_weight, public=planes)
         steps.append({"w": (np.array(submissions[a], dtype=np.float32) + np.array(submissions[b], dtype=np.float32)) / 2})
         out.append(dict(scored.report.rewards))
-        for settled in close_round(pool, packer, t, scored, words=packer.words(), participants=[a, b], seed=seed,
-                                   penalty="expected", bonus_fraction=0.5, duplicates="zero",
-                                   duplicate_rule=DuplicateRule(), owners=owners):
+        for settled in close_round(pool, ClosingRound.scored(
+                packer, t, scored, words=packer.words(), participants=[a, b], seed=seed, penalty="expected",
+                bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(), owners=owners)):
             out[settled.round - 1][settled.participant] = settled.reward
     return out, strata
 

@@ -12,7 +12,8 @@ from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.errors import InputError
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
-from kfca_llm.fl.pool_settle import close_round, pending_from_arrays, pending_to_arrays
+from kfca_llm.fl.pool_close import ClosingRound, close_round
+from kfca_llm.fl.pool_settle import pending_from_arrays, pending_to_arrays
 from kfca_llm.packer import SignPacker
 
 # Round t trains clients (2t - 2) % 20 and (2t - 1) % 20; client 1 flips. Round 1: clients 0 and 1.
@@ -25,9 +26,9 @@ def pair(t: int) -> tuple[int, int]:
 
 def close(pool, packer, t, scored, *, participants, owners=None):
     """``close_round`` with the default scoring settings (seed t, as each round here is scored)."""
-    return close_round(pool, packer, t, scored, words=packer.words(), participants=participants, seed=t,
-                       penalty="expected", bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(),
-                       owners=owners)
+    return close_round(pool, ClosingRound.scored(packer, t, scored, words=packer.words(), participants=participants,
+                                                 seed=t, penalty="expected", bonus_fraction=0.5, duplicates="zero",
+                                                 duplicate_rule=DuplicateRule(), owners=owners))
 
 
 def run(rounds: int, settings: PoolSettings = PoolSettings()):

@@ -1,7 +1,7 @@
 """A naive reference of the peer pool at two participants per round: slow, short, from plain lists.
 
 ``naive_run`` pays a run of rounds of two participants each as ``fl.peer_pool.score_with_pool`` and
-``fl.pool_settle.close_round`` do (``PoolSettings`` defaults but the window, the rank rule and the own-replay limit;
+``fl.pool_close.close_round`` do (``PoolSettings`` defaults but the window, the rank rule and the own-replay limit;
 penalty "expected", duplicate policy "zero"), written as directly as the rules read in docs/few-peers.md, so that a test
 can hold the real implementation to it (``tests/test_pool_naive.py``). Covered: the pool (which entries, vetted by their
 round's score; sign words kept for the window and one round more), the signed lag weights, the pool's verdict, the

@@ -15,7 +15,8 @@ is vetted by its settled score from then on (``PeerPool.rescore``), as if its ro
 
 All settlements of a round are computed on the pool as it stands after that round was added, before any of them
 rescores an entry: the order in which pending rounds are settled changes nothing, and a verifier recomputes each from
-the same pool (``flower.recompute``).
+the same pool (``flower.pool_replay``). ``fl.pool_close.close_round`` keeps a round pending and settles and applies
+what is due.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ from ..engine.public import PublicPlanes
 from ..errors import InputError
 from ..packer import SignPacker
 from .peer_pool import PooledRound, score_with_pool
-from .pool_store import PeerPool, parse_pool_name, pool_name
-from .reference import REFERENCE
+from .pool_store import PeerPool, pool_name
 
 
 @dataclass(frozen=True)
@@ -109,47 +109,6 @@ class Settlement:
         return {**dataclasses.asdict(self), "peers": list(self.peers)}
 
 
-def close_round(pool: PeerPool, packer: SignPacker, round_: int, pooled: PooledRound, *,
-                words: tuple[np.ndarray, np.ndarray], participants: Sequence[str], seed: int, penalty: str,
-                bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
-                owners: Mapping[str, str] | None = None) -> list[Settlement]:
-    """What the pool does once a round is scored: its participants join it (copies left out) with what they were paid,
-    the own submissions its participants resubmitted are marked (charged back), the round is kept pending where
-    scorers went unpaid for want of peers, and what the pool can now settle is settled (returned).
-    ``words``: the round's ``packer.words()`` (fetched once by the caller); ``owners``: the attack analysis' scorers and
-    their participants, as ``score_with_pool`` took them."""
-    signs, task = words
-    joining = set(participants) - {c for g in pooled.report.duplicates for c in g.clients}
-    pool.add_round(round_, {c: signs[k] for k, c in enumerate(packer.clients) if c in joining},
-                   pooled.report.unadjusted_rewards, pooled.report.rewards, pooled.evidence)
-    pool.mark_resubmitted([name for names in pooled.resubmitted.values() for name in names])
-    _keep_pending(pool, packer, signs, task, round_, pooled, seed=seed, participants=participants, penalty=penalty,
-                  bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, owners=owners)
-    return settle_due(pool, round_)
-
-
-def _keep_pending(pool: PeerPool, packer: SignPacker, signs: np.ndarray, task: np.ndarray, round_: int,
-                  pooled: PooledRound, *, seed: int, participants: Sequence[str], penalty: str, bonus_fraction: float,
-                  duplicates: str, duplicate_rule: DuplicateRule, owners: Mapping[str, str] | None) -> None:
-    """Keep a scored round whose scorers went unpaid for want of peers, to settle it later (nothing when none did)."""
-    real = set(participants)
-    owners = {scorer: owner for scorer, owner in (owners or {}).items() if scorer not in real}
-    kept = real | set(owners)
-    waiting = tuple(c for c in pooled.unpaid if c in kept)
-    if not waiting or not pool.settings.enabled:
-        return
-    words = {c: np.ascontiguousarray(signs[k], dtype=np.int32).copy() for k, c in enumerate(packer.clients) if c in kept}
-    if len(words) - len(owners) < 2:
-        return
-    pairs = tuple((c, p) for c, peers in sorted(pooled.report.peers.items()) if c in words for p in peers
-                  if p in words and p != REFERENCE and parse_pool_name(p) is None)
-    shapes = tuple((slot.name, tuple(slot.shape)) for slot in packer.layout.slots)
-    planes = None if pooled.planes is None else dataclasses.replace(pooled.planes, words=pooled.planes.host_words().copy())
-    pool.pending[round_] = PendingRound(round_, seed, shapes, words, np.ascontiguousarray(task, dtype=np.int32).copy(),
-                                        pairs, waiting, penalty, bonus_fraction, duplicates, duplicate_rule, owners,
-                                        planes)
-
-
 def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> PooledRound:
     """The pending round scored on the pool as it stands at ``horizon``, both sides of it."""
     return score_with_pool(pending.packer(), pool, pending.round, pairs=pending.pairs, seed=pending.seed,
@@ -159,9 +118,9 @@ def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> Pooled
                            owners=pending.owners, horizon=horizon, public=pending.planes)
 
 
-def settle_due(pool: PeerPool, horizon: int) -> list[Settlement]:
-    """Settle what the pool at ``horizon`` (its round just added) can: see the module docstring. Updates
-    ``pool.pending`` and rescores the settled entries (``apply_settlements``)."""
+def due_settlements(pool: PeerPool, horizon: int) -> list[Settlement]:
+    """What the pool at ``horizon`` (its round just added) can settle: see the module docstring. Changes nothing
+    (``fl.pool_close.close_round`` applies them: ``apply_settlements``)."""
     out: list[Settlement] = []
     for t in sorted(pool.pending):
         if t >= horizon:
@@ -171,7 +130,6 @@ def settle_due(pool: PeerPool, horizon: int) -> list[Settlement]:
         report = pooled.report
         out += [Settlement(t, horizon, c, float(report.rewards[c]), float(report.unadjusted_rewards[c]),
                            tuple(report.peers[c])) for c in settles(pool, pending, pooled, horizon)]
-    apply_settlements(pool, horizon, out)
     return out
 
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..errors import InputError
 from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
+from .pool_settings import POOL_KEYS
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
@@ -44,16 +45,17 @@ weighs more, so a participant that turns deviator loses its reputation faster th
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """How short rounds borrow peers (defaults measured in ``benchmarks/ROBUSTNESS.md``)."""
+    """How short rounds borrow peers: the sizes and the weight are declared, defaults and bounds, in
+    ``fl.pool_settings.POOL_KEYS`` (the recipe's keys derive from the same table)."""
 
-    min_peers: int = 2
+    min_peers: int = POOL_KEYS["min_peers"].default
     """A participant with fewer in-round peers is also scored against pool peers; fewer distinct peers in
     all leaves the round undetermined. 0 turns the pool off (today's scoring, never undetermined)."""
-    window: int = 10
+    window: int = POOL_KEYS["window"].default
     """Rounds of sign words kept."""
-    pool_peers: int = 8
+    pool_peers: int = POOL_KEYS["pool_peers"].default
     """Pool peers per short participant (distinct participants, most recent first)."""
-    weight: float = 0.5
+    weight: float = POOL_KEYS["weight"].default
     """The weight of the pool's verdict as a whole (its weighted mean payment) against an in-round peer's 1."""
     own_replay_limit: float = OWN_REPLAY_MAX_DISAGREEMENT
     """The fraction of signs in which a submission may differ from an earlier one of its own participant and still be
@@ -74,12 +76,8 @@ class PoolSettings:
     a ledger of an earlier rule is not rescored with this one)."""
 
     def __post_init__(self):
-        for name in ("min_peers", "window", "pool_peers"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise InputError(f"peer pool: {name} must be an integer >= 0, got {value!r}")
-        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not 0 < self.weight <= 1e6:
-            raise InputError(f"peer pool: weight must be a number > 0, got {self.weight!r}")
+        for name, key in POOL_KEYS.items():
+            key.check(name, getattr(self, name))
         if self.rank_by not in RANK_RULES:
             raise InputError(f"peer pool: rank_by must be one of {', '.join(RANK_RULES)}, got {self.rank_by!r}")
         if (isinstance(self.own_replay_limit, bool) or not isinstance(self.own_replay_limit, (int, float))
@@ -166,15 +164,20 @@ class PeerPool:
 
     def candidates(self, before_round: int, participant: str, exclude: Sequence[str],
                    horizon: int | None = None) -> list[PoolEntry]:
-        """Up to ``pool_peers`` entries: each other participant's nearest one (most recent, without a ``horizon``) its
-        round did not score <= 0, nearest first."""
+        """The first ``pool_peers`` of the ``eligible`` entries."""
+        return self.eligible(before_round, participant, exclude, horizon)[:self.settings.pool_peers]
+
+    def eligible(self, before_round: int, participant: str, exclude: Sequence[str],
+                 horizon: int | None = None) -> list[PoolEntry]:
+        """Each other participant's nearest entry (most recent, without a ``horizon``) its round did not score <= 0,
+        nearest first: what ``candidates`` draws from (public: a benchmark draws otherwise among them)."""
         seen, out = set(exclude) | {participant}, []
         for entry in self.entries(before_round, horizon=horizon):
             score = self._scores.get(entry.name)
             if entry.participant not in seen and (score is None or score > 0):
                 seen.add(entry.participant)
                 out.append(entry)
-        return out[:self.settings.pool_peers]
+        return out
 
     def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
                   scores: Mapping[str, float] | None = None, paid: Mapping[str, float] | None = None,

@@ -28,8 +28,10 @@ from ..api import pack_updates
 from ..engine.duplicates import DuplicateRule
 from .aggregate import WeakVerdicts
 from .peer_pool import PeerPool, PoolSettings, score_with_pool
+from .pool_close import ClosingRound, close_round
 from .pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
-from .pool_settle import Settlement, close_round
+from .pool_settings import POOL_KEYS
+from .pool_settle import Settlement
 from .reference import reference_signs
 from ..errors import InputError, NoTasksError
 from ..recipe import KfcaConfig, Recipe
@@ -101,10 +103,16 @@ def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> lis
 
 
 def pool_settings(recipe: Recipe) -> PoolSettings:
-    """The recipe's pool: its ``kfca.*`` keys, and the own-replay limit its clients' data order allows."""
-    kfca = recipe.kfca
-    return PoolSettings(min_peers=kfca.min_peers, window=kfca.pool_window, pool_peers=kfca.pool_peers,
-                        weight=kfca.pool_weight, own_replay_limit=own_replay_limit(recipe))
+    """The recipe's pool: its ``kfca.*`` keys (``fl.pool_settings.POOL_KEYS``), and the own-replay limit its clients'
+    data order allows."""
+    return PoolSettings(**{name: getattr(recipe.kfca, key.argument) for name, key in POOL_KEYS.items()},
+                        own_replay_limit=own_replay_limit(recipe))
+
+
+def pool_arguments(settings: PoolSettings) -> dict[str, int | float]:
+    """``settings`` as ``KFCAStrategy``'s keyword arguments."""
+    return {**{key.argument: getattr(settings, name) for name, key in POOL_KEYS.items()},
+            "own_replay_limit": settings.own_replay_limit}
 
 
 def own_replay_limit(recipe: Recipe) -> float:
@@ -156,10 +164,10 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     except NoTasksError as exc:
         return _unscorable(round_, exc, analysed, participants, pack_s)
     report = pooled.report
-    settlements = [] if pool is None else close_round(
-        pool, packer, round_, pooled, words=packer.words(), participants=ids, seed=kfca_seed, penalty=kfca.penalty,
+    settlements = [] if pool is None else close_round(pool, ClosingRound.scored(
+        packer, round_, pooled, words=packer.words(), participants=ids, seed=kfca_seed, penalty=kfca.penalty,
         bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule(),
-        owners={s.id: s.client for s in analysed})
+        owners={s.id: s.client for s in analysed}))
     # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),

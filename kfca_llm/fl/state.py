@@ -26,6 +26,7 @@ from ..tensors import StateDict
 from .client import load_adapter_state
 from ..recipe import Recipe
 from .peer_pool import PeerPool, PoolSettings
+from .pool_settings import POOL_KEYS
 from .pool_settle import pending_from_arrays, pending_to_arrays
 from .records import FederationResult, RoundRecord
 
@@ -82,7 +83,7 @@ def save_checkpoint(out_dir: Path, t: int, model, global_state: StateDict,
         save_file({f"{i:03d}/{name}": v.contiguous() for i, g in stored.values() for name, v in g.items()},
                   str(state / "public.safetensors"), metadata={"received": json.dumps(received)})
     write_atomic(state / "records.json", json.dumps(
-        {"seed": result.seed, "strategies": result.strategies, "scoring": scoring_settings(result.recipe),
+        {"seed": result.seed, "strategies": result.strategies, "scoring": resume_settings(result.recipe),
          "rounds": [asdict(r) for r in result.rounds]}))
     round_dir(out_dir, t).parent.mkdir(parents=True, exist_ok=True)
     save_adapter(model, global_state, round_dir(out_dir, t))
@@ -125,13 +126,14 @@ def last_complete_round(out_dir: Path) -> int:
     return max(done, default=0)
 
 
-def scoring_settings(recipe: Recipe) -> dict:
-    """The recipe's settings that decide payments: a resumed run must have the interrupted run's."""
+def resume_settings(recipe: Recipe) -> dict:
+    """The recipe's keys that decide payments, as a checkpoint records them (``records.json``'s ``scoring``): a
+    resumed run must have the interrupted run's. Recipe keys, not the ledger's record of a ``KFCAStrategy`` run
+    (``flower.recompute.scoring_settings``): a checkpoint of an earlier version resumes only if they stay so."""
     k = recipe.kfca
     return {"kfca.peers": k.peers, "kfca.penalty": k.penalty, "kfca.bonus-fraction": k.bonus_fraction,
             "kfca.duplicates": k.duplicates, "kfca.aggregate": k.aggregate, "kfca.attackers": list(k.attackers),
-            "kfca.min-peers": k.min_peers, "kfca.pool-window": k.pool_window, "kfca.pool-peers": k.pool_peers,
-            "kfca.pool-weight": k.pool_weight,
+            **{"kfca." + key.argument.replace("_", "-"): getattr(k, key.argument) for key in POOL_KEYS.values()},
             # Only when on: checkpoints of runs before the reference existed resume as they did.
             **({"kfca.reference-rows": k.reference_rows, "kfca.reference-weight": k.reference_weight}
                if k.reference_rows else {}),
@@ -162,7 +164,7 @@ def load_checkpoint(out_dir: Path, t: int, seed: int, strategies: list[str], rec
     if run_seed != seed or run_strategies != strategies:
         raise InputError(f"cannot resume from {out_dir}: it was run with seed {run_seed} and strategies "
                          f"{run_strategies}, this run has seed {seed} and {strategies}")
-    saved, now = records.get("scoring"), scoring_settings(recipe)
+    saved, now = records.get("scoring"), resume_settings(recipe)
     if saved is None:
         raise InputError(f"cannot resume from {out_dir}: its checkpoint does not record its scoring settings "
                          "(written by an older kfca-llm); start a new run")

@@ -133,7 +133,8 @@ class Ledger:
 
     ``resume=True`` continues the ledger's last run instead of starting one: its settings must equal
     ``settings`` (else ``InputError`` naming the first that differs); ``next_round`` is the round after
-    its last committed one.
+    its last committed one. ``keep_signs`` is the run's: a new run records the one given, a resumed run goes on
+    with the one recorded (the only place that decides it: ``KFCAStrategy.keep_signs`` reads it).
     """
 
     def __init__(self, path: str | os.PathLike, *, run_id: str, strategy: str, package_version: str,
@@ -164,14 +165,14 @@ class Ledger:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                    last = conn.execute("SELECT run_id, settings, receipt_key FROM runs ORDER BY rowid DESC LIMIT 1"
-                                        ).fetchone()
+                    last = conn.execute("SELECT run_id, settings, receipt_key, keep_signs FROM runs ORDER BY rowid "
+                                        "DESC LIMIT 1").fetchone()
                     if resume and last is not None:
                         _check_same_settings(json.loads(last[1]), self.settings)
                         if last[2] != receipt_key:
                             raise InputError(f"cannot resume: the run's receipts are signed with the server key "
                                              f"{last[2]!r}, this run's key is {receipt_key!r}")
-                        self.run_id = last[0]
+                        self.run_id, self.keep_signs = last[0], bool(last[3])  # the run's flag, as recorded
                         done = conn.execute("SELECT max(round) FROM rounds WHERE run_id = ?", (self.run_id,))
                         self.next_round = (done.fetchone()[0] or 0) + 1
                     else:

@@ -1,6 +1,7 @@
 """The peer pool a ledger's run had, rebuilt round by round from the rows and the kept words (``verify`` and a
-resumed ``KFCAStrategy`` alike): the pending rounds the live run kept, the public planes each round was scored
-within, and the settlements each round recorded scored again."""
+resumed ``KFCAStrategy`` alike): each round closed by ``fl.pool_close.close_round``, the function the live run closed
+it with, from what its rows record (``closing_from_rows``: a translation, no rule of its own), and the settlements
+each round recorded scored again."""
 
 from __future__ import annotations
 
@@ -48,35 +49,56 @@ def recorded_planes(round_row: RoundRow, read_words) -> Any:
     return PublicPlanes(words.reshape(n_planes, -1), steps, conditioning.magnitude_bits, tuple(spans or ()))
 
 
-def pending_from_rows(round_row: RoundRow, rows: Sequence[RewardRow], read_words) -> Any:
-    """The ``fl.pool_settle.PendingRound`` a live run kept after ``round_row`` (undetermined participants waiting), from
-    its rows and kept words (None: nobody waited)."""
-    from ..fl.pool_settle import PendingRound
+class _StoredWords(Mapping):
+    """Participant -> its kept sign words, read from the store on first access (by participant, sorted)."""
 
-    settings = round_row.settings
-    if round_row.status != SCORED or not round_row.undetermined or round_row.layout is None:
-        return None
-    words = {r.participant: np.ascontiguousarray(read_words(r.sign_sha256), dtype=np.int32)
-             for r in sorted(rows, key=lambda r: r.participant)}
-    pairs = tuple((r.participant, p) for r in sorted(rows, key=lambda r: r.participant) for p in r.peers if p in words)
-    return PendingRound(round_row.round, round_row.seed, tuple(round_row.layout), words,
-                        np.ascontiguousarray(read_words(round_row.task_sha256), dtype=np.int32), pairs,
-                        tuple(round_row.undetermined), settings["penalty"], float(settings["bonus_fraction"]),
-                        settings["duplicates"], DuplicateRule(**settings["duplicate_rule"]),
-                        planes=recorded_planes(round_row, read_words))
+    def __init__(self, rows: Sequence[RewardRow], read_words):
+        self._sha = {r.participant: r.sign_sha256 for r in sorted(rows, key=lambda r: r.participant)}
+        self._read, self._words = read_words, {}
+
+    def __getitem__(self, participant: str) -> np.ndarray:
+        if participant not in self._words:
+            self._words[participant] = np.ascontiguousarray(self._read(self._sha[participant]), dtype=np.int32)
+        return self._words[participant]
+
+    def __iter__(self):
+        return iter(self._sha)
+
+    def __len__(self) -> int:
+        return len(self._sha)
 
 
-def _settlement(row: SettlementRow):
-    from ..fl.pool_settle import Settlement
+def closing_from_rows(t: int, round_row: RoundRow | None, rows: Sequence[RewardRow],
+                      run_settings: Mapping[str, Any], settlements: Sequence[SettlementRow], read_words) -> Any:
+    """The ``fl.pool_close.ClosingRound`` round ``t``'s ledger rows record, to close it as the live run did: who was
+    scored, their copy groups, scores and payments, who went unpaid (``RoundRow.undetermined``) and the settlements
+    the round made. A round row missing (or recorded without a layout, or not scored): nobody waits, and its
+    duplicate policy is the run's."""
+    from ..fl.pool_close import ClosingRound
+    from ..fl.pool_settle import PendingRound, Settlement
 
-    return Settlement(row.round, row.settled_in, row.participant, row.reward, row.unadjusted_reward, tuple(row.peers))
+    settings = run_settings if round_row is None else round_row.settings
+    waits = round_row is not None and round_row.status == SCORED and round_row.layout is not None
+
+    def pending() -> PendingRound:
+        return PendingRound(t, round_row.seed, tuple(round_row.layout), {},
+                            np.ascontiguousarray(read_words(round_row.task_sha256), dtype=np.int32), (), (),
+                            settings["penalty"], float(settings["bonus_fraction"]), settings["duplicates"],
+                            DuplicateRule(**settings["duplicate_rule"]), planes=recorded_planes(round_row, read_words))
+
+    return ClosingRound(t, tuple(r.participant for r in rows), _StoredWords(rows, read_words),
+                        {r.participant: r.duplicate_group for r in rows if r.duplicate_group is not None},
+                        {r.participant: r.unadjusted_reward for r in rows}, {r.participant: r.reward for r in rows},
+                        tuple(round_row.undetermined or ()) if waits else (), {r.participant: r.peers for r in rows},
+                        settings.get("duplicates"), pending,
+                        settlements=[Settlement(r.round, r.settled_in, r.participant, r.reward, r.unadjusted_reward,
+                                                tuple(r.peers)) for r in settlements])
 
 
 class PoolTracker:
     """Each run's peer pool as ``verify_ledger`` walks the rounds in commit order, and as a resumed ``KFCAStrategy``
-    rebuilds it: built once, round by round, from the rounds' kept signs (as the live run built it: each round added,
-    its undetermined participants kept pending, the settlements it recorded applied), so a run of T rounds reads each
-    file once."""
+    rebuilds it: built once, round by round, from the rounds' kept signs (each round closed as the live run closed it,
+    with the settlements it recorded), so a run of T rounds reads each file once."""
 
     def __init__(self, by_round: Mapping[tuple[str, int], Sequence[RewardRow]],
                  rounds: Mapping[tuple[str, int], RoundRow] | None = None,
@@ -143,8 +165,8 @@ class PoolTracker:
                  check: Sequence[SettlementRow] = ()) -> tuple[Any, list[str]]:
         """(the run's pool after round ``upto``, the mismatches of ``check``: round ``upto``'s settlements scored again
         on the pool as it stood after that round was added, before they applied)."""
-        from ..fl.peer_pool import PeerPool, recorded_pool_settings, resubmitted_entries
-        from ..fl.pool_settle import apply_settlements
+        from ..fl.peer_pool import PeerPool, recorded_pool_settings
+        from ..fl.pool_close import close_round
 
         if run in self._broken:
             raise Unverifiable(self._broken[run])
@@ -156,23 +178,15 @@ class PoolTracker:
             raise Unverifiable(f"round {upto}'s settlements were applied before the round was checked (its row comes "
                                 "after a later round's: rows reordered)")
         mismatches: list[str] = []
+
+        def check_settlements(at_pool) -> None:  # round upto's, before they apply
+            mismatches.extend(_settlement_mismatches(at_pool, upto, check))
+
         try:
             for t in range(done, upto + 1):
-                rows = self._by_round.get((run, t), [])
-                joined = [r for r in rows if r.duplicate_group is None]
-                pool.add_round(t, {r.participant: read_words(r.sign_sha256) for r in joined},
-                               {r.participant: r.unadjusted_reward for r in joined}, {r.participant: r.reward for r in joined})
-                round_row = self._rounds.get((run, t))
-                if round_row is not None and round_row.settings.get("duplicates") != "flag":
-                    pool.mark_resubmitted([name for r in rows for name in resubmitted_entries(r.participant, r.duplicate_group)])
-                pending = None if round_row is None or not pool.settings.enabled else pending_from_rows(
-                    round_row, rows, read_words)
-                if pending is not None:
-                    pool.pending[t] = pending
-                recorded = self._settled.get((run, t), [])
-                if check and t == upto:
-                    mismatches = _settlement_mismatches(pool, t, check)
-                apply_settlements(pool, t, [_settlement(r) for r in recorded])
+                closing = closing_from_rows(t, self._rounds.get((run, t)), self._by_round.get((run, t), []), settings,
+                                            self._settled.get((run, t), []), read_words)
+                close_round(pool, closing, check_settlements if check and t == upto else None)
         except (Damaged, Unverifiable, InputError, KeyError, TypeError, ValueError) as exc:
             self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs or records ({exc})"
             raise Unverifiable(self._broken[run]) from None

@@ -22,7 +22,8 @@ from ..engine.public import OFF, PublicConditioning
 from ..errors import InputError
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
 from ..fl.pool_store import VERDICT_GATE
-from ..fl.pool_settle import Settlement, close_round
+from ..fl.pool_close import ClosingRound, close_round
+from ..fl.pool_settle import Settlement
 from ..packer import SignPacker
 from ..report import RewardReport
 from ..tensors import is_float
@@ -147,9 +148,9 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
                              bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                              reference=reference, reference_weight=reference_weight, public=planes)
     signs, task = packer.words()
-    settlements = close_round(pool, packer, server_round, pooled, words=(signs, task), participants=packer.clients,
-                              seed=seed, penalty=penalty, bonus_fraction=bonus_fraction, duplicates=duplicates,
-                              duplicate_rule=duplicate_rule)
+    settlements = close_round(pool, ClosingRound.scored(
+        packer, server_round, pooled, words=(signs, task), participants=packer.clients, seed=seed, penalty=penalty,
+        bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule))
     for settled in settlements:
         log(INFO, "KFCA: round %s settles %s's undetermined round %s: paid %+.4f (the pool on both sides of it "
             "tells who deviated now)", server_round, settled.participant, settled.round, settled.reward)

@@ -29,7 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Bulyan, FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum, Result
 
 from ..errors import InputError
-from ..fl.scoring import own_replay_limit
+from ..fl.scoring import pool_arguments, pool_settings
 from ..recipe import Recipe
 from .logs import report_input_errors_on_one_line
 from .strategy import KFCAStrategy
@@ -92,9 +92,7 @@ def build_strategy(recipe: Recipe, config: Mapping[str, Any], strategy_class: ty
                           duplicates=recipe.kfca.duplicates, identity=str(config.get("kfca.identity", "auto")),
                           keep_signs=_flag(config, "kfca.keep-signs", True), resume=_flag(config, "kfca.resume"),
                           receipt_key=str(config.get("kfca.receipt-key", "")) or None,
-                          min_peers=recipe.kfca.min_peers, pool_window=recipe.kfca.pool_window,
-                          pool_peers=recipe.kfca.pool_peers, pool_weight=recipe.kfca.pool_weight,
-                          own_replay_limit=own_replay_limit(recipe),
+                          **pool_arguments(pool_settings(recipe)),
                           reference=reference, reference_weight=recipe.kfca.reference_weight,
                           weak_verdict=recipe.kfca.weak_verdict, public_steps=recipe.kfca.public_steps,
                           public_buckets=recipe.kfca.public_buckets)

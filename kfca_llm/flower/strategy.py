@@ -34,6 +34,7 @@ from ..engine.public import PublicConditioning
 from ..errors import InputError, NoTasksError
 from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation_weights, check_weak_verdict
 from ..fl.peer_pool import PeerPool, PoolSettings
+from ..fl.pool_close import copy_groups
 from ..fl.pool_settle import Settlement
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
@@ -94,9 +95,11 @@ class KFCAStrategy(Strategy):
     pooled, and a round with it is never undetermined. A misshapen or non-finite update is an ``InputError``.
 
     ``keep_signs``: store each round's packed sign words beside the ledger (``<ledger>.d/signs/``, named by
-    SHA-256) before the round commits, so ``kfca-llm verify`` can recompute the round. ``resume``: continue
-    the ledger's last run (its scoring settings must be these: else ``InputError`` naming the setting);
-    ``round_offset`` rounds are done, ``resume_arrays()`` gives the arrays the last one produced.
+    SHA-256) before the round commits, so ``kfca-llm verify`` can recompute the round; the ledger records it per
+    run and decides (``Ledger.keep_signs``): a resumed run keeps them as the run it continues did, and nothing is
+    kept without a ledger. ``resume``: continue the ledger's last run (its scoring settings must be these: else
+    ``InputError`` naming the setting); ``round_offset`` rounds are done, ``resume_arrays()`` gives the arrays the
+    last one produced.
 
     ``receipt_key``: the server's Ed25519 private key file (PEM; created with its public half ``PATH.pub``
     when missing). Each paid participant is sent a receipt per round signed with it (ConfigRecord
@@ -139,7 +142,6 @@ class KFCAStrategy(Strategy):
         self.duplicates = duplicates
         self.duplicate_rule = DuplicateRule()
         self.identity = identity
-        self.keep_signs = bool(keep_signs)
         self.pool = PeerPool(PoolSettings(min_peers=min_peers, window=pool_window, pool_peers=pool_peers,
                                           weight=pool_weight, own_replay_limit=own_replay_limit))
         if reference is not None and not callable(reference):
@@ -166,7 +168,7 @@ class KFCAStrategy(Strategy):
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
             ledger, run_id=uuid.uuid4().hex, strategy=type(strategy).__name__, package_version=__version__,
-            settings=self.settings, keep_signs=self.keep_signs, resume=resume,
+            settings=self.settings, keep_signs=bool(keep_signs), resume=resume,
             receipt_key=self.receipt_key)
         self.run_id = self.ledger.run_id if self.ledger else uuid.uuid4().hex
         self.round_offset = self.ledger.next_round - 1 if self.ledger else 0
@@ -178,6 +180,11 @@ class KFCAStrategy(Strategy):
         self._sent: dict[int, ArrayRecord] = {}
         self._claims: dict[int, Claim] = {}
         self._post = None if self._server_key is None else ReceiptPost(self._server_key)
+
+    @property
+    def keep_signs(self) -> bool:
+        """Whether each round's packed sign words are stored beside the ledger: as its run records it."""
+        return self.ledger is not None and self.ledger.keep_signs
 
     def round_seed(self, server_round: int) -> int:
         """The KFCA seed of a (ledger) round: task partition, penalty draws, peer sampling, as `kfca-llm simulate`."""
@@ -343,7 +350,7 @@ class KFCAStrategy(Strategy):
             self.undetermined[server_round] = scored.pooled.undetermined
             self.settlements[server_round] = list(scored.settlements)
             peers = report.peers
-            group_of = {c: g.clients for g in report.duplicates for c in g.clients}
+            group_of = copy_groups(report)  # what closing the round read (fl.pool_close)
             rows = [RewardRow(self.run_id, server_round, who, node_of[who], float(reward), tuple(peers[who]),
                               num_examples(paid[who], self.weighted_by_key), scored.digests[who],
                               float(report.unadjusted_rewards[who]), group_of.get(who))

@@ -1,0 +1,57 @@
+"""The peer pool's sizes and weight, declared once: each one's default, bounds and name as a recipe key and a
+``KFCAStrategy`` argument. ``fl.pool_store.PoolSettings`` takes its defaults from here and checks these bounds; the
+recipe's ``kfca.*`` keys (``recipe_schema``), ``fl.scoring.pool_settings``, the Flower app and a checkpoint's
+``fl.state.resume_settings`` derive from the same table, so no two of them can disagree (a window of 0 rounds
+was once a valid ``PoolSettings`` and not a valid recipe: a pool that keeps nothing is turned off by
+``min_peers = 0`` instead).
+
+Free of numpy and the engine: validating a recipe imports it and must not import torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from numbers import Integral
+
+from ..errors import InputError
+
+
+@dataclass(frozen=True)
+class PoolKey:
+    """One setting: its ``KFCAStrategy`` argument, which is its recipe key as well (``kfca.<argument>``, kebab case
+    in a file), its default and its bounds (pydantic's names: ``Field(default, **bounds())``)."""
+
+    argument: str
+    default: int | float
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+
+    @property
+    def integer(self) -> bool:
+        return isinstance(self.default, int)
+
+    def bounds(self) -> dict[str, float]:
+        return {name: value for name, value in (("ge", self.ge), ("gt", self.gt), ("le", self.le)) if value is not None}
+
+    def check(self, name: str, value) -> None:
+        """An ``InputError`` naming ``PoolSettings``' field ``name`` where ``value`` is not of its type or bounds."""
+        typed = isinstance(value, Integral) if self.integer else isinstance(value, (int, float))
+        inside = typed and not isinstance(value, bool) and all((
+            self.ge is None or value >= self.ge, self.gt is None or value > self.gt, self.le is None or value <= self.le))
+        if not inside:
+            limits = " and ".join(f"{sign} {limit:g}" for sign, limit in
+                                  ((">=", self.ge), (">", self.gt), ("<=", self.le)) if limit is not None)
+            kind = "an integer" if self.integer else "a number"
+            raise InputError(f"peer pool: {name} must be {kind} {limits}, got {value!r}")
+
+
+POOL_KEYS = {
+    "min_peers": PoolKey("min_peers", 2, ge=0),
+    "window": PoolKey("pool_window", 10, ge=1),
+    "pool_peers": PoolKey("pool_peers", 8, ge=0),
+    "weight": PoolKey("pool_weight", 0.5, gt=0.0, le=1e6),
+}
+"""``PoolSettings`` field -> its ``PoolKey``, in the order the recipe and ``KFCAStrategy`` list them (defaults measured
+in ``benchmarks/ROBUSTNESS.md``). The own-replay limit is no recipe key: the recipe's data order decides it
+(``fl.scoring.own_replay_limit``)."""

@@ -1,0 +1,45 @@
+"""The pool's settings are declared once (``kfca_llm.fl.pool_settings.POOL_KEYS``): ``PoolSettings``, the recipe's keys,
+the recipe's pool and ``KFCAStrategy``'s arguments take their defaults and bounds from it."""
+
+import inspect
+
+import pytest
+
+from kfca_llm import InputError
+from kfca_llm.fl.peer_pool import PoolSettings
+from kfca_llm.fl.pool_settings import POOL_KEYS
+from kfca_llm.fl.scoring import pool_arguments, pool_settings
+from kfca_llm.recipe import KfcaConfig, RecipeError, load_recipe
+
+
+def test_the_recipe_keys_are_the_pools_defaults_and_bounds():
+    for name, key in POOL_KEYS.items():
+        field = KfcaConfig.model_fields[key.argument]
+        assert field.default == key.default == getattr(PoolSettings(), name)
+        assert field.alias == key.argument.replace("_", "-")
+        for bound, value in key.bounds().items():
+            assert any(getattr(m, bound, None) == value for m in field.metadata), (name, bound)
+
+
+@pytest.mark.parametrize("name, value", [("window", 0), ("min_peers", -1), ("pool_peers", -1), ("weight", 0.0),
+                                         ("weight", 2e6)])
+def test_a_value_out_of_bounds_is_refused_by_the_pool_and_by_the_recipe_alike(name, value):
+    with pytest.raises(InputError, match=f"peer pool: {name} must be"):
+        PoolSettings(**{name: value})
+    key = POOL_KEYS[name].argument.replace("_", "-")
+    with pytest.raises(RecipeError, match=key):
+        load_recipe("tiny", [f"kfca.{key}={value}"])
+
+
+def test_the_recipes_pool_and_the_strategys_arguments_derive_from_the_table():
+    recipe = load_recipe("tiny", ["kfca.min-peers=3", "kfca.pool-window=4", "kfca.pool-peers=5", "kfca.pool-weight=0.25"])
+    settings = pool_settings(recipe)
+    assert (settings.min_peers, settings.window, settings.pool_peers, settings.weight) == (3, 4, 5, 0.25)
+    arguments = pool_arguments(settings)
+    assert arguments == {"min_peers": 3, "pool_window": 4, "pool_peers": 5, "pool_weight": 0.25,
+                         "own_replay_limit": settings.own_replay_limit}
+    pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower]")
+    from kfca_llm.flower import KFCAStrategy
+
+    signature = inspect.signature(KFCAStrategy.__init__).parameters
+    assert {a: signature[a].default for a in arguments} == pool_arguments(PoolSettings())
