@@ -27,7 +27,7 @@ import numpy as np
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.engine.public import PublicPlanes
 from kfca_llm.fl.peer_pool import PeerPool, score_with_pool
-from kfca_llm.fl.pool_settle import close_round
+from kfca_llm.fl.pool_close import ClosingRound, close_round
 from kfca_llm.fl.pool_store import PoolSettings
 from kfca_llm.packer import SignPacker
 
@@ -85,8 +85,8 @@ def replay(path: Path, overrides: dict) -> dict:
         common = dict(seed=r["seed"], penalty=r["penalty"], bonus_fraction=r["bonus_fraction"],
                       duplicates=r["duplicates"], duplicate_rule=DuplicateRule(**r["duplicate_rule"]))
         pooled = score_with_pool(packer, pool, r["round"], peers=r["peers"], public=planes, **common)
-        settlements += close_round(pool, packer, r["round"], pooled, words=packer.words(),
-                                   participants=packer.clients, **common)
+        settlements += close_round(pool, ClosingRound.scored(packer, r["round"], pooled, words=packer.words(),
+                                                             participants=packer.clients, **common))
         t = r["round"]
         rewards[t] = dict(pooled.report.rewards)
         undetermined[t] = tuple(pooled.undetermined)
