@@ -43,3 +43,16 @@ def test_the_recipes_pool_and_the_strategys_arguments_derive_from_the_table():
 
     signature = inspect.signature(KFCAStrategy.__init__).parameters
     assert {a: signature[a].default for a in arguments} == pool_arguments(PoolSettings())
+
+
+def test_one_registry_of_rules_names_what_an_earlier_rule_was():
+    """``PoolSettings`` and the verifier read the same registry: the rule computed is its newest, an earlier one is
+    refused with what it was, an unknown one as no such rule."""
+    from kfca_llm.fl.pool_settings import POOL_RULE, POOL_RULES, check_pool_rule
+
+    assert POOL_RULE == max(POOL_RULES) and PoolSettings().rule == POOL_RULE
+    check_pool_rule(POOL_RULE)
+    with pytest.raises(InputError, match=r"rule 5 \(as 4, within public strata"):
+        PoolSettings(rule=5)
+    with pytest.raises(InputError, match=r"rule 99 \(no such rule\)"):
+        check_pool_rule(99)

@@ -55,3 +55,31 @@ POOL_KEYS = {
 """``PoolSettings`` field -> its ``PoolKey``, in the order the recipe and ``KFCAStrategy`` list them (defaults measured
 in ``benchmarks/ROBUSTNESS.md``). The own-replay limit is no recipe key: the recipe's data order decides it
 (``fl.scoring.own_replay_limit``)."""
+
+
+POOL_RULES = {
+    1: "in-round and pool peers in one weighted mean, undetermined rounds paid",
+    2: "in-round peers read the way the pool's verdict says (fl.pool_weights), pool peers only from entries paid > 0, "
+       "undetermined rewards not paid; pool peers and the ranking of a disagreeing pair use the recorded scores "
+       "(PeerPool.record: the window's)",
+    3: "as 2, a participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged "
+       "back, and a participant's record is the lower of its window's and its run's",
+    4: "as 3, an own resubmission is a replay within PoolSettings.own_replay_limit of the signs (default none), no "
+       "longer the 2% of a copy of another's (an honest client retrained on the same samples is not charged back)",
+    5: "as 4, within public strata a disagreeing pair is ranked on the lower of each one's verdict within and without "
+       "them, and a participant whose reward would rest on the pool's verdict alone is undetermined while that "
+       "verdict is within VERDICT_GATE standard errors of 0",
+    6: "as 5, and a disagreeing pair whose verdicts without the strata settle it (fl.pool_weights.trajectory_settles: "
+       "the lower below 0, VERDICT_GATE standard errors apart) is ranked on those alone, whatever the records",
+}
+"""Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
+registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
+POOL_RULE = max(POOL_RULES)
+"""The rule this version computes: only rounds recorded under it are scored again."""
+
+
+def check_pool_rule(rule) -> None:
+    """An ``InputError`` unless ``rule`` is the rule this version computes, naming what the recorded one was."""
+    if rule != POOL_RULE:
+        known = f" ({POOL_RULES[rule]})" if isinstance(rule, int) and rule in POOL_RULES else " (no such rule)"
+        raise InputError(f"peer pool: rule {rule!r}{known} is not the rule this version computes ({POOL_RULE})"[:400])

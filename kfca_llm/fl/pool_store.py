@@ -14,23 +14,11 @@ import numpy as np
 
 from ..errors import InputError
 from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
+from .pool_settings import POOL_RULE, check_pool_rule
 from .pool_settings import POOL_KEYS
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""
-POOL_RULE = 6
-"""1: in-round and pool peers in one weighted mean, undetermined rounds paid; 2: in-round peers read the way the
-pool's verdict says (``fl.pool_weights``), pool peers only from entries paid > 0, undetermined rewards not paid; pool
-peers and the ranking of a disagreeing pair use the recorded scores (``PeerPool.record``: the window's); 3: as 2, a
-participant's own resubmission is paid at most 0 with what the resubmitted update was paid charged back
-(``fl.peer_pool``), and a participant's record is the lower of its window's and its run's; 4: as 3, an own resubmission
-is a replay within ``PoolSettings.own_replay_limit`` of the signs (default none), no longer the 2% of a copy of
-another's (an honest client retrained on the same samples is not charged back); 5: as 4, within public strata a
-disagreeing pair is ranked on the lower of each one's verdict within and without them (``rank_by="verdict"``: that
-alone, no record), and a participant whose reward would rest on the pool's verdict alone is undetermined while that
-verdict is within ``VERDICT_GATE`` standard errors of 0; 6 (this version): as 5, and a disagreeing pair whose verdicts
-without the strata settle it (``fl.pool_weights.trajectory_settles``: the lower below 0, ``VERDICT_GATE`` standard
-errors apart) is ranked on those alone, whatever the records."""
 
 
 RANK_RULES = ("record", "verdict", "verdict-first", "reputation")
@@ -83,8 +71,7 @@ class PoolSettings:
         if (isinstance(self.own_replay_limit, bool) or not isinstance(self.own_replay_limit, (int, float))
                 or not 0 <= self.own_replay_limit < 0.5):
             raise InputError(f"peer pool: own_replay_limit must be a fraction in [0, 0.5), got {self.own_replay_limit!r}")
-        if self.rule != POOL_RULE:
-            raise InputError(f"peer pool: rule {self.rule!r} is not the rule this version computes ({POOL_RULE})")
+        check_pool_rule(self.rule)
 
     @property
     def enabled(self) -> bool:

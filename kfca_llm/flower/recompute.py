@@ -177,7 +177,8 @@ def updates_from_words(layout: Sequence[tuple[str, tuple[int, ...]]], words: np.
 
 def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None,
              reference: np.ndarray | None = None, planes=None):
-    from ..fl.peer_pool import POOL_RULE, score_with_pool
+    from ..fl.peer_pool import score_with_pool
+    from ..fl.pool_settings import POOL_RULE, check_pool_rule
     from ..packer import SignPacker
 
     settings = round_row.settings
@@ -208,9 +209,11 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
                              reference=None if reference is None else np.ascontiguousarray(reference, dtype=np.int32),
                              reference_weight=settings.get("reference_weight") or 0.0, public=planes)
     recorded_rule = settings["pool"].get("rule", 1) if isinstance(settings.get("pool"), dict) else POOL_RULE
-    if pooled.short and pool is not None and recorded_rule != POOL_RULE:
-        raise Unverifiable(f"the round's short participants were paid under peer-pool rule {recorded_rule!r}; this "
-                            f"version computes rule {POOL_RULE}")
+    if pooled.short and pool is not None:
+        try:
+            check_pool_rule(recorded_rule)
+        except InputError as exc:
+            raise Unverifiable(f"the round's short participants were paid under another rule: {exc}") from None
     return pooled.report
 
 

@@ -193,7 +193,11 @@ def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_ne
     reseal(old)
     check = verify_ledger(old)
     assert check.chain_errors == [] and len(check.rounds) == ROUNDS
-    assert all(r.status == "unverifiable" and f"peer-pool rule {rule}" in r.detail for r in check.rounds)
+    from kfca_llm.fl.pool_settings import POOL_RULES
+
+    # the verifier names the recorded rule and what it was, from the one registry of rules
+    assert all(r.status == "unverifiable" and f"peer pool: rule {rule} ({POOL_RULES[rule][:20]}" in r.detail
+               for r in check.rounds)
 
 
 def test_the_log_says_why_a_round_is_undetermined_and_what_to_change(caplog):
