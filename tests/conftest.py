@@ -216,24 +216,40 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 SLOW_SCOPES = {
-    "tests/flower/test_superlink.py": 53,
-    "tests/test_benchmarks_smoke.py": 32,
-    "tests/kernels/test_sampled_penalty.py": 36,
-    "tests/flower/test_wrapped_simulation.py": 27,
-    "tests/flower/test_ledger.py": 26,
-    "tests/test_federated_multiprocess.py": 17,
-    "short_federation": 17,
-    "tests/flower/test_simulation.py": 15,
-    "tests/test_docs_auditing.py": 12,
-    "tests/test_simulate.py": 11,
-    "tests/test_readme_ci.py": 15,
-    "tests/test_doc_tables.py": 9,
-    "tests/test_cli.py": 7,
-    "tests/valuation/test_fidelity_experiment.py": 6,
-    "tests/test_simulate_few_peers.py": 5,
+    "tests/flower/test_superlink.py": 106,
+    "tests/test_pool_naive.py": 106,
+    "tests/test_benchmarks_smoke.py": 79,
+    "tests/valuation/test_fidelity_experiment.py": 68,
+    "tiny_federation": 64,
+    "tests/flower/test_wrapped_simulation.py": 63,
+    "tests/test_simulate_few_peers.py": 55,
+    "tests/engine/test_flat_updates.py": 46,
+    "tests/test_readme_ci.py": 38,
+    "tests/kernels/test_sampled_penalty.py": 38,
+    "tests/flower/test_ledger.py": 38,
+    "tests/test_docs_auditing.py": 35,
+    "tests/flower/test_simulation.py": 33,
+    "tests/test_federated_multiprocess.py": 33,
+    "tests/test_simulate.py": 32,
+    "tests/kernels/test_pair_counts.py": 30,
+    "tests/engine/test_triton_backend.py": 27,
+    "short_federation": 24,
+    "tests/test_cli.py": 23,
+    "tests/valuation/test_noniid_sweep.py": 22,
+    "tests/kernels/test_sign_pack.py": 19,
+    "tests/test_plots.py": 19,
+    "tests/test_aggregation.py": 16,
+    "tests/flower/test_server_app.py": 15,
+    "tests/test_attacks_public.py": 14,
+    "tests/test_reference.py": 14,
+    "tests/flower/test_free_riders_strategy.py": 12,
+    "tests/engine/test_dispatch.py": 11,
+    "tests/test_hostile_files.py": 10,
 }
-"""Seconds a scheduling scope (a module, or a ``SHARED_RUNS`` fixture's modules) took in `make test` on two
-quiet cores (the sum of its tests' --durations; the scopes above 4 s). A guess is enough: it only orders."""
+"""Seconds a scheduling scope (a module, or a ``SHARED_RUNS`` fixture's modules) took in one `make test --durations=120`
+of 1334 tests at load 5-7 (2026-11-28, benchmarks/SUITE_TIME.md): the sum of its tests among the 120 slowest, the
+scopes from 10 s, three of them (test_docs_auditing, test_hostile_files, test_simulate_few_peers) scaled by what
+their cuts saved back to back. Busy seconds, and a scope's many short tests are missing: a guess, enough to order."""
 
 
 def scope_weight(scope: str, tests: int) -> tuple[float, int]:

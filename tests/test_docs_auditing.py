@@ -45,16 +45,59 @@ def audit_folder(tmp_path_factory) -> Path:
     return folder
 
 
-def test_every_kfca_llm_command_runs_as_written_and_passes_on_an_honest_ledger(audit_folder):
-    lines = [line for line in bash_lines() if line.split()[0] == "kfca-llm" or line.startswith("HEAD=")]
+def run_as_written(lines: list[str], folder: Path, capsys) -> str:
+    """The page's lines in order, stopping at the first that fails (``set -e``), in ``folder``; what they printed.
+
+    The first ``kfca-llm`` line runs in bash as written, through the console script on PATH: that real process is
+    what proves the installed command and a shell take the page's words. Each later ``kfca-llm`` line is the same
+    command's ``main`` in this process, with the line's words as bash splits them (``shlex``, POSIX rules: the
+    page's quotes), its ``"$NAME"`` from the ``NAME=$(...)`` lines above it, and ``> FILE`` written from what it
+    printed: a fresh interpreter per line imported torch and numba again (~5 s of CPU each) to run the same code.
+    A ``NAME=$(...)`` line runs in bash (its ``python -c`` imports no kfca_llm)."""
+    from kfca_llm.cli import main
+
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    script = "set -e\n" + "\n".join(lines) + "\n"
-    done = subprocess.run(["bash", "-c", script], cwd=audit_folder, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.stdout.count("chain intact") == 3  # the plain run, --expect-head, --receipts (--json goes to a file)
-    assert "3 receipt(s) checked, all in the ledger as signed" in done.stdout
-    assert "this update is the one scored for participant" in done.stdout
+    variables, printed, shell_done = {}, [], False
+    for line in lines:
+        assignment = re.fullmatch(r"([A-Z_]+)=(\$\(.*\))", line)
+        if assignment or not shell_done:
+            script = (f"set -e\n{line}\nprintf %s \"${assignment[1]}\"\n" if assignment else f"set -e\n{line}\n")
+            done = subprocess.run(["bash", "-c", script], cwd=folder, env={**env, **variables}, capture_output=True,
+                                  text=True, timeout=300)
+            assert done.returncode == 0, (line, done.stdout[-2000:] + done.stderr[-2000:])
+            if assignment:
+                variables[assignment[1]] = done.stdout
+            else:
+                assert line.split()[0] == "kfca-llm", line
+                printed.append(done.stdout)
+                shell_done = True
+            continue
+        words = shlex.split(re.sub(r'"\$([A-Z_]+)"', lambda m: shlex.quote(variables[m[1]]), line))
+        assert words[0] == "kfca-llm" and all(w not in ("|", "&&", ";", "<", ">>") for w in words), line
+        redirect = words[words.index(">") + 1] if ">" in words else None
+        argv = words[1:words.index(">")] if redirect else words[1:]
+        capsys.readouterr()
+        cwd = os.getcwd()
+        os.chdir(folder)
+        try:
+            code = main(argv)
+        finally:
+            os.chdir(cwd)
+        out = capsys.readouterr().out
+        assert code == 0, (line, out[-2000:])
+        if redirect:
+            (folder / redirect).write_text(out)
+        else:
+            printed.append(out)
+    return "".join(printed)
+
+
+def test_every_kfca_llm_command_runs_as_written_and_passes_on_an_honest_ledger(audit_folder, capsys):
+    lines = [line for line in bash_lines() if line.split()[0] == "kfca-llm" or line.startswith("HEAD=")]
+    stdout = run_as_written(lines, audit_folder, capsys)
+    assert stdout.count("chain intact") == 3  # the plain run, --expect-head, --receipts (--json goes to a file)
+    assert "3 receipt(s) checked, all in the ledger as signed" in stdout
+    assert "this update is the one scored for participant" in stdout
 
 
 def test_the_operators_flwr_run_command_passes_flowers_key_check_and_creates_the_key(tmp_path):

@@ -2,7 +2,7 @@
 damaged `simulate --resume` state, IDX files whose dimensions overflow.
 
 Every case ends in a clear verdict or one clear error line, never a hang or a traceback, under the time limits of
-``helpers.limited`` / ``helpers.cli`` (they catch hangs; no speed claim).
+``helpers.limited`` (they catch hangs; no speed claim).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from helpers import cli, limited, run_main
+from helpers import limited, run_main
 
 from kfca_llm import InputError
 
@@ -104,10 +104,10 @@ def test_a_hostile_report_is_one_error_line(tmp_path, capsys, body, message):
     assert code == 2 and message in err
 
 
-def test_a_newline_in_a_strategy_name_cannot_forge_a_ci_log_line(tmp_path):
+def test_a_newline_in_a_strategy_name_cannot_forge_a_ci_log_line(tmp_path, capsys):
     forged = "x\n::error::all checks passed\nFAILED"
     report = write_report(tmp_path / "r", {"honest": [0.1], forged: [0.4]})
-    code, out, _ = cli("check", report, "--expect", expect_file(tmp_path, "honest > *"))
+    code, out, _ = run_main(capsys, "check", report, "--expect", expect_file(tmp_path, "honest > *"))
     assert code == 1
     assert not any(line.startswith("::error::") for line in out.splitlines())
     assert "x\\n::error::all checks passed\\nFAILED" in out
@@ -131,9 +131,11 @@ def test_score_json_below_a_file_is_refused_before_scoring(tmp_path, capsys):
     assert code == 2 and "afile is not a directory" in err and out == ""
 
 
-def test_simulate_out_below_a_file_is_refused_before_the_run(tmp_path):
+def test_simulate_out_below_a_file_is_refused_before_the_run(tmp_path, capsys):
+    """In the worker: a fresh interpreter imported torch and transformers again (~4 s of CPU) for the same refusal;
+    a run that was not refused would train the tiny recipe until ``limited`` stops it."""
     (tmp_path / "afile").write_text("")
-    code, out, err = cli("simulate", "--out", tmp_path / "afile" / "sub", "--no-progress")
+    code, out, err = run_main(capsys, "simulate", "--out", tmp_path / "afile" / "sub", "--no-progress")
     assert code == 2 and "afile is not a directory" in err and "round" not in out
 
 

@@ -147,14 +147,32 @@ def naive_of(fed: Federation, settings: dict, rank_by: str = "record", strata=No
                      reference_weight=settings["reference_weight"], strata=strata)
 
 
-def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicConditioning = OFF) -> None:
+@pytest.fixture(scope="module")
+def unconditioned_naive_runs() -> dict:
+    """(seed, long, rank_by) -> the naive reference's rewards of that case without public strata, computed once for
+    the module: the equality tests compare the real pool with them, the coverage test compares the rules' rewards."""
+    return {}
+
+
+def unconditioned_naive(runs: dict, seed: int, long: bool, rank_by: str) -> list[dict[str, float]]:
+    if (seed, long, rank_by) not in runs:
+        settings = case(seed, long)
+        fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
+        runs[seed, long, rank_by] = naive_of(fed, settings, rank_by)
+    return runs[seed, long, rank_by]
+
+
+def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicConditioning = OFF,
+                 naive_runs: dict | None = None) -> None:
     settings = case(seed, long)
     fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
     paid, strata = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"],
                                               rank_by=rank_by, own_replay_limit=settings["own_replay_limit"]),
                             settings["reference_weight"], conditioning)
     assert any(strata) == conditioning.enabled
-    expected = naive_of(fed, settings, rank_by, strata)
+    # Without conditioning every round's strata are None, the naive reference's default
+    expected = (naive_of(fed, settings, rank_by, strata) if conditioning.enabled or naive_runs is None
+                else unconditioned_naive(naive_runs, seed, long, rank_by))
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
     for t, (got, want) in enumerate(zip(paid, expected), start=1):
         assert got == pytest.approx(want, abs=1e-12), f"round {t}"
@@ -162,8 +180,8 @@ def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicCondit
 
 @pytest.mark.parametrize("rank_by", ["record", "verdict-first", "reputation"])
 @pytest.mark.parametrize("seed", range(16))
-def test_the_pool_pays_what_the_naive_reference_pays(seed, rank_by):
-    assert_equal(seed, False, rank_by)
+def test_the_pool_pays_what_the_naive_reference_pays(seed, rank_by, unconditioned_naive_runs):
+    assert_equal(seed, False, rank_by, naive_runs=unconditioned_naive_runs)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -188,7 +206,7 @@ def test_the_pool_pays_what_the_naive_reference_pays_within_public_strata(seed, 
 CASES = [(seed, False) for seed in range(16)] + [(seed, True) for seed in range(4)]
 
 
-def test_the_federations_meet_every_rule():
+def test_the_federations_meet_every_rule(unconditioned_naive_runs):
     """The random federations above reach each rule the naive reference covers, so the equality tests them all."""
     from kfca_llm.fl import pool_naive
 
@@ -256,12 +274,10 @@ def test_the_federations_meet_every_rule():
             "a reference determines a round", "a reference changes a reward"} <= seen, seen
     # and the verdicts first, and the reputations, settle some disagreeing pairs otherwise than verdict plus record do
     differing = {"verdict-first": 0, "reputation": 0}
-    for seed, long in CASES[:16]:
-        settings = case(seed, long)
-        fed = federation(seed, coords=settings["coords"], reference=settings["reference"])
-        record = naive_of(fed, settings)
+    for seed, long in CASES[:16]:  # the naive runs the equality tests above compared the real pool with
+        record = unconditioned_naive(unconditioned_naive_runs, seed, long, "record")
         for rule in differing:
-            other = naive_of(fed, settings, rule)
+            other = unconditioned_naive(unconditioned_naive_runs, seed, long, rule)
             differing[rule] += sum(record[t][c] != other[t][c] for t in range(ROUNDS) for c in record[t])
     assert all(differing.values()), differing
 

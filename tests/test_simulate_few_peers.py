@@ -70,24 +70,28 @@ def test_two_clients_per_round_one_an_attacker_runs_to_the_end_with_the_pool(tmp
     assert "settled by later rounds: 0, never paid: 3" in printed  # 4 rounds: the pool never warms up for them
 
 
+# A window of 5 rounds (the default is 10): rounds 1-2 wait for the window's end all the same (one new pool participant
+# a round never makes 8 pool peers), which comes at rounds 6 and 7 instead of 11 and 12; 8 rounds and a resume of 4
+# where the default window needed 13 and 7 (the settling and its resume are the same code at any window).
 TWENTY = ["--attacks", "honest,flip", "--set", "num-clients=20", "--set", "strategy.fraction-train=0.1", "--set",
-          'kfca.attackers=["3=flip"]', "--set", "train.save-every-round=1", *FAST]
+          'kfca.attackers=["3=flip"]', "--set", "train.save-every-round=1", "--set", "kfca.pool-window=5", *FAST]
+ROUNDS = 8
 
 
 def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_settles_them_alike(tmp_path, capsys):
     """At 20 x 0.1 the analysis client trains every round: one new pool participant a round, so the pool warms up for
-    rounds 1-2 only at the window's end (round 11 and 12 settle them, ``fl.pool_settle``)."""
+    rounds 1-2 only at the window's end (round 6 and 7 settle them with a 5-round window, ``fl.pool_settle``)."""
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
-    assert main(["simulate", "--rounds", "13", *TWENTY, "--out", str(whole)]) == 0
+    assert main(["simulate", "--rounds", str(ROUNDS), *TWENTY, "--out", str(whole)]) == 0
     printed = " ".join(capsys.readouterr().out.split())
-    assert "undetermined: 2/13 round(s)" in printed and "settled by later rounds: 2, never paid: 0" in printed
+    assert f"undetermined: 2/{ROUNDS} round(s)" in printed and "settled by later rounds: 2, never paid: 0" in printed
     report = json.loads((whole / "report.json").read_text())
     records = report["round_records"]
     assert report["undetermined_rounds"] == [1, 2]
     settled = {(s["round"], s["participant"]): (r["round"], s["reward"]) for r in records for s in r["settlements"]}
     real = {key: value for key, value in settled.items() if "/" not in key[1]}
     assert sorted(real) == sorted((t, c) for t in (1, 2) for c in records[t - 1]["undetermined"])
-    assert {at for at, _ in settled.values()} == {11, 12}
+    assert {at for at, _ in settled.values()} == {6, 7}
     for (t, client), (_, reward) in real.items():  # the settled round's record pays the settled reward
         assert records[t - 1]["honest_rewards"][client] == reward and reward > 0
     # The analysis client's side-by-side flip is settled too, in its strategy's column: fined, where it had 0.
@@ -96,12 +100,12 @@ def test_undetermined_rounds_are_settled_later_in_the_report_and_a_resumed_run_s
         strategies = records[t - 1]["strategy_rewards"]
         assert strategies["flip"] == settled[(t, "client-000/flip")][1] < 0 < strategies["honest"]
         assert strategies["honest"] == records[t - 1]["honest_rewards"]["client-000"]
-    # Stopped after round 6 (rounds 1-2 still waiting), resumed: the same settlements, the same rewards.
+    # Stopped after round 4 (rounds 1-2 still waiting), resumed: the same settlements, the same rewards.
     shutil.copytree(whole, resumed)
-    for t in range(7, 14):
+    for t in range(5, ROUNDS + 1):
         shutil.rmtree(round_dir(resumed, t))
         shutil.rmtree(resumed / "state" / f"round-{t:03d}")
-    assert main(["simulate", "--rounds", "13", *TWENTY, "--out", str(resumed), "--resume"]) == 0
+    assert main(["simulate", "--rounds", str(ROUNDS), *TWENTY, "--out", str(resumed), "--resume"]) == 0
     again = json.loads((resumed / "report.json").read_text())["round_records"]
     assert [r["settlements"] for r in again] == [r["settlements"] for r in records]
     assert [r["honest_rewards"] for r in again] == [r["honest_rewards"] for r in records]
