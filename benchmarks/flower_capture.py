@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,8 @@ from kfca_llm.fl.peer_pool import PeerPool, score_with_pool
 from kfca_llm.fl.pool_close import ClosingRound, close_round
 from kfca_llm.fl.pool_store import PoolSettings
 from kfca_llm.packer import SignPacker
+
+from flower_few_peers import config_value, rounds_by_partition, summarise  # this folder: on the path as a script
 
 
 class Capture:
@@ -91,17 +92,8 @@ def replay(path: Path, overrides: dict) -> dict:
         rewards[t] = dict(pooled.report.rewards)
         undetermined[t] = tuple(pooled.undetermined)
         resubmitted[t] = tuple(pooled.resubmitted)
-    settled = {}
-    for s in settlements:
-        rewards[s.round][s.participant] = s.reward
-        settled[(s.round, s.participant)] = s.settled_in
-    rounds = []
-    for t, paid in sorted(rewards.items()):
-        part = meta["partition_of"][str(t)]
-        rounds.append({"round": t, "rewards": {str(p): v for p, v in sorted((part[w], v) for w, v in paid.items())},
-                       "undetermined": [part[w] for w in undetermined[t] if (t, w) not in settled],
-                       "settled": {str(part[w]): settled[(t, w)] for w in paid if (t, w) in settled},
-                       "resubmitted": [part[w] for w in resubmitted[t]]})
+    partition_of = {int(t): who for t, who in meta["partition_of"].items()}
+    rounds = rounds_by_partition(rewards, settlements, undetermined, resubmitted, partition_of)
     return {"args": {"capture": str(path), **{k: str(v) for k, v in overrides.items()}}, "attacks": meta["attacks"],
             "rounds": rounds}
 
@@ -115,9 +107,6 @@ def main(argv=None) -> int:
     parser.add_argument("--check", type=Path, action="append", default=[],
                         help="the live run's --out JSON, one per capture: the replay must equal it")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from flower_few_peers import config_value, summarise
-
     overrides = {key: config_value(value) for key, _, value in (pair.partition("=") for pair in args.set)}
     failed = 0
     for k, path in enumerate(args.captures):

@@ -158,24 +158,12 @@ def main(argv=None) -> int:
     strategy = done["strategy"]
     attacks = dict(part.split("=", 1) for part in args.attackers.split(",") if part)
     attack_of = {int(p): spec for p, spec in attacks.items()}
-    rounds, paid, settled = [], {t: dict(r) for t, r in strategy.rewards.items()}, {}
-    for settlement in (s for ss in strategy.settlements.values() for s in ss):
-        paid[settlement.round][settlement.participant] = settlement.reward
-        settled[(settlement.round, settlement.participant)] = settlement.settled_in
-    for t, rewards in sorted(paid.items()):
-        nodes = strategy.node_ids[t]
-        by_partition = {strategy.partition_of[nodes[who]]: r for who, r in rewards.items()}
-        # Undetermined and never settled: not paid; a settled participant is paid its settlement (in the round it
-        # settled), listed with the round that settled it.
-        rounds.append({"round": t, "rewards": {str(p): r for p, r in sorted(by_partition.items())},
-                       "undetermined": [strategy.partition_of[nodes[w]] for w in strategy.undetermined.get(t, ())
-                                        if (t, w) not in settled],
-                       "settled": {str(strategy.partition_of[nodes[w]]): settled[(t, w)] for w in rewards
-                                   if (t, w) in settled},
-                       "resubmitted": [strategy.partition_of[nodes[w]] for w in strategy.resubmitted.get(t, {})]})
+    partition_of = {t: {who: strategy.partition_of[n] for who, n in nodes.items()}
+                    for t, nodes in strategy.node_ids.items()}
+    rounds = rounds_by_partition(strategy.rewards, [s for ss in strategy.settlements.values() for s in ss],
+                                 strategy.undetermined, strategy.resubmitted, partition_of)
     if capture is not None:
-        capture.save(args.capture, {t: {who: strategy.partition_of[nodes[who]] for who in nodes}
-                                    for t, nodes in strategy.node_ids.items()}, attacks)
+        capture.save(args.capture, partition_of, attacks)
     print(summarise(rounds, attack_of, args, wall))
     from bench_few_peers import markdown, measure
 
@@ -189,6 +177,25 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "wall_s": wall,
                                         "attacks": attacks, "rounds": rounds}, indent=1))
     return 0
+
+
+def rounds_by_partition(rewards, settlements, undetermined, resubmitted, partition_of) -> list[dict]:
+    """The rounds as ``--out`` writes them, by partition: ``rewards`` round -> participant -> reward, each settlement
+    paid in its round and listed with the round that settled it; undetermined and never settled: not paid (listed);
+    ``undetermined`` / ``resubmitted`` round -> participants; ``partition_of`` round -> participant -> partition."""
+    paid, settled = {t: dict(r) for t, r in rewards.items()}, {}
+    for settlement in settlements:
+        paid[settlement.round][settlement.participant] = settlement.reward
+        settled[(settlement.round, settlement.participant)] = settlement.settled_in
+    rounds = []
+    for t, by_participant in sorted(paid.items()):
+        part = partition_of[t]
+        rounds.append({"round": t, "rewards": {str(p): r for p, r in sorted((part[w], r) for w, r in
+                                                                              by_participant.items())},
+                       "undetermined": [part[w] for w in undetermined.get(t, ()) if (t, w) not in settled],
+                       "settled": {str(part[w]): settled[(t, w)] for w in by_participant if (t, w) in settled},
+                       "resubmitted": [part[w] for w in resubmitted.get(t, ())]})
+    return rounds
 
 
 def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) -> str:

@@ -261,7 +261,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     ranked = {c: (z, errors[c]) for c, (z, _) in verdict.items()}
     blind = {} if planes is None else public_blind_verdicts(plain_counts, rows, len(packer.clients),
                                                             pool.settings.window, round_, pool_keys, index)
-    ranked = lower_verdicts(ranked, blind) if planes is not None else ranked
+    ranked = lower_verdicts(ranked, blind)  # without strata: no blind verdicts, the verdicts as they are
     evidence = {c: evidence_of(*ranked[c]) for c in verdict}
     rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
     if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones

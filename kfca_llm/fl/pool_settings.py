@@ -82,4 +82,5 @@ def check_pool_rule(rule) -> None:
     """An ``InputError`` unless ``rule`` is the rule this version computes, naming what the recorded one was."""
     if rule != POOL_RULE:
         known = f" ({POOL_RULES[rule]})" if isinstance(rule, int) and rule in POOL_RULES else " (no such rule)"
-        raise InputError(f"peer pool: rule {rule!r}{known} is not the rule this version computes ({POOL_RULE})"[:400])
+        shown = repr(rule)[:40]  # a hostile ledger's value is not echoed whole
+        raise InputError(f"peer pool: rule {shown}{known} is not the rule this version computes ({POOL_RULE})")

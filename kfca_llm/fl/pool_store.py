@@ -14,8 +14,7 @@ import numpy as np
 
 from ..errors import InputError
 from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
-from .pool_settings import POOL_RULE, check_pool_rule
-from .pool_settings import POOL_KEYS
+from .pool_settings import POOL_KEYS, POOL_RULE, check_pool_rule
 
 POOL_SEPARATOR = "@"
 """Pool peer names are ``<participant>@<round>`` (the ledger's ``peers`` column records them)."""

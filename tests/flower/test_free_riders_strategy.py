@@ -3,7 +3,7 @@ nothing and replay the global's change since they last received one (Lin et al. 
 to an honest update's norm. The public strata (``engine.public``, every pair of a round, pool pairs included) pay them
 about nothing; without them (``public_steps=0``) the pool pays them like honest nodes.
 
-The honest updates are test_peer_pool_strategy's: a persistent direction (what the global's trajectory shows), a
+The honest updates are pooled_strategy_run's: a persistent direction (what the global's trajectory shows), a
 direction of the round (what only this round's trainers share) and each node's noise.
 """
 
@@ -17,7 +17,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 from flwr.app import Array, ArrayRecord  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flower_local import LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
-from test_peer_pool_strategy import NODES, update  # noqa: E402
+from pooled_strategy_run import NODES, update  # noqa: E402
 
 from kfca_llm.flower import KFCAStrategy, verify_ledger  # noqa: E402
 
@@ -97,7 +97,7 @@ BIG_PERSISTENT = {k: np.random.default_rng(5).standard_normal(s) for k, s in BIG
 
 
 def big_update(node: int, t: int) -> dict[str, np.ndarray]:
-    """test_peer_pool_strategy's honest update over ``BIG``."""
+    """pooled_strategy_run's honest update over ``BIG``."""
     this_round, own = np.random.default_rng(1000 + t), np.random.default_rng(7919 * node + t)
     return {k: (0.6 * BIG_PERSISTENT[k] + 0.6 * this_round.standard_normal(s) + own.standard_normal(s)).astype(
         np.float32) * 0.01 for k, s in BIG.items()}

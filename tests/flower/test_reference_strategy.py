@@ -1,6 +1,6 @@
 """KFCAStrategy(reference=...): the server's own update as a peer at FlowerTune's two participants per round.
 
-In-process grid (no Ray), the nodes of ``test_peer_pool_strategy`` (20 nodes, ``fraction_train=0.1``, node 4
+In-process grid (no Ray), the nodes of ``pooled_strategy_run`` (20 nodes, ``fraction_train=0.1``, node 4
 flips). The reference is an honest update no node sent (the server's training on its clean rows).
 """
 
@@ -14,7 +14,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
 from flower_local import LocalGrid, initial_arrays, pid  # noqa: E402
-from test_peer_pool_strategy import FLIPPER, NODES, node, update  # noqa: E402
+from pooled_strategy_run import FLIPPER, NODES, node, update  # noqa: E402
 
 from kfca_llm import InputError  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402

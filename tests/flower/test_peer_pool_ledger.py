@@ -1,0 +1,186 @@
+"""The ledger of the pooled KFCAStrategy run (``pooled_strategy_run``): ``kfca-llm verify`` recomputes its pooled
+rounds and settlements, a ledger of an earlier pool rule or an edited one is never a false match, each settlement gets
+a receipt, ``kfca-llm ledger`` shows the balances."""
+
+import json
+import sys
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+
+from flower_local import pid  # noqa: E402
+from pooled_strategy_run import FLIPPER, ROUNDS, run  # noqa: E402
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+from helpers import reseal  # noqa: E402
+
+from kfca_llm.cli import main  # noqa: E402
+from kfca_llm.flower import read_ledger  # noqa: E402
+from kfca_llm.flower.ledger_rows import ledger_summary  # noqa: E402
+
+
+@pytest.mark.parametrize("rule", [1, 2, 3])
+def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_never_a_false_mismatch(pooled, tmp_path,
+                                                                                                    rule):
+    """Rounds paid under pool rule 1 (one weighted mean of in-round and pool peers; recorded no ``rule``), rule 2
+    (own resubmissions paid their agreement, never charged back) or rule 3 (an own submission within 2% of the signs
+    charged back as a resubmission): this version's rule would pay them differently, which must not read as
+    tampering."""
+    import json
+    import shutil
+    import sqlite3
+
+    from kfca_llm.fl.pool_store import POOL_RULE
+    from kfca_llm.flower.audit import verify_ledger
+
+    _, _, ledger = pooled
+    old = tmp_path / f"rule{rule}.sqlite"
+    shutil.copy(ledger, old)
+    shutil.copytree(f"{ledger}.d", f"{old}.d")
+    with sqlite3.connect(old) as conn:
+        for run_id, t, settings in conn.execute("SELECT run_id, round, settings FROM rounds").fetchall():
+            settings = json.loads(settings)
+            assert settings["pool"].pop("rule") == POOL_RULE == 6
+            if rule > 1:
+                settings["pool"]["rule"] = rule
+            conn.execute("UPDATE rounds SET settings = ? WHERE run_id = ? AND round = ?", (json.dumps(settings), run_id, t))
+    reseal(old)
+    check = verify_ledger(old)
+    assert check.chain_errors == [] and len(check.rounds) == ROUNDS
+    from kfca_llm.fl.pool_settings import POOL_RULES
+
+    # the verifier names the recorded rule and what it was, from the one registry of rules
+    assert all(r.status == "unverifiable" and f"peer pool: rule {rule} ({POOL_RULES[rule][:20]}" in r.detail
+               for r in check.rounds)
+
+
+def test_pooled_rounds_verify_from_the_ledger_and_a_changed_pool_entry_is_never_a_false_match(pooled, tmp_path,
+                                                                                            capsys):
+    _, _, ledger = pooled
+    assert main(["verify", str(ledger)]) == 0
+    assert f"{ROUNDS} match, 0 mismatch, 0 unverifiable" in capsys.readouterr().out
+    # A pool entry's sign file altered: the rounds that drew on it cannot be recomputed (never a match).
+    contents = read_ledger(ledger)
+    first = [r for r in contents.rewards if r.round == 1][0]
+    from kfca_llm.flower.ledger import signs_path
+
+    path = signs_path(ledger, first.sign_sha256)
+    original = path.read_bytes()
+    try:
+        path.write_bytes(original[:-4] + bytes(4))
+        main(["verify", str(ledger)])
+        out = capsys.readouterr().out
+        assert "0 mismatch" in out and f"{ROUNDS} match" not in out
+    finally:
+        path.write_bytes(original)
+
+
+def test_ledger_cli_shows_rounds_mean_standard_error_and_whether_distinguishable(pooled, capsys):
+    _, _, ledger = pooled
+    summary = ledger_summary(read_ledger(ledger))
+    flipper = next(s for s in summary if s["participant"] == pid(FLIPPER))
+    assert flipper["std_error"] > 0 and flipper["mean"] < 0
+    assert main(["ledger", str(ledger), "--csv"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert header == ("participant,label,node_ids,total,rounds,mean,std_error,distinguishable_from_zero,"
+                      "undetermined_rounds,settled_rounds")
+
+
+def _copy_ledger(ledger, target):
+    import shutil
+
+    shutil.copy(ledger, target)
+    shutil.copytree(f"{ledger}.d", f"{target}.d")
+    return target
+
+
+def test_settlements_verify_and_a_forged_moved_or_deleted_one_is_caught(pooled, tmp_path):
+    import sqlite3
+
+    from kfca_llm.flower.audit import verify_ledger
+
+    _, _, ledger = pooled
+    check = verify_ledger(ledger)
+    assert check.ok and {r.status for r in check.rounds} == {"match"}
+    settled_in = sorted({s.settled_in for s in read_ledger(ledger).settlements})
+    assert all("settlement(s) of earlier rounds" in check.rounds[t - 1].detail for t in settled_in)
+
+    def edited(name: str, sql: str, resealed: bool = True):
+        """A copy of the ledger with ``sql`` run on it (foreign keys off, as a forger's tool would leave them)."""
+        copy = _copy_ledger(ledger, tmp_path / f"{name}.sqlite")
+        with sqlite3.connect(copy) as conn:
+            conn.execute("PRAGMA foreign_keys=OFF")
+            conn.execute(sql)
+        if resealed:
+            reseal(copy)
+        return verify_ledger(copy)
+
+    # A settlement's pay raised and the chain resealed (an operator with write access): the recomputation disagrees.
+    check = edited("raised", "UPDATE settlements SET reward = reward + 0.5 WHERE round = 1")
+    assert not check.chain_errors and not check.ok
+    bad = [r for r in check.rounds if r.status == "mismatch"]
+    assert [r.round for r in bad] == [settled_in[-1]] and all("settled" in line for line in bad[0].rows)
+
+    # Settled earlier than the pool could (round 1 paid at round 2, resealed): the pool at round 2 cannot settle it.
+    check = edited("early", "UPDATE settlements SET settled_in = 2 WHERE round = 1")
+    assert any(r.round == 2 and r.status == "mismatch" and "could not settle it yet" in " ".join(r.rows)
+               for r in check.rounds)
+
+    # Deleted without resealing: the chain breaks; added for a round that was never recorded: listed.
+    check = edited("deleted", "DELETE FROM settlements WHERE round = 2", resealed=False)
+    assert any("do not hash" in e for e in check.chain_errors)
+    check = edited("forged", "INSERT INTO settlements SELECT run_id, round, participant, 99, 1.0, '[]', 1.0 FROM "
+                             "rewards WHERE round = 4", resealed=False)
+    assert any("settled in round 99" in e for e in check.chain_errors)
+    # A settlement of a round its participant did not train in (a pay added for nothing): listed.
+    check = edited("stray", "INSERT INTO settlements SELECT run_id, 5, participant, 9, 1.0, '[]', 1.0 FROM rewards "
+                            "WHERE round = 4 AND participant NOT IN (SELECT participant FROM rewards WHERE round = 5)")
+    assert any("has no reward row" in e for e in check.chain_errors)
+
+
+def test_each_settlement_gets_a_signed_receipt_that_catches_a_resealed_settlement(tmp_path, monkeypatch):
+    import sqlite3
+
+    from kfca_llm.flower import receipts
+
+    issued = []
+    make = receipts.make_receipt
+    monkeypatch.setattr(receipts, "make_receipt", lambda *a: issued.append(make(*a)) or issued[-1])
+    ledger = tmp_path / "rewards.sqlite"
+    run(ledger, receipt_key=tmp_path / "server.key")
+    folder = tmp_path / "receipts"
+    receipts.save_receipts(issued, folder)
+    contents = read_ledger(ledger)
+    bodies = [json.loads(t)["receipt"] for t in issued]
+    settled = sorted((b["round"], b["participant"], b["settled_in"], b["reward"]) for b in bodies if "kind" in b)
+    assert settled and settled == sorted((s.round, s.participant, s.settled_in, s.reward) for s in contents.settlements)
+    key = receipts.read_public_key(tmp_path / "server.key.pub")
+    assert receipts.check_receipts(contents, folder, key) == ([], len(issued))
+    with sqlite3.connect(ledger) as conn:
+        conn.execute("UPDATE settlements SET reward = reward + 1 WHERE round = 2")
+    reseal(ledger)
+    problems, _ = receipts.check_receipts(read_ledger(ledger), folder, key)
+    # The settlement's own receipt names the raised reward; every receipt from the resealed round on, the new hash.
+    assert [p for p in problems if "reward is" in p] == [p for p in problems if "settled in round" in p and "reward is" in p]
+    assert len([p for p in problems if "reward is" in p]) == 2
+
+
+def test_a_settling_round_moved_after_a_later_one_is_never_a_match(pooled, tmp_path):
+    """Rows reordered: the pool reaches the later round first and applies the settlements on its way; the settling
+    round, checked after, cannot be recomputed (never a match, never a crash), and the chain says why."""
+    import sqlite3
+
+    from kfca_llm.flower.audit import verify_ledger
+
+    _, _, ledger = pooled
+    moved = _copy_ledger(ledger, tmp_path / "moved.sqlite")
+    at = min(s.settled_in for s in read_ledger(ledger).settlements)
+    with sqlite3.connect(moved) as conn:
+        conn.execute("CREATE TEMP TABLE kept AS SELECT * FROM rounds WHERE round = ?", (at,))
+        conn.execute("DELETE FROM rounds WHERE round = ?", (at,))
+        conn.execute("INSERT INTO rounds SELECT * FROM kept")
+    check = verify_ledger(moved)
+    assert any("reordered" in e for e in check.chain_errors) and not check.ok
+    (settling,) = [r for r in check.rounds if r.round == at]
+    assert settling.status == "unverifiable" and "reordered" in settling.detail
