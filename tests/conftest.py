@@ -170,6 +170,19 @@ def short_federation(tmp_path_factory):
     return recipe, out, run_federation(recipe, FederationOptions(out_dir=out, progress=False))
 
 
+@pytest.fixture(scope="session")
+def pooled(tmp_path_factory):
+    """(strategy, result, ledger) of ``tests/flower/pooled_strategy_run.run`` (a 24-round KFCAStrategy run at two a
+    round, in process): the peer pool's strategy and ledger tests read it; a test that edits the ledger edits a copy,
+    or restores it. Not a ``SHARED_RUNS`` fixture: a few seconds, computed again on the other worker if it needs it."""
+    pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
+    sys.path.insert(0, str(Path(__file__).parent / "flower"))
+    from pooled_strategy_run import run
+
+    ledger = tmp_path_factory.mktemp("pool") / "rewards.sqlite"
+    return (*run(ledger), ledger)
+
+
 # --- parallel runs (pytest-xdist: `make test` runs two workers) --------------------------------------------
 
 SHARED_RUNS = ("tiny_federation", "short_federation")

@@ -1,7 +1,7 @@
 """The pooled KFCAStrategy run at FlowerTune's scale that the peer-pool tests read: 20 nodes, ``FedAvg(fraction_train=
 0.1)`` (two per round), one flipper, over the in-process grid (no Ray). Honest updates share a persistent direction (as
-updates of nearby rounds do) plus a per-round one and each node's noise. ``tests/flower/conftest.py`` runs it once per
-worker (the ``pooled`` fixture) for the strategy's tests and the ledger's."""
+updates of nearby rounds do) plus a per-round one and each node's noise. ``tests/conftest.py`` runs it once per worker
+(the ``pooled`` fixture) for the strategy's tests and the ledger's."""
 
 import random
 
