@@ -45,6 +45,7 @@ import torch
 from kfca_llm.api import pack_updates
 from kfca_llm.attacks import resolve_attack
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+from kfca_llm.fl.pool_policy import eligible
 from kfca_llm.fl.pool_store import RANK_RULES
 from kfca_llm.fl.pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
 from kfca_llm.fl.reference import DEFAULT_REFERENCE_WEIGHT, REFERENCE, reference_signs
@@ -70,7 +71,7 @@ class RandomDrawPool(PeerPool):
     """The pool drawing its peers at random among the window's distinct participants (seeded by round)."""
 
     def candidates(self, before_round, participant, exclude, horizon=None):
-        entries = self.eligible(before_round, participant, exclude, horizon)
+        entries = eligible(self, before_round, participant, exclude, horizon)
         rng = np.random.default_rng([before_round, sum(map(ord, participant))])
         order = rng.permutation(len(entries))[:self.settings.pool_peers]
         return [entries[k] for k in sorted(order)]

@@ -20,6 +20,7 @@ from kfca_llm.api import pack_updates  # noqa: E402
 from kfca_llm.engine.duplicates import DuplicateRule  # noqa: E402
 from kfca_llm.fl.peer_pool import PeerPool, PooledRound, PoolSettings, parse_pool_name, score_with_pool  # noqa: E402
 from kfca_llm.fl.pool_close import ClosingRound, close_round  # noqa: E402
+from kfca_llm.fl.pool_policy import record  # noqa: E402
 
 PAGE = "docs/few-peers.md"
 MARKER = "the round of A (honest) and B (flipper)"
@@ -83,7 +84,7 @@ def example_text() -> str:
                  for n in scored.pool_peers[c]]
         verdict[c] = sum(w * p for w, p in terms) / sum(abs(w) for w, _ in terms)
     lines += ["", f"z (the pool's verdict): {a} {verdict[a]:+.4f}, {b} {verdict[b]:+.4f}",
-              f"records: {a} {pool.record(a, t)}, {b} {pool.record(b, t)} (first participations: ranked on z alone)",
+              f"records: {a} {record(pool, a, t)}, {b} {record(pool, b, t)} (first participations: ranked on z alone)",
               f"in-round payment: {a} from {b} {report.pairwise[(a, b)]:+.4f}, "
               f"{b} from {a} {report.pairwise[(b, a)]:+.4f}"]
     lower = a if verdict[a] < verdict[b] else b
@@ -115,7 +116,7 @@ def test_the_rewards_are_the_rule_the_page_states():
         terms = [(scored.lag_weights.get(t - parse_pool_name(n)[1], 0.0), report.pairwise[(c, n)])
                  for n in scored.pool_peers[c]]
         z[c] = sum(lw * p for lw, p in terms) / sum(abs(lw) for lw, _ in terms)
-    assert z[b] < z[a] and pool.record(a, t) is None and pool.record(b, t) is None
+    assert z[b] < z[a] and record(pool, a, t) is None and record(pool, b, t) is None
     assert report.pairwise[(a, b)] < 0 and report.pairwise[(b, a)] < 0
     assert abs(report.rewards[a] - (w * z[a] - report.pairwise[(a, b)]) / (w + 1)) < 1e-12
     assert abs(report.rewards[b] - (w * z[b] + report.pairwise[(b, a)]) / (w + 1)) < 1e-12

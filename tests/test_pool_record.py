@@ -1,6 +1,6 @@
-"""A participant's record (``PeerPool.record``), which settles who deviated in a disagreeing pair beside the round's
-verdicts: the lower of its window's and its run's; or its reputation (``PeerPool.reputation``, ``rank_by="reputation"``),
-built from the pool's verdicts alone."""
+"""A participant's record (``fl.pool_policy.record``), which settles who deviated in a disagreeing pair beside the
+round's verdicts: the lower of its window's and its run's; or its reputation (``fl.pool_policy.reputation``,
+``rank_by="reputation"``), built from the pool's verdicts alone."""
 
 import numpy as np
 import pytest
@@ -9,6 +9,7 @@ from test_peer_pool import SCHEDULE, round_updates, run_rounds
 from kfca_llm.api import pack_updates
 from kfca_llm.errors import InputError
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, recorded_pool_settings, score_with_pool
+from kfca_llm.fl.pool_policy import record, reputation
 
 
 def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():
@@ -25,8 +26,8 @@ def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair
         return pool
 
     honest_record, forged = pool_before_8(False), pool_before_8(True)
-    assert honest_record.record("c03", 8) < 0 < honest_record.record("c01", 8) and forged.record("c03", 8) == 1.0
-    assert honest_record.record("c11", 8) is None  # never trained
+    assert record(honest_record, "c03", 8) < 0 < record(honest_record, "c01", 8) and record(forged, "c03", 8) == 1.0
+    assert record(honest_record, "c11", 8) is None  # never trained
     packer = pack_updates(round_updates(8, (1, 3), {3: "flip"}))
     right = score_with_pool(packer, honest_record, 8, seed=8).report.rewards
     wrong = score_with_pool(packer, forged, 8, seed=8).report.rewards
@@ -44,15 +45,15 @@ def test_a_record_is_the_lower_of_the_windows_and_the_runs():
     for t in range(1, 16):
         pool.add_round(t, {who: words for who, s in scores.items() if t in s} | {"other": words},
                        {who: s[t] for who, s in scores.items() if t in s})
-    assert pool.record("flipper", 16) == pytest.approx(-0.15)  # nothing in the window: its run's
-    assert pool.record("turncoat", 16) == pytest.approx(-0.1)  # its window's, below its run's +0.2
-    assert pool.record("honest", 16) == pytest.approx(-0.01)
+    assert record(pool, "flipper", 16) == pytest.approx(-0.15)  # nothing in the window: its run's
+    assert record(pool, "turncoat", 16) == pytest.approx(-0.1)  # its window's, below its run's +0.2
+    assert record(pool, "honest", 16) == pytest.approx(-0.01)
     # a flipper paid the read-back once by mistake (recent +0.1) is ranked by its run: the mistake does not repeat
-    assert pool.record("misranked", 16) == pytest.approx(-0.125)
-    assert pool.record("flipper", 2) == -0.2 and pool.record("flipper", 2, horizon=15) == -0.2  # never its own round
-    assert pool.record("other", 16) is None  # never recorded
+    assert record(pool, "misranked", 16) == pytest.approx(-0.125)
+    assert record(pool, "flipper", 2) == -0.2 and record(pool, "flipper", 2, horizon=15) == -0.2  # never its own round
+    assert record(pool, "other", 16) is None  # never recorded
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
-    assert again.record("flipper", 16) == pool.record("flipper", 16)  # a resumed run keeps the run's scores
+    assert record(again, "flipper", 16) == record(pool, "flipper", 16)  # a resumed run keeps the run's scores
 
 
 @pytest.mark.parametrize("rank_by", ["record", "verdict-first", "reputation"])
@@ -87,7 +88,7 @@ def test_a_sleepers_reputation_after_its_turn_falls_below_an_honest_partners():
     tell nothing (0). Its turn weighs twice what honest evidence does and is the newest: the sleeper ranks below its
     partner, where equal weights (or no forgetting of old evidence) would rank it above. Its scores (in-round payments,
     here +1 for the flip a misranked pair read back) count for nothing, and a resumed run keeps the evidence."""
-    from kfca_llm.fl import pool_store
+    from kfca_llm.fl import pool_policy
 
     pool, words = PeerPool(PoolSettings(rank_by="reputation")), np.zeros(4, np.int32)
     evidence = {"sleeper": {2: 0.9, 5: 0.9, 9: 0.9, 30: -0.5}, "honest": {25: 0.4, 33: 0.4, 37: 0.4}}
@@ -95,25 +96,25 @@ def test_a_sleepers_reputation_after_its_turn_falls_below_an_honest_partners():
         present = {who: e[t] for who, e in evidence.items() if t in e}
         pool.add_round(t, {who: words for who in present} | {"other": words}, {"sleeper": 1.0, "honest": 0.01},
                        evidence=present)
-    sleeper, honest = pool.reputation("sleeper", 40, 0.0), pool.reputation("honest", 40, 0.0)
+    sleeper, honest = reputation(pool, "sleeper", 40, 0.0), reputation(pool, "honest", 40, 0.0)
     weights = [1, 0.8 * 2, 0.64, 0.512, 0.4096]  # now, the turn (bad: twice), then the honest ones, older and older
     assert sleeper == pytest.approx(sum(w * v for w, v in zip(weights, [0, -0.5, 0.9, 0.9, 0.9])) / sum(weights))
     assert sleeper < honest == pytest.approx(0.4 * (0.8 + 0.64 + 0.512) / (1 + 0.8 + 0.64 + 0.512))
-    assert pool.record("sleeper", 40) > pool.record("honest", 40)  # the scores' record: spent to the sleeper's favour
-    assert pool.reputation("other", 40, -0.3) == -0.3  # nothing recorded: the round's evidence alone
-    assert pool.reputation("sleeper", 9, 0.0, horizon=30) < pool.reputation("sleeper", 9, 0.0)  # settling: both sides
+    assert record(pool, "sleeper", 40) > record(pool, "honest", 40)  # the scores' record: spent to the sleeper's favour
+    assert reputation(pool, "other", 40, -0.3) == -0.3  # nothing recorded: the round's evidence alone
+    assert reputation(pool, "sleeper", 9, 0.0, horizon=30) < reputation(pool, "sleeper", 9, 0.0)  # settling: both sides
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
-    assert again.reputation("sleeper", 40, 0.0) == sleeper
+    assert reputation(again, "sleeper", 40, 0.0) == sleeper
     with pytest.raises(InputError, match="evidence"):  # a ledger's rows cannot rebuild it: no verifier may try
         recorded_pool_settings(PoolSettings(rank_by="reputation").to_dict())
     assert recorded_pool_settings(PoolSettings(rank_by="verdict-first").to_dict()).rank_by == "verdict-first"
     for forgetting, bad in ((0.8, 1.0), (1.0, 1.0)):  # what the rule's two constants do for it
-        original = pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT
-        pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT = forgetting, bad
+        original = pool_policy.REPUTATION_FORGETTING, pool_policy.BAD_EVIDENCE_WEIGHT
+        pool_policy.REPUTATION_FORGETTING, pool_policy.BAD_EVIDENCE_WEIGHT = forgetting, bad
         try:
-            assert pool.reputation("sleeper", 40, 0.0) > pool.reputation("honest", 40, 0.0)
+            assert reputation(pool, "sleeper", 40, 0.0) > reputation(pool, "honest", 40, 0.0)
         finally:
-            pool_store.REPUTATION_FORGETTING, pool_store.BAD_EVIDENCE_WEIGHT = original
+            pool_policy.REPUTATION_FORGETTING, pool_policy.BAD_EVIDENCE_WEIGHT = original
 
 
 def test_within_public_strata_the_verdicts_without_them_settle_a_pair_the_record_would_misrank(monkeypatch):

@@ -13,6 +13,7 @@ from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.errors import InputError
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 from kfca_llm.fl.pool_close import ClosingRound, close_round
+from kfca_llm.fl.pool_policy import record
 from kfca_llm.fl.pool_settle import pending_from_arrays, pending_to_arrays
 from kfca_llm.packer import SignPacker
 
@@ -43,7 +44,7 @@ def run(rounds: int, settings: PoolSettings = PoolSettings()):
         for s in done:
             paid[s.round][s.participant] = s.reward
         candidates[t] = ([e.name for e in pool.candidates(t + 1, "c19", [])],
-                         {c: pool.record(c, t + 1) for c in ("c00", "c01")})
+                         {c: record(pool, c, t + 1) for c in ("c00", "c01")})
     return pool, paid, settled, candidates
 
 

@@ -21,7 +21,8 @@ also against ``pool_peers`` pool entries:
   from the pool alone, no ground truth, robust to a minority of deviators in it. The weighted mean of a
   participant's pool payments is the pool's verdict on it, which weighs ``weight`` against an in-round peer's 1;
   the in-round peer is read the way the verdicts say (``fl.pool_weights``: a disagreeing pair is the fault of the
-  one ranked lower, its verdict plus its record, ``PeerPool.record``: the lower of its window's and its run's);
+  one ranked lower, its verdict plus its record, ``fl.pool_policy.record``: the lower of its window's and its
+  run's);
 * **copies** (``fl.pool_copies``): a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
   to any pool entry in the window, or, on a fixed 4,096-bit sketch of its signs, to any earlier submission of
   the run, is a copy and is not added to the pool. A copy of another participant's entry (or of several
@@ -64,6 +65,7 @@ from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
+from .pool_policy import record, reputation
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
                          pool_name, recorded_pool_settings)
 from .pool_weights import (cautious_means, evidence_of, lower_verdicts, orientation, pool_lag_weights, pool_scores,
@@ -111,8 +113,8 @@ class PooledRound:
     """The round's public strata every pair was scored within (None: unconditioned); a pending round keeps them."""
     evidence: dict[str, float] = dataclasses.field(default_factory=dict)
     """Real participant the pool has a verdict on -> what the verdict tells of it (``fl.pool_weights.evidence_of``):
-    what its reputation is built from (``PeerPool.reputation``); kept under ``rank_by="reputation"`` only (a ledger does
-    not record it: a pool rebuilt from one has none)."""
+    what its reputation is built from (``fl.pool_policy.reputation``); kept under ``rank_by="reputation"`` only (a
+    ledger does not record it: a pool rebuilt from one has none)."""
 
     @property
     def used_pool(self) -> bool:
@@ -265,11 +267,11 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
     evidence = {c: evidence_of(*ranked[c]) for c in verdict}
     rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
     if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones
-        rank = {c: pool.reputation(c, round_, t, horizon) if c in real else t for c, t in evidence.items()}
+        rank = {c: reputation(pool, c, round_, t, horizon) if c in real else t for c, t in evidence.items()}
     elif rank_by == "verdict":  # no record a sleeper could spend
         rank = {c: z for c, (z, _) in ranked.items()}
     else:
-        rank = {c: z + ((pool.record(c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in ranked.items()}
+        rank = {c: z + ((record(pool, c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in ranked.items()}
     if rank_by == "verdict-first":  # a clear difference of verdicts settles alone
         clear = {(c, p) for c, p in in_round_keys if c in verdict and p in verdict and p not in own and verdict_settles(
             ranked[c], ranked[p], VERDICT_GATE)}

@@ -1,6 +1,7 @@
 """The peer pool's store: the last rounds' packed sign words by round and participant, their rounds' scores
 (vetting and records) and the run's sketches, with the settings that say how short rounds use them
-(``fl.peer_pool`` scores with it)."""
+(``fl.peer_pool`` scores with it; who may be a peer, and a participant's record and reputation, are
+``fl.pool_policy``'s)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from ..errors import InputError
 from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
+from .pool_policy import eligible
 from .pool_settings import POOL_KEYS, POOL_RULE, check_pool_rule
 
 POOL_SEPARATOR = "@"
@@ -23,11 +25,6 @@ POOL_SEPARATOR = "@"
 RANK_RULES = ("record", "verdict", "verdict-first", "reputation")
 VERDICT_GATE = 2.0
 """Standard errors by which two verdicts must differ to settle a disagreeing pair alone (``rank_by="verdict-first"``)."""
-REPUTATION_FORGETTING = 0.8
-"""``rank_by="reputation"``: the weight of a participant's evidence one participation older than the next."""
-BAD_EVIDENCE_WEIGHT = 2.0
-"""``rank_by="reputation"``: the weight of negative evidence against positive evidence's 1 (bad evidence
-weighs more, so a participant that turns deviator loses its reputation faster than it built it)."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +53,9 @@ class PoolSettings:
     no record is there for a sleeper to spend; measured to let free riders win more noisy disagreements with honest
     partners); ``"verdict-first"``, by the verdicts alone where they differ by more than ``VERDICT_GATE`` standard errors
     of their difference (a participant that turns deviator cannot spend its record against a clear verdict), else as
-    ``"record"``; ``"reputation"``, by each one's reputation (``PeerPool.reputation``): what the pool's verdicts told of
-    it, this round's and its earlier submissions', never its in-round payments, which the ranking itself decides."""
+    ``"record"``; ``"reputation"``, by each one's reputation (``fl.pool_policy.reputation``): what the pool's verdicts
+    told of it, this round's and its earlier submissions', never its in-round payments, which the ranking itself
+    decides."""
     rule: int = POOL_RULE
     """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
     a ledger of an earlier rule is not rescored with this one)."""
@@ -125,7 +123,7 @@ class PeerPool:
         """Pool name -> its round's score of it before copies and the undetermined rule (``unadjusted_rewards``;
         None: not recorded), run-long (a float a submission, as the sketches): only entries of the window scored > 0
         (or not recorded) become pool peers, a deviator's entries stay for copy detection and lag weights only; every
-        scored submission counts in its participant's ``record``."""
+        scored submission counts in its participant's record (``fl.pool_policy.record``)."""
         self.pending: dict[int, object] = {}
         """Round -> its ``fl.pool_settle.PendingRound``: undetermined rounds waiting to be settled."""
         self._paid: dict[str, float] = {}
@@ -135,7 +133,7 @@ class PeerPool:
         """Pool names of submissions their participant resubmitted: charged back once, settled at most 0."""
         self._evidence: dict[str, float] = {}
         """Pool name -> what its round's verdict told of it (``fl.pool_weights.evidence_of``; missing: the pool had no
-        verdict on it), run-long: what ``reputation`` is built from."""
+        verdict on it), run-long: what a reputation is built from (``fl.pool_policy.reputation``)."""
 
     def entries(self, before_round: int, extra: int = 0, horizon: int | None = None) -> list[PoolEntry]:
         """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name;
@@ -150,20 +148,24 @@ class PeerPool:
 
     def candidates(self, before_round: int, participant: str, exclude: Sequence[str],
                    horizon: int | None = None) -> list[PoolEntry]:
-        """The first ``pool_peers`` of the ``eligible`` entries."""
-        return self.eligible(before_round, participant, exclude, horizon)[:self.settings.pool_peers]
+        """The pool peers of a short participant: the first ``pool_peers`` of the ``fl.pool_policy.eligible`` entries
+        (the draw is the hook a benchmark overrides to draw otherwise among them)."""
+        return eligible(self, before_round, participant, exclude, horizon)[:self.settings.pool_peers]
 
-    def eligible(self, before_round: int, participant: str, exclude: Sequence[str],
-                 horizon: int | None = None) -> list[PoolEntry]:
-        """Each other participant's nearest entry (most recent, without a ``horizon``) its round did not score <= 0,
-        nearest first: what ``candidates`` draws from (public: a benchmark draws otherwise among them)."""
-        seen, out = set(exclude) | {participant}, []
-        for entry in self.entries(before_round, horizon=horizon):
-            score = self._scores.get(entry.name)
-            if entry.participant not in seen and (score is None or score > 0):
-                seen.add(entry.participant)
-                out.append(entry)
-        return out
+    def score_of(self, name: str) -> float | None:
+        """Entry ``name``'s score in its round (None: not recorded)."""
+        return self._scores.get(name)
+
+    def run_scores(self, participant: str) -> dict[int, float | None]:
+        """Round -> ``participant``'s score in it, for every submission of the run the pool recorded, in the order
+        they were added."""
+        return {entry[1]: score for name, score in self._scores.items()
+                if (entry := parse_pool_name(name)) is not None and entry[0] == participant}
+
+    def run_evidence(self, participant: str) -> dict[int, float]:
+        """Round -> what its verdict told of ``participant``'s submission, where the pool had a verdict on it."""
+        return {entry[1]: value for name, value in self._evidence.items()
+                if (entry := parse_pool_name(name)) is not None and entry[0] == participant}
 
     def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
                   scores: Mapping[str, float] | None = None, paid: Mapping[str, float] | None = None,
@@ -216,38 +218,6 @@ class PeerPool:
         for name in names:
             self._paid[name] = min(self._paid.get(name, 0.0), 0.0)
             self._resubmitted.add(name)
-
-    def record(self, participant: str, before_round: int, horizon: int | None = None) -> float | None:
-        """``participant``'s record, which settles who deviated in a disagreeing pair with its current verdict: the lower
-        of its recent record (the mean score of its entries of the window and the round before it; with a ``horizon``,
-        the rounds after ``before_round`` up to it too) and its run's (the mean score of every submission of the run
-        but ``before_round``'s), or the one it has; None: nothing of it was scored. Late in training a round's verdicts
-        fade while a persistent deviator's run record does not; a participant that turns deviator is caught by its
-        recent record before its run record has moved."""
-        recent = [self._scores.get(e.name) for e in self.entries(before_round, extra=1, horizon=horizon)
-                  if e.participant == participant]
-        whole = [score for name, score in self._scores.items()
-                 if (entry := parse_pool_name(name)) is not None and entry[0] == participant
-                 and entry[1] != before_round and entry[1] <= (before_round - 1 if horizon is None else horizon)]
-        means = [sum(found) / len(found) for found in ([s for s in recent if s is not None],
-                                                       [s for s in whole if s is not None]) if found]
-        return min(means) if means else None
-
-    def reputation(self, participant: str, before_round: int, now: float, horizon: int | None = None) -> float:
-        """``participant``'s reputation in ``before_round``, whose verdict's evidence on it is ``now``
-        (``fl.pool_weights.evidence_of``): the weighted mean of ``now`` and of the evidence of its other submissions of
-        the run (up to ``horizon``, with one), each ``REPUTATION_FORGETTING`` times the weight of the one nearer
-        ``before_round`` (``now`` weighs 1), a negative one ``BAD_EVIDENCE_WEIGHT`` times more. Built from the pool's
-        verdicts only: a pair ranked the wrong way round does not raise the reputation of the one it favoured, and a
-        verdict counts by how clear it was, hardly by when in training it was measured."""
-        high = before_round - 1 if horizon is None else horizon
-        found = sorted(((abs(entry[1] - before_round), -entry[1]), value) for name, value in self._evidence.items()
-                       if (entry := parse_pool_name(name)) is not None and entry[0] == participant
-                       and entry[1] != before_round and entry[1] <= high)
-        weights = [REPUTATION_FORGETTING ** age for age in range(len(found) + 1)]
-        values = [now, *(value for _, value in found)]
-        weights = [w * (BAD_EVIDENCE_WEIGHT if v < 0 else 1.0) for w, v in zip(weights, values)]
-        return sum(w * v for w, v in zip(weights, values)) / sum(weights)
 
     def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
                       ) -> list[tuple[str, float]]:

@@ -4,7 +4,7 @@
   that far apart (``pool_lag_weights``); the pool score ``z`` is the weighted mean of its pool payments.
 * **In-round peers read the way the pool says they report**: at two per round the pair's payment is symmetric, so the
   pool decides who deviated. A pair that agrees (payment >= 0) counts as it is; a pair that disagrees is the fault
-  of the participant ranked lower (``fl.peer_pool``: its pool score plus its record, ``PeerPool.record``): the participant the pool ranks lower is fined the disagreement, the other is paid as if its
+  of the participant ranked lower (``fl.peer_pool``: its pool score plus its record, ``fl.pool_policy.record``): the participant the pool ranks lower is fined the disagreement, the other is paid as if its
   peer had reported the opposite (a flipped peer's report read back). A peer the pool has no verdict on (an own
   resubmission, a participant without weighted pool peers) counts for nothing.
 * **The pool as a whole** weighs ``pool_weight`` against an in-round peer's 1. An own resubmission never meets the

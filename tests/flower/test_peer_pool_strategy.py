@@ -24,6 +24,7 @@ from doc_pages import one_block  # noqa: E402
 from kfca_llm.cli import main  # noqa: E402
 from kfca_llm.flower import KFCAStrategy, read_ledger  # noqa: E402
 from kfca_llm.fl.peer_pool import PoolSettings  # noqa: E402
+from kfca_llm.fl.pool_policy import record  # noqa: E402
 from kfca_llm.flower.ledger_rows import ledger_summary  # noqa: E402
 
 
@@ -77,9 +78,9 @@ def test_a_resumed_run_rebuilds_the_pool_from_the_ledger_with_its_scores_and_rec
     assert meta == live_meta and live_arrays.keys() == arrays.keys()
     assert all(np.array_equal(live_arrays[k], arrays[k]) for k in arrays)
     participants = {p for r in strategy.rewards.values() for p in r}
-    assert any(rebuilt.record(p, ROUNDS + 1) is not None for p in participants)
+    assert any(record(rebuilt, p, ROUNDS + 1) is not None for p in participants)
     for p in participants:
-        assert rebuilt.record(p, ROUNDS + 1) == strategy.pool.record(p, ROUNDS + 1)
+        assert record(rebuilt, p, ROUNDS + 1) == record(strategy.pool, p, ROUNDS + 1)
         assert ([e.name for e in rebuilt.candidates(ROUNDS + 1, p, [])]
                 == [e.name for e in strategy.pool.candidates(ROUNDS + 1, p, [])])
 
@@ -94,7 +95,7 @@ def test_the_pools_scores_survive_its_saved_state():
     back = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
     assert [e.name for e in back.candidates(3, "x", [])] == [e.name for e in pool.candidates(3, "x", [])] == [
         "c2@2", "c3@2", "c0@1"]  # c1's entry scored < 0: no one's peer; c3's was not scored: a peer
-    assert back.record("c0", 3) == pool.record("c0", 3) == 0.2 and back.record("c3", 3) is None
+    assert record(back, "c0", 3) == record(pool, "c0", 3) == 0.2 and record(back, "c3", 3) is None
 
 
 def paid(strategy) -> dict[int, dict[str, float]]:
