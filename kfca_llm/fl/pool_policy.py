@@ -6,10 +6,20 @@ beside its verdict: its ``record`` (``rank_by="record"``, ``"verdict-first"``) o
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .pool_store import PeerPool, PoolEntry
+
+class PoolRecords(Protocol):
+    """What the policy reads of the store (``PeerPool``; typed here, not imported: the store draws its pool peers with
+    ``eligible``)."""
+
+    def entries(self, before_round: int, extra: int = 0, horizon: int | None = None) -> list: ...
+
+    def score_of(self, name: str) -> float | None: ...
+
+    def run_scores(self, participant: str) -> dict[int, float | None]: ...
+
+    def run_evidence(self, participant: str) -> dict[int, float]: ...
 
 REPUTATION_FORGETTING = 0.8
 """``rank_by="reputation"``: the weight of a participant's evidence one participation older than the next."""
@@ -18,8 +28,8 @@ BAD_EVIDENCE_WEIGHT = 2.0
 weighs more, so a participant that turns deviator loses its reputation faster than it built it)."""
 
 
-def eligible(pool: PeerPool, before_round: int, participant: str, exclude: Sequence[str],
-             horizon: int | None = None) -> list[PoolEntry]:
+def eligible(pool: PoolRecords, before_round: int, participant: str, exclude: Sequence[str],
+             horizon: int | None = None) -> list:
     """Each other participant's nearest entry (most recent, without a ``horizon``) its round did not score <= 0,
     nearest first: what ``PeerPool.candidates`` draws from (a benchmark draws otherwise among them)."""
     seen, out = set(exclude) | {participant}, []
@@ -31,7 +41,7 @@ def eligible(pool: PeerPool, before_round: int, participant: str, exclude: Seque
     return out
 
 
-def record(pool: PeerPool, participant: str, before_round: int, horizon: int | None = None) -> float | None:
+def record(pool: PoolRecords, participant: str, before_round: int, horizon: int | None = None) -> float | None:
     """``participant``'s record, which settles who deviated in a disagreeing pair with its current verdict: the lower
     of its recent record (the mean score of its entries of the window and the round before it; with a ``horizon``,
     the rounds after ``before_round`` up to it too) and its run's (the mean score of every submission of the run
@@ -47,7 +57,7 @@ def record(pool: PeerPool, participant: str, before_round: int, horizon: int | N
     return min(means) if means else None
 
 
-def reputation(pool: PeerPool, participant: str, before_round: int, now: float, horizon: int | None = None) -> float:
+def reputation(pool: PoolRecords, participant: str, before_round: int, now: float, horizon: int | None = None) -> float:
     """``participant``'s reputation in ``before_round``, whose verdict's evidence on it is ``now``
     (``fl.pool_weights.evidence_of``): the weighted mean of ``now`` and of the evidence of its other submissions of
     the run (up to ``horizon``, with one), each ``REPUTATION_FORGETTING`` times the weight of the one nearer
