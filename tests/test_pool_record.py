@@ -124,13 +124,13 @@ def test_within_public_strata_the_verdicts_without_them_settle_a_pair_the_record
     against their standard errors, so c01 is paid > 0 and c03 is fined. Two verdicts above 0 never settle a pair,
     however far apart (a free rider's, which follows the trajectory, cannot win that way)."""
     from kfca_llm.engine.public import PublicConditioning
-    from kfca_llm.fl import peer_pool
+    from kfca_llm.fl import pool_reward
     from kfca_llm.fl.pool_store import VERDICT_GATE
     from kfca_llm.fl.pool_weights import trajectory_settles
 
     def round_8(settles_by_trajectory: bool) -> dict[str, float]:
         if not settles_by_trajectory:
-            monkeypatch.setattr(peer_pool, "trajectory_settles", lambda *args: False)
+            monkeypatch.setattr(pool_reward, "trajectory_settles", lambda *args: False)
         pool, steps = PeerPool(PoolSettings()), []
         for t in range(1, 8):
             updates = round_updates(t, SCHEDULE[t], {3: "flip"})

@@ -56,25 +56,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine import get_backend
 from ..engine.duplicates import DuplicateGroup, DuplicateRule
 from ..engine.public import OFF, PublicConditioning, PublicPlanes
-from ..engine.stats import PairPayment, joint_tables, pair_payments
 from ..errors import InputError
-from ..packer import SIGN_LABELS, SignPacker
+from ..packer import SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
-from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
-from .pool_policy import record, reputation
-from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
-                         pool_name, recorded_pool_settings)
-from .pool_weights import (cautious_means, evidence_of, lower_verdicts, orientation, pool_lag_weights, pool_scores,
-                           public_blind_verdicts, trajectory_settles, verdict_errors, verdict_settles,
-                           weighted_means)
+from .pool_evidence import OWN_RESUBMISSION, PooledScoring, gather_evidence, resubmitted_entries
+from .pool_reward import (cap_resubmitted, charge_back_resubmissions, hold_unsure, orient_weights, pair_report,
+                          pay_weighted_means, rank_pairs, warming)
+from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
+                         recorded_pool_settings)
+from .pool_weights import cautious_means
 from .reference import REFERENCE, check_reference_weight
-
-OWN_RESUBMISSION = "own resubmission: scored without the pool"
-"""The note of a copy group whose scorer resubmitted only its own earlier updates (``DuplicateGroup.note``)."""
 
 
 @dataclass(frozen=True)
@@ -193,209 +187,35 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
         undetermined = tuple(c for c in short if c in real)
         report = dataclasses.replace(report, rewards={c: 0.0 if c in short else r for c, r in report.rewards.items()})
         return PooledRound(report, {c: [] for c in report.rewards}, undetermined, in_round_rewards=in_round_rewards,
-                           short=tuple(short), warming=_warming(short, {}, undetermined, pool.settings),
+                           short=tuple(short), warming=warming(short, {}, undetermined, pool.settings),
                            unpaid=tuple(short), planes=planes)
-    return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, seed=seed, penalty=penalty,
-                         bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
-                         reference=reference, reference_weight=reference_weight, horizon=horizon, planes=planes)
+    return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, PooledScoring(
+        seed, penalty, bonus_fraction, duplicates, duplicate_rule, reference, reference_weight, horizon, planes))
 
 
-def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report: RewardReport,
+def _score_pooled(packer: SignPacker, pool: PeerPool | None, round_: int, round_report: RewardReport,
                   rows: Mapping[str, PoolEntry], chosen: Mapping[str, list[PoolEntry]], real: set[str],
-                  owner: Mapping[str, str], *,
-                  seed: int, penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
-                  reference: np.ndarray | None, reference_weight: float, horizon: int | None,
-                  planes: PublicPlanes | None) -> PooledRound:
-    signs, task = packer.words()
-    names = [*packer.clients, *rows, *([REFERENCE] if reference is not None else [])]
-    index = {name: k for k, name in enumerate(names)}
-    # The pooled rows on the CPU backend (host words; the bits are what they are on any backend, and every
-    # backend counts them to the same integers), on this round's task mask and partition.
-    cpu = get_backend("cpu")
-    buffers = cpu.allocate(len(names), packer.layout)
-    n_words = signs.shape[1]
-    buffers.signs[:len(packer.clients), :n_words] = signs
-    for k, entry in enumerate(rows.values(), start=len(packer.clients)):
-        if entry.signs.shape != (n_words,):
-            raise InputError(f"pool entry {entry.name} has {entry.signs.shape[-1]} sign words, this round {n_words}")
-        buffers.signs[k, :n_words] = entry.signs
-    if reference is not None:
-        buffers.signs[index[REFERENCE], :n_words] = reference
-    buffers.task[:n_words] = task
-    counts = plain_counts = cpu.round_counts(buffers, seed, bonus_fraction)
-    if planes is not None:
-        negatives, sizes = cpu.stratum_counts(buffers, seed, bonus_fraction, planes.host_words())
-        counts = dataclasses.replace(counts, strata_negatives=negatives, strata_sizes=sizes)
-
-    pool_copies, lag_weights = (), {}
-    if rows:
-        # A settled round's copies are judged as they were then: a later submission matching it copied it.
-        pool_names = names[:len(packer.clients) + sum(e.round < round_ for e in rows.values())]
-        pool_copies = pool_copies_of(counts, pool_names, len(packer.clients), set(owner), duplicate_rule)
-        pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner), lambda words: pool.sketch_copies(
-            words, task, round_, duplicate_rule.max_disagreement))
-        lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), pool.settings.window)
-        pool_copies = own_replays_only(pool_copies, owner, pool.settings.own_replay_limit)
-    own = _own_resubmissions(pool_copies, owner)
-    pool_copies = _one_group_each(pool_copies, own)
-    in_round_keys = list(round_report.pairwise)
-    pool_keys = [(client, e.name) for client, entries in chosen.items() if client not in own for e in entries]
-    lag_of = {e.name: lag_weights.get(abs(round_ - e.round), 0.0) for e in rows.values()}
-    reference_keys = [(client, REFERENCE) for client in sorted(round_report.rewards)] if reference is not None else []
-    keys = [*in_round_keys, *pool_keys, *reference_keys]
-    index_pairs = np.array([(index[c], index[p]) for c, p in keys], dtype=np.int64)
-    matches = cpu.sampled_matches(buffers, seed, bonus_fraction, index_pairs) if penalty == "sampled" else None
-    payment, bonus, penalty_agreement = pair_payments(counts, index_pairs, matches)
-    pay = dict(zip(keys, payment.tolist()))
-    terms_of: dict[str, list[tuple[float, float]]] = {}
-    for key in pool_keys:
-        terms_of.setdefault(key[0], []).append((lag_of[key[1]], pay[key]))
-    verdict = pool_scores(terms_of)
-    # An own resubmission's pool term: 0 at the pool's weight, where the pool could have judged it.
-    own_pool = {c: pool.settings.weight for c in own
-                if c in chosen and any(lag_of.get(e.name, 0.0) for e in chosen[c])}
-
-    # Who the pool ranks lower in a disagreeing pair: this round's verdict plus, for a real participant, its recent
-    # record (an analysis scorer's owner's record is an honest submission's, not the strategy's). Within public strata
-    # the verdict ranked is the lower of the one within them and the one without them, each with its error: neither
-    # following the trajectory (a free rider) nor running against it (a flip) then ranks high.
-    errors = verdict_errors(terms_of, verdict)
-    ranked = {c: (z, errors[c]) for c, (z, _) in verdict.items()}
-    blind = {} if planes is None else public_blind_verdicts(plain_counts, rows, len(packer.clients),
-                                                            pool.settings.window, round_, pool_keys, index)
-    ranked = lower_verdicts(ranked, blind)  # without strata: no blind verdicts, the verdicts as they are
-    evidence = {c: evidence_of(*ranked[c]) for c in verdict}
-    rank_by = pool.settings.rank_by if pool is not None else "record"  # (no pool: a reference alone, no verdicts)
-    if rank_by == "reputation":  # the verdicts' evidence, this round's and the participant's earlier ones
-        rank = {c: reputation(pool, c, round_, t, horizon) if c in real else t for c, t in evidence.items()}
-    elif rank_by == "verdict":  # no record a sleeper could spend
-        rank = {c: z for c, (z, _) in ranked.items()}
-    else:
-        rank = {c: z + ((record(pool, c, round_, horizon) if c in real else None) or 0.0) for c, (z, _) in ranked.items()}
-    if rank_by == "verdict-first":  # a clear difference of verdicts settles alone
-        clear = {(c, p) for c, p in in_round_keys if c in verdict and p in verdict and p not in own and verdict_settles(
-            ranked[c], ranked[p], VERDICT_GATE)}
-        rank_of = {(c, p): ((ranked[c][0], ranked[p][0]) if (c, p) in clear else (rank[c], rank.get(p)))
-                   for c, p in in_round_keys if c in verdict}
-    else:
-        rank_of = {(c, p): (rank[c], rank.get(p)) for c, p in in_round_keys if c in verdict}
-    # Within public strata, a pair the trajectory settles is ranked on the verdicts without the strata alone, whatever
-    # the records: one of them clearly ran against the way the pool moved (a flip; a sleeper's or an on-off
-    # attacker's record cannot buy it back).
-    rank_of |= {(c, p): (blind[c][0], blind[p][0]) for c, p in rank_of
-                if c in blind and p in blind and p not in own and trajectory_settles(blind[c], blind[p], VERDICT_GATE)}
-    weights = [1.0 if c not in verdict or (p not in chosen and p not in own)
-               else orientation(pay[(c, p)], rank_of[(c, p)][0], None if p in own else rank_of[(c, p)][1])
-               for c, p in in_round_keys]
-    weights += [lag_of[p] * pool.settings.weight / verdict[c][1] if c in verdict else 0.0 for c, p in pool_keys]
-    weights += [reference_weight] * len(reference_keys)
-    terms = dict(zip(keys, map(PairPayment, payment.tolist(), bonus.tolist(), penalty_agreement.tolist())))
-    joints = dict(zip(keys, joint_tables(counts, index_pairs)))
-    groups = (*round_report.duplicates, *pool_copies)
-    report = RewardReport.from_pairs(terms, joints, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
-                                     backend=round_report.backend, labels=SIGN_LABELS, tasks=round_report.tasks,
-                                     duplicates=groups, duplicate_policy=duplicates)
-    unadjusted = weighted_means(keys, payment, weights, own_pool)
-    paid = apply_pool_policy(unadjusted, round_report.duplicates, [g for g in pool_copies if g.note is None], duplicates)
-    weighted: dict[str, set[str]] = {c: {"(pool)"} for c in own_pool}
-    for (client, peer), weight in zip(keys, weights):
-        if weight != 0.0:
-            named = parse_pool_name(peer)
-            weighted.setdefault(client, set()).add(named[0] if named else peer)
-    # Fewer distinct peers than min_peers: no majority that could outvote a deviator, so the reward is not paid.
-    # A trusted reference tells an honest participant from a deviator at any round size.
-    # A participant's resubmission of its own earlier submission is a copy of it (never an analysis scorer's replay:
-    # that answers what such an update earns in its round): paid at most 0, and what the copied submission was paid is
-    # charged back, once. Its reward is then known, never undetermined.
-    resubmitted = {} if duplicates == "flag" else {
-        c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
-    # Within public strata, nor where the pool's verdict alone would pay it (no in-round peer counted) and stands within
-    # VERDICT_GATE standard errors of 0: there an honest update's verdict across rounds can be as weak as noise, and a
-    # payment of noise is no evidence (the in-round peer an own resubmission or a constant report, say).
-    counted = {c for (c, _), weight in zip(in_round_keys, weights) if weight != 0.0}
-    unsure = set() if reference is not None else {
-        c for c in chosen if c not in resubmitted and (len(weighted.get(c, ())) < pool.settings.min_peers or (
-            planes is not None and c in verdict and c not in counted
-            and not abs(verdict[c][0]) > VERDICT_GATE * errors[c]))}
-    paid |= {c: 0.0 for c in unsure}
-    charged_back = {c: pool.charge_of(names) for c, names in resubmitted.items()}
-    paid |= {c: min(paid[c], 0.0) - charged_back[c] for c in resubmitted}
-    # A submission its participant resubmitted since (settled late, ``fl.pool_settle``) is paid at most 0 too.
-    paid |= {c: min(paid[c], 0.0) for c in paid
-             if pool is not None and c in real and pool.resubmitted(pool_name(c, round_))}
-    report = dataclasses.replace(report, unadjusted_rewards=unadjusted, rewards=paid)
+                  owner: Mapping[str, str], scoring: PooledScoring) -> PooledRound:
+    """The round paid in ``fl.pool_reward``'s steps, in their order (the numbers are that module docstring's)."""
+    evidence = gather_evidence(packer, pool, round_, round_report, rows, chosen, real, owner, scoring)  # 1
+    rank_of, kept_evidence = rank_pairs(evidence, pool, scoring.horizon)  # 2
+    weights = orient_weights(evidence, rank_of, pool, scoring.reference_weight)  # 3
+    unadjusted, paid = pay_weighted_means(evidence, weights, scoring.duplicates)  # 4
+    paid, unsure = hold_unsure(evidence, weights, paid, pool, scoring)  # 5
+    paid, charged_back = charge_back_resubmissions(evidence, paid, pool)  # 6
+    paid = cap_resubmitted(evidence, paid, pool)  # 7
     undetermined = tuple(sorted(c for c in unsure if c in real))
-    # An own resubmission never meets the pool: nothing stands behind its reward but its round.
-    support = {c: 0 if c in own else len({e.participant for e in entries if lag_weights.get(abs(round_ - e.round), 0.0)})
-               for c, entries in chosen.items()}
-    # A trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
-    warming = () if reference is not None else _warming(list(chosen), support, undetermined, pool.settings)
+    # 8; a trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
+    warm = () if scoring.reference is not None else warming(list(chosen), evidence.support, undetermined, pool.settings)
+    report = dataclasses.replace(pair_report(evidence, scoring), unadjusted_rewards=unadjusted, rewards=paid)
+    own = evidence.own
     return PooledRound(report, {c: [] if c in own else [e.name for e in chosen.get(c, [])] for c in report.rewards},
-                       undetermined, pool_copies, lag_weights, in_round_rewards=dict(round_report.rewards),
-                       short=tuple(chosen), warming=warming,
-                       cautious=cautious_means(keys, payment, in_round_keys, lag_of, reference_weight, verdict),
-                       unpaid=tuple(sorted(unsure)), resubmitted=resubmitted, charged_back=charged_back,
-                       planes=planes,
-                       evidence={c: t for c, t in evidence.items() if c in real and rank_by == "reputation"})
-
-
-def _warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],
-             settings: PoolSettings) -> tuple[str, ...]:
-    """The short scorers the pool is still warming up for: undetermined, or fewer than ``pool_peers`` distinct
-    pool participants of non-zero weight (``support``) behind the reward."""
-    return tuple(c for c in short if c in undetermined or support.get(c, 0) < settings.pool_peers)
-
-
-def _one_group_each(pool_copies: Sequence[DuplicateGroup], own: set[str]) -> tuple[DuplicateGroup, ...]:
-    """The pool copies with each own resubmitter's groups (window and sketch) as one, noted ``OWN_RESUBMISSION``: the
-    ledger keeps one group a participant (``resubmitted_entries`` reads it back)."""
-    out = [g for g in pool_copies if not own & set(g.clients)]
-    for client in sorted(own):
-        mine = [g for g in pool_copies if client in g.clients]
-        out.append(DuplicateGroup(tuple(sorted({m for g in mine for m in g.clients})),
-                                  tuple(p for g in mine for p in g.pairs), OWN_RESUBMISSION))
-    return tuple(out)
-
-
-def resubmitted_entries(participant: str, group: Sequence[str] | None) -> tuple[str, ...]:
-    """The pool entries of a participant's own that its copy group (a ledger row's ``duplicate_group``) names, when it
-    names nothing else: an own resubmission's (else ())."""
-    others = sorted(set(group or ()) - {participant})
-    named = [parse_pool_name(m) for m in others]
-    return tuple(others) if others and all(n is not None and n[0] == participant for n in named) else ()
-
-
-def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float
-                     ) -> tuple[DuplicateGroup, ...]:
-    """The pool copy groups with every match of a scorer to an earlier submission of its own participant (``owner``)
-    that differs in more than ``limit`` of the signs left out (a retrain on the same samples, not a replay: see
-    ``fl.pool_copies``); groups left with no match drop."""
-    out = []
-    for group in groups:
-        scorer = next(c for c in group.clients if c in owner)
-
-        def kept(pair) -> bool:
-            entry = parse_pool_name(pair.peer if pair.client == scorer else pair.client)
-            # agreement is 1 - (differing / tasks) rounded: 1 - agreement can exceed the rate it came from (5 of 250
-            # signs: 0.020000000000000018), 1 - limit rounds the same way as the agreement did.
-            return pair.agreement >= 1.0 - limit or entry is None or entry[0] != owner[scorer]
-
-        pairs = tuple(filter(kept, group.pairs))
-        if pairs:
-            members = {scorer, *(p.peer if p.client == scorer else p.client for p in pairs)}
-            out.append(dataclasses.replace(group, clients=tuple(sorted(members)), pairs=pairs))
-    return tuple(out)
-
-
-def _own_resubmissions(pool_copies: Sequence[DuplicateGroup], owner: Mapping[str, str]) -> set[str]:
-    """Scorers every pool copy of which is an earlier submission of their owner (a group of a scorer and entries
-    of another participant, or of several, is not: it is paid under the duplicate policy)."""
-    own, other = set(), set()
-    for group in pool_copies:
-        for client in (c for c in group.clients if c in owner):
-            entries = [parse_pool_name(m) for m in group.clients if m != client]
-            (own if all(e is not None and e[0] == owner[client] for e in entries) else other).add(client)
-    return own - other
+                       undetermined, evidence.pool_copies, evidence.lag_weights,
+                       in_round_rewards=dict(round_report.rewards), short=tuple(chosen), warming=warm,
+                       cautious=cautious_means(evidence.keys, evidence.payment, evidence.in_round_keys,
+                                               evidence.lag_of, scoring.reference_weight, evidence.verdict),
+                       unpaid=tuple(sorted(unsure)), resubmitted=evidence.resubmitted, charged_back=charged_back,
+                       planes=scoring.planes, evidence=kept_evidence)
 
 
 __all__ = ["OWN_RESUBMISSION", "POOL_RULE", "POOL_SEPARATOR", "PeerPool", "PoolEntry", "PoolSettings", "PooledRound",

@@ -30,7 +30,8 @@ import numpy as np
 from ..engine.duplicates import DuplicateRule
 from ..packer import SignPacker
 from ..report import RewardReport
-from .peer_pool import PooledRound, resubmitted_entries
+from .peer_pool import PooledRound
+from .pool_evidence import resubmitted_entries
 from .pool_settle import PendingRound, Settlement, apply_settlements, due_settlements
 from .pool_store import PeerPool, parse_pool_name
 from .reference import REFERENCE

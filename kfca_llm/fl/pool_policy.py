@@ -1,7 +1,7 @@
 """The peer pool's policy, read off its store (``fl.pool_store.PeerPool``): which entries may be a short participant's
 peers (``eligible``; ``PeerPool.candidates`` draws from them), and what ranks a participant in a disagreeing pair
 beside its verdict: its ``record`` (``rank_by="record"``, ``"verdict-first"``) or its ``reputation``
-(``rank_by="reputation"``). ``fl.peer_pool`` applies them."""
+(``rank_by="reputation"``). ``fl.pool_reward`` applies them."""
 
 from __future__ import annotations
 
