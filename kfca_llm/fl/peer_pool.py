@@ -63,7 +63,8 @@ from ..errors import InputError
 from ..packer import SIGN_LABELS, SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
-from .pool_copies import apply_pool_policy, pool_copies_of, sketch_copies_of
+from .pool_copies import apply_pool_policy, pool_copies_of, sketch, sketch_copies_of
+from .pool_reversal import has_turned
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, VERDICT_GATE, PeerPool, PoolEntry, PoolSettings, parse_pool_name,
                          pool_name, recorded_pool_settings)
 from .pool_weights import (cautious_means, evidence_of, lower_verdicts, orientation, pool_lag_weights, pool_scores,
@@ -277,6 +278,12 @@ def _score_pooled(packer: SignPacker, pool: PeerPool, round_: int, round_report:
                    for c, p in in_round_keys if c in verdict}
     else:
         rank_of = {(c, p): (rank[c], rank.get(p)) for c, p in in_round_keys if c in verdict}
+    # A participant whose update has turned by its own lineage (pool rule 7) is ranked below a partner that has not.
+    mask = sketch(task)
+    turned = {c for k, c in enumerate(packer.clients) if c in real and c in verdict and has_turned(
+        pool.sketches(), pool.scores(), c, round_, sketch(signs[k]), mask)}
+    rank_of |= {(c, p): (-1.0, 0.0) if c in turned else (0.0, -1.0) for c, p in rank_of
+                if p in verdict and p not in own and (c in turned) != (p in turned)}
     # Within public strata, a pair the trajectory settles is ranked on the verdicts without the strata alone, whatever
     # the records: one of them clearly ran against the way the pool moved (a flip; a sleeper's or an on-off
     # attacker's record cannot buy it back).
