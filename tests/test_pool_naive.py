@@ -26,7 +26,7 @@ from kfca_llm.fl.reference import reference_signs
 
 SHORT, LONG = 256, 8492
 CLIENTS = 10
-ANALYST, FLIP, ZERO, STALE, COPIER, RETRAINER, TWIN, OLD_COPIER = range(8)
+ANALYST, FLIP, ZERO, STALE, COPIER, RETRAINER, TWIN, OLD_COPIER, ON_OFF = range(9)
 ROUNDS = 18
 
 
@@ -59,7 +59,7 @@ def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: 
         pair = sorted(rng.choice(CLIENTS, size=2, replace=False).tolist(), key=lambda c: c == TWIN)
         for c in pair:
             update = honest()
-            if c == FLIP:
+            if c == FLIP or (c == ON_OFF and len(mine.get(c, ())) % 2 == 1):  # on-off: every other update flipped
                 update = -update
             elif c == ZERO:
                 update = np.zeros(coords)
@@ -223,6 +223,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("undetermined" for c in result.unsure if horizon is None)
         seen.update("the pool alone, unclear" for c in result.unclear if c in real)
         seen.update("the trajectory settles a pair" for c in result.by_trajectory)
+        seen.update("the lineage ranks a pair" for c in result.by_lineage)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
@@ -268,7 +269,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
-            "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "owned own resubmission", "owned undetermined", "owned settled",
+            "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair", "owned own resubmission", "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen

@@ -20,7 +20,8 @@ from ..engine.stats import RoundCounts, pair_payments
 from ..errors import InputError
 from ..packer import SignPacker
 from ..report import Pair, RewardReport
-from .pool_copies import pool_copies_of, sketch_copies_of
+from .pool_copies import pool_copies_of, sketch, sketch_copies_of
+from .pool_reversal import has_turned
 from .pool_store import PeerPool, PoolEntry, parse_pool_name
 from .pool_weights import pool_lag_weights, pool_scores, public_blind_verdicts, verdict_errors
 from .reference import REFERENCE
@@ -83,6 +84,9 @@ class PoolEvidence:
     """Own resubmitter the pool could have judged -> its pool term's weight (a term of payment 0)."""
     resubmitted: dict[str, tuple[str, ...]]
     """Real own resubmitter -> the entries of its own it resubmitted (none under the duplicate policy ``flag``)."""
+    turned: frozenset[str]
+    """Real participants the pool has a verdict on whose update has turned by their own lineage (pool rule 7,
+    ``fl.pool_reversal``)."""
 
     @property
     def keys(self) -> list[Pair]:
@@ -162,9 +166,13 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     # that answers what such an update earns in its round).
     resubmitted = {} if scoring.duplicates == "flag" else {
         c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
+    mask = sketch(task)
+    turned = frozenset(c for k, c in enumerate(packer.clients) if c in real and c in verdict and has_turned(
+        pool.sketches(), pool.score_of, c, round_, sketch(signs[k]), mask))
     return PoolEvidence(round_, round_report, chosen, frozenset(real), counts, pool_copies, frozenset(own),
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
-                        penalty_agreement, verdict, verdict_errors(terms_of, verdict), blind, own_pool, resubmitted)
+                        penalty_agreement, verdict, verdict_errors(terms_of, verdict), blind, own_pool, resubmitted,
+                        turned)
 
 
 def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float

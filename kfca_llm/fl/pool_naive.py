@@ -10,7 +10,7 @@ they differ by more than two standard errors; with ``"reputation"``, by the mean
 this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one twice as much),
 the record (the lower of the window's and the run's mean score), public strata (each round's pairs scored within its
 strata, a disagreeing pair ranked on the lower of the verdicts within and without them, or on the verdicts without them
-alone where the lower of those is below 0 and they differ by more than two standard errors), undetermined participants
+alone where the lower of those is below 0 and they differ by more than two standard errors; else, where one of the two has turned by its own lineage and the other has not, the turned one lower), undetermined participants
 (paid 0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
 round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
 0, neither joins the pool), copies of another participant's earlier submission (within 2% of the signs, on every sign
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import median
+from statistics import median, pstdev
 
 import numpy as np
 
@@ -131,6 +131,8 @@ class Scored:
     """Undetermined scorers with distinct peers enough: the pool alone, its verdict within two standard errors of 0."""
     by_trajectory: set[str] = field(default_factory=set)
     """Scorers in a disagreeing pair that the verdicts without the public strata settled (pool rule 6)."""
+    by_lineage: set[str] = field(default_factory=set)
+    """Scorers in a disagreeing pair that one participant's own lineage ranked (pool rule 7)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -276,8 +278,39 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         (z, e), (z_, e_) = blind[c], blind[p]
         return min(z, z_) < 0 and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
 
+    # Pool rule 7: how an update relates to its participant's previous submission, on the round's sketched tasks,
+    # against the pairs of two other participants' earlier submissions as many rounds apart.
+    def relation(c: str, r: int, mine: list[bool]) -> tuple[Entry, bool] | None:
+        earlier = [e for e in history if e.round < r]
+        mine_before = [e for e in earlier if e.client == c]
+        if not mine_before or not sketch:
+            return None
+        previous = max(mine_before, key=lambda e: e.round)
+
+        def agree(x: list[bool], y: list[bool]) -> float:
+            return sum(x[k] == y[k] for k in sketch) / len(sketch)
+
+        baseline = [agree(u.negative, v.negative) for u in earlier for v in earlier
+                    if v.round - u.round == r - previous.round and c not in (u.client, v.client) and u.client != v.client]
+        if len(baseline) < 2:
+            return None
+        spread = max(pstdev(baseline), 1e-3)
+        excess = agree(mine, previous.negative) - median(baseline)
+        if excess < -2.5 * spread and excess < -0.03:
+            return previous, True  # reverses it
+        return (previous, False) if excess > 2.5 * spread else None  # follows it, or neither
+
+    def turned(c: str, r: int, mine: list[bool]) -> bool:  # by its lineage: reversing an honest-judged one, or
+        found = relation(c, r, mine)                        # following a turned one
+        if found is None:
+            return False
+        previous, reverses = found
+        before = turned(c, previous.round, previous.negative)
+        return (not before and previous.score > 0) if reverses else before
+
+    has_turned = {c: c in (a, b) and c in verdict and turned(c, t, negative[c]) for c in scorers}
     ref = reference_weight if reference is not None else 0.0
-    paid, scores, unsure, warming, unclear, by_trajectory = {}, {}, set(), set(), set(), set()
+    paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     for c in scorers:
         p = peer_of[c]
         if c not in verdict:
@@ -289,7 +322,10 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         else:  # the one ranked lower is fined, the other reads it back
             if against_trajectory(c, p):
                 by_trajectory.add(c)
+            elif has_turned[c] != has_turned[p]:
+                by_lineage.add(c)
             mine, theirs = ((blind[c][0], blind[p][0]) if against_trajectory(c, p) else
+                            ((-1.0, 0.0) if has_turned[c] else (0.0, -1.0)) if has_turned[c] != has_turned[p] else
                             (ranked[c][0], ranked[p][0]) if clear(c, p) else (rank[c], rank[p]))
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
@@ -319,4 +355,4 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
-                  by_trajectory)
+                  by_trajectory, by_lineage)

@@ -3,10 +3,13 @@ applied once, in this order (``fl.peer_pool.score_with_pool`` runs them; the mod
 rule is what it is):
 
 1. **gather** (``fl.pool_evidence.gather_evidence``): the pair counts, pool copies and own resubmitters, the pairs
-   scored and their payments, the lag weights, the pool's verdicts with their errors, those without the public strata;
+   scored and their payments, the lag weights, the pool's verdicts with their errors, those without the public strata,
+   and the participants whose update has turned by their own lineage (``fl.pool_reversal``);
 2. **rank** (``rank_pairs``): each in-round pair's two ranks: the verdict (within public strata the lower of the one
    within and the one without them) plus the record, or the reputation, or the verdict alone, as ``rank_by`` says; a
-   pair the verdicts settle (``"verdict-first"``) or, within public strata, the trajectory settles is ranked on those;
+   pair the verdicts settle (``"verdict-first"``) is ranked on those; a pair of which one participant has turned by
+   its lineage and the other not, the turned one lower; and within public strata a pair the trajectory settles on the
+   verdicts without the strata, whatever came before;
 3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say, a pool peer at
    its lag's weight over the verdict's, the trusted reference at its weight;
 4. **pay** (``pay_weighted_means``): the weighted mean of each scorer's payments (an own resubmission's pool term 0),
@@ -68,6 +71,9 @@ def rank_pairs(ev: PoolEvidence, pool: PeerPool | None, horizon: int | None) -> 
                    for c, p in ev.in_round_keys if c in ev.verdict}
     else:
         rank_of = {(c, p): (rank[c], rank.get(p)) for c, p in ev.in_round_keys if c in ev.verdict}
+    # A participant whose update has turned by its own lineage (pool rule 7) is ranked below a partner that has not.
+    rank_of |= {(c, p): (-1.0, 0.0) if c in ev.turned else (0.0, -1.0) for c, p in rank_of
+                if p in ev.verdict and p not in ev.own and (c in ev.turned) != (p in ev.turned)}
     # Within public strata, a pair the trajectory settles is ranked on the verdicts without the strata alone, whatever
     # the records: one of them clearly ran against the way the pool moved (a flip; a sleeper's or an on-off
     # attacker's record cannot buy it back).

@@ -71,6 +71,9 @@ POOL_RULES = {
        "verdict is within VERDICT_GATE standard errors of 0",
     6: "as 5, and a disagreeing pair whose verdicts without the strata settle it (fl.pool_weights.trajectory_settles: "
        "the lower below 0, VERDICT_GATE standard errors apart) is ranked on those alone, whatever the records",
+    7: "as 6, a participant whose update has turned by its own lineage (fl.pool_reversal: it reverses its previous "
+       "update, which had not turned and was scored > 0, or follows one that had) is ranked below a partner that has "
+       "not, unless the trajectory settles the pair",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""

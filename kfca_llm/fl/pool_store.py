@@ -194,6 +194,10 @@ class PeerPool:
         for t in [t for t in self._rounds if t < round_ - self.settings.window]:
             del self._rounds[t]
 
+    def sketches(self) -> list[tuple[str, np.ndarray]]:
+        """(pool name, sketch words) of every submission of the run that joined the pool, in the order they joined."""
+        return list(self._sketches)
+
     def rescore(self, name: str, score: float) -> None:
         """Record a later score of an entry (a settled round's, ``fl.pool_settle``)."""
         if name in self._scores:

@@ -1,0 +1,116 @@
+"""``fl.pool_reversal`` (pool rule 7): how an update relates to its participant's previous one, and its lineage.
+
+Synthetic sketches: every participant's update is a shared trajectory plus its own persistent data direction plus
+noise, so an honest update agrees with its own previous one more than two other participants' updates do; a flipped
+update negates all of it."""
+
+import numpy as np
+import pytest
+
+from kfca_llm.fl.pool_reversal import agreement, has_turned, own_relation
+
+COORDS = 2048  # 64 words: the sketch is the whole update
+
+
+def words(update: np.ndarray) -> np.ndarray:
+    return np.packbits(update < 0, bitorder="little").view(np.int32).copy()
+
+
+@pytest.fixture
+def run():
+    """Rounds 1-8, two participants a round from A-F; D flips its update from its third participation on (a sleeper),
+    E every other one (on-off). Returns (sketches, scores, a function drawing one more update)."""
+    rng = np.random.default_rng(7)
+    own = {c: rng.standard_normal(COORDS) for c in "ABCDEF"}
+    seen = {c: 0 for c in "ABCDEF"}
+
+    def update(c: str, t: int, trajectory: np.ndarray) -> np.ndarray:
+        u = trajectory + 1.5 * own[c] + rng.standard_normal(COORDS)
+        flipped = (c == "D" and seen[c] >= 2) or (c == "E" and seen[c] % 2 == 1)
+        seen[c] += 1
+        return -u if flipped else u
+
+    sketches, scores = [], {}
+    trajectory = rng.standard_normal(COORDS)
+    for t, pair in enumerate(["AB", "CD", "EF", "AD", "BE", "CF", "DE", "AB"], start=1):
+        trajectory = 0.6 * trajectory + rng.standard_normal(COORDS)
+        for c in pair:
+            u = update(c, t, trajectory)
+            sketches.append((f"{c}@{t}", words(u)))
+            scores[f"{c}@{t}"] = -0.1 if (c == "D" and t == 7) or (c == "E" and t == 5) else 0.1
+    return sketches, scores, lambda c, t: words(update(c, t, 0.6 * trajectory + rng.standard_normal(COORDS)))
+
+
+MASK = np.full(COORDS // 32, -1, dtype=np.int32)
+
+
+def test_agreement_counts_the_task_bits_only():
+    a, b = words(np.ones(COORDS)), words(-np.ones(COORDS))
+    half = MASK.copy()
+    half[: COORDS // 64] = 0
+    assert agreement(a, a, MASK, COORDS) == 1.0 and agreement(a, b, MASK, COORDS) == 0.0
+    mixed = words(np.where(np.arange(COORDS) < COORDS // 2, 1.0, -1.0))
+    assert agreement(a, mixed, half, COORDS // 2) == 0.0  # the bits that agree are outside the mask
+
+
+def test_an_honest_update_follows_its_own_previous_one_and_has_not_turned(run):
+    sketches, scores, draw = run
+    mine = draw("A", 9)
+    relation = own_relation(sketches, "A", 9, mine, MASK)
+    assert relation is not None and relation.previous == "A@8" and not relation.reverses
+    assert not has_turned(sketches, scores.get, "A", 9, mine, MASK)
+
+
+def test_a_sleeper_s_turn_reverses_its_honest_update_and_every_later_flip_follows_the_turn(run):
+    sketches, scores, _ = run
+    by_name = dict(sketches)
+    # D: honest in rounds 2 and 4, flipped in round 7 (its round scored it -0.1: a fine, caught)
+    turn = own_relation(sketches, "D", 7, by_name["D@7"], MASK)
+    assert turn is not None and turn.previous == "D@4" and turn.reverses
+    assert has_turned(sketches, scores.get, "D", 7, by_name["D@7"], MASK)
+    # a flip after the turn follows it: turned by its lineage; the turn's negation (D honest again) reverses a turned
+    # update: not turned
+    assert has_turned(sketches, scores.get, "D", 9, by_name["D@7"], MASK)
+    assert not has_turned(sketches, scores.get, "D", 9, ~by_name["D@7"], MASK)
+
+
+def test_a_reversal_of_an_update_its_round_fined_has_not_turned(run):
+    sketches, scores, _ = run
+    by_name = dict(sketches)
+    # E: honest in round 3, flipped in round 5 (scored -0.1), honest again in round 7: reverses a fined update
+    back = own_relation(sketches, "E", 7, by_name["E@7"], MASK)
+    assert back is not None and back.reverses and back.previous == "E@5"
+    assert not has_turned(sketches, scores.get, "E", 7, by_name["E@7"], MASK)
+    # the same flip in round 5 reversed E's round-3 update, which its round scored > 0: turned
+    assert has_turned(sketches, scores.get, "E", 5, by_name["E@5"], MASK)
+    # had round 3 scored E's update <= 0, the flip would be no evidence of a turn
+    assert not has_turned(sketches, {**scores, "E@3": 0.0}.get, "E", 5, by_name["E@5"], MASK)
+
+
+def test_no_relation_without_a_previous_update_or_enough_pairs_to_judge_by(run):
+    sketches, scores, draw = run
+    assert own_relation(sketches, "G", 9, draw("A", 9), MASK) is None  # G never submitted
+    assert own_relation(sketches[:4], "A", 4, by_first(sketches, "A@1"), MASK) is None  # no pair of others 3 rounds apart
+
+
+def by_first(sketches, name):
+    return dict(sketches)[name]
+
+
+def test_a_reversal_needs_its_margin_of_the_signs_where_the_others_agree_alike():
+    """Every pair of others agrees on exactly half the signs (spread 0, floored): an update 1% of the signs below that
+    is REVERSAL_Z spreads below, yet no reversal; 10% below is one."""
+    zeros, half = np.zeros(COORDS, dtype=bool), np.arange(COORDS) < COORDS // 2
+
+    def packed(bits):
+        return np.packbits(bits, bitorder="little").view(np.int32).copy()
+
+    sketches = [("A@2", packed(zeros)), ("X@1", packed(zeros)), ("Y@1", packed(zeros)),
+                ("Z@2", packed(half)), ("W@2", packed(half))]
+
+    def own_update(differing: int) -> np.ndarray:  # A's round-3 update: agrees with A@2 on all but ``differing`` signs
+        return packed(np.arange(COORDS) < differing)
+
+    assert own_relation(sketches, "A", 3, own_update(COORDS // 2 + COORDS // 100), MASK) is None
+    relation = own_relation(sketches, "A", 3, own_update(COORDS // 2 + COORDS // 10), MASK)
+    assert relation is not None and relation.reverses
