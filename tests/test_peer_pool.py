@@ -354,3 +354,19 @@ def test_a_round_with_enough_in_round_peers_has_no_short_participant_for_the_agg
     pooled = score_with_pool(pack_updates(updates), pool, 4, seed=123)
     assert pooled.short == pooled.warming == () and pooled.in_round_rewards == pooled.report.rewards
     assert pooled.verdicts.short == frozenset()
+
+
+def test_a_reference_without_a_pool_within_public_strata_pays_as_a_pool_that_is_off():
+    """``score_with_pool(..., pool=None)`` with a reference and public strata is the public API's odd case: no pool
+    to read settings from; it pays what a pool switched off pays (no pool peers, no verdicts), never an error."""
+    from kfca_llm.engine.public import PublicConditioning
+
+    steps = [{"w": honest(9, t)["w"]} for t in range(1, 4)]
+    updates = round_updates(4, (3, 4), {3: "flip"})
+    packer = pack_updates(updates)
+    reference = reference_signs(packer, honest(11, 4))
+    kwargs = dict(seed=4, reference=reference, reference_weight=4.0, public=steps, conditioning=PublicConditioning())
+    alone = score_with_pool(packer, None, 4, **kwargs)
+    off = score_with_pool(packer, PeerPool(PoolSettings(min_peers=0)), 4, **kwargs)
+    assert alone.planes is not None and alone.report.rewards == off.report.rewards
+    assert alone.report.rewards["c04"] > 0 > alone.report.rewards["c03"]  # the reference tells the flipper

@@ -157,8 +157,9 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     for key in pool_keys:
         terms_of.setdefault(key[0], []).append((lag_of[key[1]], pay[key]))
     verdict = pool_scores(terms_of)
-    blind = {} if scoring.planes is None else public_blind_verdicts(plain_counts, rows, len(packer.clients),
-                                                                    pool.settings.window, round_, pool_keys, index)
+    # No pool entries, no verdicts without the strata either (and maybe no pool: a trusted reference alone).
+    blind = {} if scoring.planes is None or not rows else public_blind_verdicts(
+        plain_counts, rows, len(packer.clients), pool.settings.window, round_, pool_keys, index)
     # An own resubmission's pool term: 0 at the pool's weight, where the pool could have judged it.
     own_pool = {c: pool.settings.weight for c in own
                 if c in chosen and any(lag_of.get(e.name, 0.0) for e in chosen[c])}
