@@ -41,6 +41,11 @@ def sketch(words: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(words[::stride][:SKETCH_WORDS])
 
 
+def set_bits(words: np.ndarray) -> int:
+    """How many bits of the int32 ``words`` are set (a mask's task bits, the signs two sketches differ in)."""
+    return int(np.unpackbits(np.ascontiguousarray(words).view(np.uint8)).sum())
+
+
 def sketch_copies_of(signs: np.ndarray, clients: Sequence[str], checked: set[str],
                      matches: Callable[[np.ndarray], list[tuple[str, float]]]) -> tuple[DuplicateGroup, ...]:
     """Groups of a submission and the submissions older than the window its sketch copies (``matches``: the pool's

@@ -167,9 +167,11 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     # that answers what such an update earns in its round).
     resubmitted = {} if scoring.duplicates == "flag" else {
         c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
-    mask = sketch(task)
-    turned = frozenset(c for k, c in enumerate(packer.clients) if c in real and c in verdict and has_turned(
-        pool.sketches(), pool.score_of, c, round_, sketch(signs[k]), mask))
+    # Pool rule 7 ranks disagreeing pairs only (an agreeing pair counts as it is): a lineage is judged for theirs.
+    disagreeing = {x for c, p in in_round_keys if pay[(c, p)] < 0 for x in (c, p)} & real & set(verdict)
+    sketches, mask = (pool.sketches(), sketch(task)) if disagreeing else ([], None)
+    turned = frozenset(c for k, c in enumerate(packer.clients) if c in disagreeing and has_turned(
+        sketches, pool.score_of, c, round_, sketch(signs[k]), mask))
     return PoolEvidence(round_, round_report, chosen, frozenset(real), counts, pool_copies, frozenset(own),
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
                         penalty_agreement, verdict, verdict_errors(terms_of, verdict), blind, own_pool, resubmitted,

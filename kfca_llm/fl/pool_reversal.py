@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .pool_copies import set_bits
 from .pool_store import parse_pool_name
 
 REVERSAL_Z = 2.5
@@ -51,7 +52,7 @@ class OwnRelation:
 
 def agreement(a: np.ndarray, b: np.ndarray, mask: np.ndarray, bits: int) -> float:
     """The fraction of the ``bits`` task bits of ``mask`` on which sign words ``a`` and ``b`` agree."""
-    return int(np.unpackbits((~(a ^ b) & mask).view(np.uint8)).sum()) / bits
+    return set_bits(~(a ^ b) & mask) / bits
 
 
 def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, round_: int, mine: np.ndarray,
@@ -59,7 +60,7 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     """How ``mine`` (the sketch of ``participant``'s submission in ``round_``) relates to the participant's previous
     submission among ``sketches`` (pool name -> sketch words), on the task bits of ``mask`` (this round's sketched
     task words): judged against every pair of two other participants' earlier submissions as many rounds apart."""
-    bits = int(np.unpackbits(mask.view(np.uint8)).sum())
+    bits = set_bits(mask)
     earlier = [(entry, words) for name, words in sketches
                if (entry := parse_pool_name(name)) is not None and entry[1] < round_]
     own = [(entry[1], words) for entry, words in earlier if entry[0] == participant]

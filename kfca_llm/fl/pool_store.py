@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InputError
-from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, sketch
+from .pool_copies import OWN_REPLAY_MAX_DISAGREEMENT, set_bits, sketch
 from .pool_policy import eligible
 from .pool_settings import POOL_KEYS, POOL_RULE, check_pool_rule
 
@@ -227,7 +227,7 @@ class PeerPool:
                       ) -> list[tuple[str, float]]:
         """(entry, agreement) of earlier submissions older than the window whose sketch ``words`` matches."""
         mask, mine = sketch(task), sketch(words)
-        bits = int(np.unpackbits(mask.view(np.uint8)).sum())
+        bits = set_bits(mask)
         if bits == 0:
             return []
         low = before_round - self.settings.window
@@ -235,7 +235,7 @@ class PeerPool:
         for name, other in self._sketches:
             if parse_pool_name(name)[1] >= low:
                 continue  # in the window: compared on every bit
-            differ = int(np.unpackbits(((mine ^ other) & mask).view(np.uint8)).sum())
+            differ = set_bits((mine ^ other) & mask)
             if differ <= max_disagreement * bits:
                 out.append((name, 1.0 - differ / bits))
         return out
