@@ -10,9 +10,10 @@ they differ by more than two standard errors; with ``"reputation"``, by the mean
 this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one twice as much),
 the record (the lower of the window's and the run's mean score), public strata (each round's pairs scored within its
 strata, a disagreeing pair ranked on the lower of the verdicts within and without them, or on the verdicts without them
-alone where the lower of those is below 0 and they differ by more than two standard errors; else, where one of the two has turned by its own lineage and the other has not, the turned one lower), undetermined participants
-(paid 0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later round (the pool on both sides, once warm or at the window's last
-round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
+alone where the lower of those is below 0 and they differ by more than two standard errors; else, where one of the two
+has turned by its own lineage and the other has not, the turned one lower), undetermined participants (paid 0: too
+few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later
+round (the pool on both sides, once warm or at the window's last round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
 0, neither joins the pool), copies of another participant's earlier submission (within 2% of the signs, on every sign
 in the window and on the 4,096-bit sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of
 the signs: scored without the pool, paid at most 0, what the earlier submission was paid charged back once), the
