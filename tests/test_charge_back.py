@@ -82,7 +82,7 @@ def test_a_resumed_pool_knows_what_was_paid_and_charged():
     pool, *_ = run(13)
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
     assert again.charge_of(["c04@3"]) == pool.charge_of(["c04@3"]) == 0.0  # charged in round 13
-    assert again.resubmitted("c04@3") and not again.resubmitted("c05@3")
+    assert again.charged("c04@3") and not again.charged("c05@3")
     assert again.charge_of(["c05@3"]) == pool.charge_of(["c05@3"]) > 0
 
 
@@ -113,7 +113,7 @@ def test_an_update_close_to_its_own_earlier_one_is_a_retrain_not_a_resubmission(
     who = f"c{STALE:02d}"
     assert scored[13].resubmitted == {} == scored[13].charged_back and scored[13].own_resubmissions == ()
     assert paid[13][who] == scored[13].report.unadjusted_rewards[who]
-    assert not pool.resubmitted(f"{who}@3") and pool.charge_of([f"{who}@3"]) == paid[3][who] > 0
+    assert not pool.charged(f"{who}@3") and pool.charge_of([f"{who}@3"]) == paid[3][who] > 0
     assert any(e.name == f"{who}@13" for e in pool.entries(14))
 
 

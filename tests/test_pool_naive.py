@@ -224,6 +224,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("the pool alone, unclear" for c in result.unclear if c in real)
         seen.update("the trajectory settles a pair" for c in result.by_trajectory)
         seen.update("the lineage ranks a pair" for c in result.by_lineage)
+        seen.update("a turn forfeits what was paid" for e in result.forfeited if e.paid > 0 and not e.charged)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
@@ -269,7 +270,8 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
-            "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair", "owned own resubmission", "owned undetermined", "owned settled",
+            "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair",
+            "a turn forfeits what was paid", "owned own resubmission", "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen

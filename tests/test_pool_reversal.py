@@ -1,4 +1,5 @@
-"""``fl.pool_reversal`` (pool rule 7): how an update relates to its participant's previous one, and its lineage.
+"""``fl.pool_reversal`` (pool rules 7 and 8): how an update relates to its participant's previous one, its lineage,
+and what a turn forfeits.
 
 Synthetic sketches: every participant's update is a shared trajectory plus its own persistent data direction plus
 noise, so an honest update agrees with its own previous one more than two other participants' updates do; a flipped
@@ -7,7 +8,8 @@ update negates all of it."""
 import numpy as np
 import pytest
 
-from kfca_llm.fl.pool_reversal import agreement, has_turned, own_relation
+from kfca_llm.fl import pool_reversal
+from kfca_llm.fl.pool_reversal import agreement, credit, forfeited, has_turned, own_relation
 
 COORDS = 2048  # 64 words: the sketch is the whole update
 
@@ -114,3 +116,36 @@ def test_a_reversal_needs_its_margin_of_the_signs_where_the_others_agree_alike()
     assert own_relation(sketches, "A", 3, own_update(COORDS // 2 + COORDS // 100), MASK) is None
     relation = own_relation(sketches, "A", 3, own_update(COORDS // 2 + COORDS // 10), MASK)
     assert relation is not None and relation.reverses
+
+
+def test_a_reversed_update_judged_about_0_is_credited_with_the_updates_it_follows(run):
+    """D@4 scored 0 by its round (say, beside a zero-submitter): D's turn in round 7 reverses it, and D@4 follows D@2,
+    which its round scored > 0: the turn is caught by the credit of D@2; had D@2 scored 0 too, no turn."""
+    sketches, scores, _ = run
+    by_name = dict(sketches)
+    follows = own_relation(sketches, "D", 4, by_name["D@4"], MASK)
+    assert follows is not None and follows.previous == "D@2" and not follows.reverses
+    assert credit(sketches, {**scores, "D@4": 0.0}.get, "D", "D@4", by_name["D@4"], MASK) == pytest.approx(0.1)
+    assert has_turned(sketches, {**scores, "D@4": 0.0}.get, "D", 7, by_name["D@7"], MASK)
+    assert not has_turned(sketches, {**scores, "D@4": 0.0, "D@2": 0.0}.get, "D", 7, by_name["D@7"], MASK)
+    # credit stops at a reversal: E@7 reverses E@5, so E@7's credit is its own score alone
+    assert credit(sketches, scores.get, "E", "E@7", by_name["E@7"], MASK) == scores["E@7"]
+
+
+def test_a_turn_forfeits_the_submissions_since_the_last_turn(run, monkeypatch):
+    sketches, scores, draw = run
+    by_name = dict(sketches)
+    # the sleeper's turn forfeits both honest submissions before it; a flip following the turn forfeits nothing
+    assert forfeited(sketches, scores.get, "D", 7, by_name["D@7"], MASK) == ("D@4", "D@2")
+    assert forfeited(sketches, scores.get, "D", 9, by_name["D@7"], MASK) == ()
+    # the on-off attacker's flip in round 5 forfeits its round-3 update; its return in round 7 (not turned) nothing
+    assert forfeited(sketches, scores.get, "E", 5, by_name["E@5"], MASK) == ("E@3",)
+    assert forfeited(sketches, scores.get, "E", 7, by_name["E@7"], MASK) == ()
+    # its next flip forfeits its return, and stops at the turned flip before it
+    assert forfeited(sketches, scores.get, "E", 9, ~by_name["E@7"], MASK) == ("E@7",)
+    # an honest update forfeits nothing; a turn of A (three honest submissions) forfeits at most FORFEIT_SUBMISSIONS
+    honest = draw("A", 9)
+    assert forfeited(sketches, scores.get, "A", 9, honest, MASK) == ()
+    assert forfeited(sketches, scores.get, "A", 9, ~honest, MASK) == ("A@8", "A@4", "A@1")
+    monkeypatch.setattr(pool_reversal, "FORFEIT_SUBMISSIONS", 2)
+    assert forfeited(sketches, scores.get, "A", 9, ~honest, MASK) == ("A@8", "A@4")

@@ -34,6 +34,10 @@ also against ``pool_peers`` pool entries:
   paid is **charged back**, once (``PeerPool.charge_of``; an update resubmitted while its round waits to be settled is
   settled at most 0): a group of one participant's own copies earns nothing, as ``zero`` pays any group. The attack
   analysis' replays are not charged: they answer what such an update earns in its round;
+* **forfeits** (``fl.pool_reversal``, pool rule 8): a short participant whose update turned by reversing its own
+  previous one (its lineage) is paid at most 0 and forfeits what its submissions since its last turned one were paid
+  (``FORFEIT_SUBMISSIONS`` at most), charged back once as a resubmission's: a record earned before a turn is not the
+  attacker's to spend;
 * **undetermined**: a participant with fewer than ``min_peers`` distinct peers (in-round and pool) has no
   majority of independent peers that could outvote one deviator; the round is marked undetermined and its
   reward is not paid (0; the score stays in ``unadjusted_rewards``).
@@ -63,7 +67,7 @@ from ..packer import SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_evidence import OWN_RESUBMISSION, PooledScoring, gather_evidence, resubmitted_entries
-from .pool_reward import (cap_resubmitted, charge_back_resubmissions, hold_unsure, orient_weights, pair_report,
+from .pool_reward import (cap_charged, charge_back, hold_unsure, orient_weights, pair_report,
                           pay_weighted_means, rank_pairs, warming)
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
                          recorded_pool_settings)
@@ -98,11 +102,17 @@ class PooledRound:
     """Every scorer paid 0 for want of ``min_peers`` distinct peers: ``undetermined`` and the attack analysis' owned
     scorers alike (``fl.pool_settle`` settles them later)."""
     resubmitted: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    """Participant -> the pool entries of its own it resubmitted (a copy: paid at most 0; ``PeerPool.mark_resubmitted``
+    """Participant -> the pool entries of its own it resubmitted (a copy: paid at most 0; ``PeerPool.mark_charged``
     records them once the round is closed)."""
     charged_back: dict[str, float] = dataclasses.field(default_factory=dict)
     """Participant of ``resubmitted`` -> what those entries had been paid and its reward was charged (0: nothing to
     charge, or charged by an earlier resubmission)."""
+    forfeited: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    """Participant whose update turned against its own earlier ones -> the pool entries of its own it forfeits (pool
+    rule 8, ``fl.pool_reversal``; paid at most 0, ``PeerPool.mark_charged`` records them once the round is closed)."""
+    forfeit: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Participant of ``forfeited`` -> what those entries had been paid and its reward was charged (0: nothing to
+    charge, or charged already)."""
     planes: PublicPlanes | None = None
     """The round's public strata every pair was scored within (None: unconditioned); a pending round keeps them."""
     evidence: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -202,8 +212,8 @@ def _score_pooled(packer: SignPacker, pool: PeerPool | None, round_: int, round_
     weights = orient_weights(evidence, rank_of, pool, scoring.reference_weight)  # 3
     unadjusted, paid = pay_weighted_means(evidence, weights, scoring.duplicates)  # 4
     paid, unsure = hold_unsure(evidence, weights, paid, pool, scoring)  # 5
-    paid, charged_back = charge_back_resubmissions(evidence, paid, pool)  # 6
-    paid = cap_resubmitted(evidence, paid, pool)  # 7
+    paid, charged_back, forfeit = charge_back(evidence, paid, pool)  # 6
+    paid = cap_charged(evidence, paid, pool)  # 7
     undetermined = tuple(sorted(c for c in unsure if c in real))
     # 8; a trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
     warm = () if scoring.reference is not None else warming(list(chosen), evidence.support, undetermined, pool.settings)
@@ -215,6 +225,7 @@ def _score_pooled(packer: SignPacker, pool: PeerPool | None, round_: int, round_
                        cautious=cautious_means(evidence.keys, evidence.payment, evidence.in_round_keys,
                                                evidence.lag_of, scoring.reference_weight, evidence.verdict),
                        unpaid=tuple(sorted(unsure)), resubmitted=evidence.resubmitted, charged_back=charged_back,
+                       forfeited=evidence.forfeited, forfeit=forfeit,
                        planes=scoring.planes, evidence=kept_evidence)
 
 

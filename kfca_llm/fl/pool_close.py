@@ -8,7 +8,9 @@ replay from the ledger's rows. What the pool makes of it is decided here, once, 
 1. **join**: every participant outside a copy group (``copy_groups``: the ledger's ``duplicate_group``) joins the pool
    with its signs, its score and what it was paid (copies never become pool peers);
 2. **charge back**: the own earlier entries a participant's copy group names alone (``resubmitted_entries``) are
-   marked resubmitted, unless the round's duplicate policy is ``flag`` (nothing is charged then);
+   marked charged, unless the round's duplicate policy is ``flag`` (nothing is charged then), and so are the entries a
+   short participant forfeited by turning against them (pool rule 8, ``fl.pool_reversal.round_forfeits``: judged on the
+   pool as it stood when the round was scored, before the round joins it, as ``fl.pool_evidence`` judged them);
 3. **keep pending**: the scorers paid 0 for want of peers (``PooledRound.unpaid``: the ledger's ``undetermined``),
    participants or scorers they own, wait as a ``PendingRound`` when the pool is on and at least two real
    participants' signs are kept (fewer: nothing to settle them against);
@@ -32,6 +34,7 @@ from ..packer import SignPacker
 from ..report import RewardReport
 from .peer_pool import PooledRound
 from .pool_evidence import resubmitted_entries
+from .pool_reversal import round_forfeits
 from .pool_settle import PendingRound, Settlement, apply_settlements, due_settlements
 from .pool_store import PeerPool, parse_pool_name
 from .reference import REFERENCE
@@ -99,18 +102,34 @@ def close_round(pool: PeerPool, closing: ClosingRound,
     applied. ``on_settling``: called on the pool as the round's settlements are computed, before any applies (a
     verifier scores the recorded ones again there)."""
     t = closing.round
+    forfeits = _forfeits(pool, closing)
     joining = [c for c in closing.participants if c not in closing.groups]
     pool.add_round(t, {c: closing.words[c] for c in joining}, closing.unadjusted_rewards, closing.rewards,
                    closing.evidence)
     if closing.duplicates != "flag":
-        pool.mark_resubmitted([name for c in closing.participants
-                               for name in resubmitted_entries(c, closing.groups.get(c))])
+        pool.mark_charged([name for c in closing.participants for name in resubmitted_entries(c, closing.groups.get(c))])
+    pool.mark_charged([name for names in forfeits.values() for name in names])
     _keep_pending(pool, closing)
     if on_settling is not None:
         on_settling(pool)
     settlements = due_settlements(pool, t) if closing.settlements is None else list(closing.settlements)
     apply_settlements(pool, t, settlements)
     return settlements
+
+
+def _forfeits(pool: PeerPool, closing: ClosingRound) -> dict[str, tuple[str, ...]]:
+    """What the round's short participants forfeited (step 2): those ``fl.pool_evidence`` judged, the real participants
+    outside a copy group with fewer than ``min_peers`` distinct in-round peers, where the pool held entries of the
+    window (and the round before it) when the round was scored."""
+    if not pool.settings.enabled or not pool.entries(closing.round, extra=1):
+        return {}
+
+    def in_round(c: str) -> set[str]:
+        return {p for p in closing.peers.get(c, ()) if p != REFERENCE and parse_pool_name(p) is None}
+
+    short = [(c, closing.words[c]) for c in closing.participants
+             if c not in closing.groups and len(in_round(c)) < pool.settings.min_peers]
+    return round_forfeits(pool, closing.round, short, closing.pending().task) if short else {}
 
 
 def _keep_pending(pool: PeerPool, closing: ClosingRound) -> None:

@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..packer import SignPacker
 from ..report import Pair, RewardReport
 from .pool_copies import pool_copies_of, sketch, sketch_copies_of
-from .pool_reversal import has_turned
+from .pool_reversal import has_turned, round_forfeits
 from .pool_store import PeerPool, PoolEntry, parse_pool_name
 from .pool_weights import pool_lag_weights, pool_scores, public_blind_verdicts, verdict_errors
 from .reference import REFERENCE
@@ -87,6 +87,9 @@ class PoolEvidence:
     turned: frozenset[str]
     """Real participants the pool has a verdict on whose update has turned by their own lineage (pool rule 7,
     ``fl.pool_reversal``)."""
+    forfeited: dict[str, tuple[str, ...]]
+    """Short real participant, not a copy, whose update turned by reversing its previous one -> the pool entries of
+    its own it forfeits (pool rule 8, ``fl.pool_reversal.forfeited``); none when settling a round."""
 
     @property
     def keys(self) -> list[Pair]:
@@ -172,10 +175,16 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     sketches, mask = (pool.sketches(), sketch(task)) if disagreeing else ([], None)
     turned = frozenset(c for k, c in enumerate(packer.clients) if c in disagreeing and has_turned(
         sketches, pool.score_of, c, round_, sketch(signs[k]), mask))
+    # Pool rule 8: forfeits are judged as the round is scored (a settlement pays only its waiting scorers, and a
+    # forfeiting one never waits); fl.pool_close marks the same ones, computed alike.
+    copied = {m for g in (*round_report.duplicates, *pool_copies) for m in g.clients}
+    forfeits = {} if scoring.horizon is not None or not rows or pool is None else round_forfeits(
+        pool, round_, [(c, signs[k]) for k, c in enumerate(packer.clients)
+                       if c in chosen and c in real and c not in copied], task)
     return PoolEvidence(round_, round_report, chosen, frozenset(real), counts, pool_copies, frozenset(own),
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
                         penalty_agreement, verdict, verdict_errors(terms_of, verdict), blind, own_pool, resubmitted,
-                        turned)
+                        turned, forfeits)
 
 
 def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float

@@ -11,7 +11,9 @@ this round's and the participant's earlier ones, 0.8 times the weight a particip
 the record (the lower of the window's and the run's mean score), public strata (each round's pairs scored within its
 strata, a disagreeing pair ranked on the lower of the verdicts within and without them, or on the verdicts without them
 alone where the lower of those is below 0 and they differ by more than two standard errors; else, where one of the two
-has turned by its own lineage and the other has not, the turned one lower), undetermined participants (paid 0: too
+has turned by its own lineage and the other has not, the turned one lower; a participant that turned by reversing its
+previous submission paid at most 0, what its last three submissions since its last turn were paid charged back once),
+undetermined participants (paid 0: too
 few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later
 round (the pool on both sides, once warm or at the window's last round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
 0, neither joins the pool), copies of another participant's earlier submission (within 2% of the signs, on every sign
@@ -51,7 +53,8 @@ class Entry:
     paid: float
     evidence: float | None
     """tanh(its round's verdict on it over its standard error) (None: no verdict): reputations."""
-    resubmitted: bool = False
+    charged: bool = False
+    """Charged back: resubmitted, or forfeited by its participant's turn (settled later at most 0)."""
 
 
 def sketched(tasks: list[int], length: int) -> list[int]:
@@ -91,8 +94,8 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
         for c in sorted(negative):
             if c not in owned and c not in result.copies:
                 history.append(Entry(t, c, negative[c], result.scores[c], result.paid[c], result.evidence.get(c)))
-        for e in result.resubmitted:
-            e.paid, e.resubmitted = min(e.paid, 0.0), True
+        for e in result.resubmitted + result.forfeited:
+            e.paid, e.charged = min(e.paid, 0.0), True
         if result.unsure:
             pending[t] = sorted(result.unsure)
         out.append(dict(result.paid))
@@ -134,6 +137,8 @@ class Scored:
     """Scorers in a disagreeing pair that the verdicts without the public strata settled (pool rule 6)."""
     by_lineage: set[str] = field(default_factory=set)
     """Scorers in a disagreeing pair that one participant's own lineage ranked (pool rule 7)."""
+    forfeited: list[Entry] = field(default_factory=list)
+    """Earlier submissions a participant that turned forfeited (pool rule 8)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -301,15 +306,35 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             return previous, True  # reverses it
         return (previous, False) if excess > 2.5 * spread else None  # follows it, or neither
 
+    def credit(e: Entry) -> float:  # its round's score and those of the updates it follows, back along its lineage
+        found = relation(e.client, e.round, e.negative)
+        return e.score + (credit(found[0]) if found is not None and not found[1] else 0.0)
+
     def turned(c: str, r: int, mine: list[bool]) -> bool:  # by its lineage: reversing an honest-judged one, or
         found = relation(c, r, mine)                        # following a turned one
         if found is None:
             return False
         previous, reverses = found
         before = turned(c, previous.round, previous.negative)
-        return (not before and previous.score > 0) if reverses else before
+        return (not before and credit(previous) > 0) if reverses else before
 
     has_turned = {c: c in (a, b) and c in verdict and turned(c, t, negative[c]) for c in scorers}
+
+    # Pool rule 8: a participant (not a copy) that turned by reversing its previous submission, as its round is
+    # scored, forfeits that one and those before it, newest first, up to one that had turned, three at most.
+    def forfeits(c: str) -> list[Entry]:
+        found = relation(c, t, negative[c])
+        if horizon is not None or not rows or min_peers < 2 or found is None or not found[1] \
+                or not turned(c, t, negative[c]):
+            return []
+        out = []
+        for e in sorted((e for e in history if e.client == c and e.round < t), key=lambda e: -e.round):
+            if len(out) == 3 or turned(c, e.round, e.negative):
+                break
+            out.append(e)
+        return out
+
+    forfeit = {c: [] if c in twins | own | other_copy else forfeits(c) for c in (a, b)}
     ref = reference_weight if reference is not None else 0.0
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     for c in scorers:
@@ -339,7 +364,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         distinct |= {e.client for w, e in zip(pool_sign, peers) if w} | ({"(pool)"} if own_pool else set())
         reward = min(scores[c], 0.0) if c in twins or c in other_copy else scores[c]
         if c in own and c in (a, b):  # a participant's own resubmission (never an owned scorer's replay) is charged
-            reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in matches[c] if not e.resubmitted)
+            reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in matches[c] if not e.charged)
+        elif forfeit.get(c):  # and so is one that turned, what it forfeits
+            reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in forfeit[c] if not e.charged)
         elif not ref and len(distinct) < min_peers:
             reward = 0.0  # undetermined: no majority that could outvote a deviator (a trusted reference tells)
             unsure.add(c)
@@ -348,12 +375,12 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             reward = 0.0  # undetermined too within strata: the pool alone, its verdict within two standard errors of 0
             unsure.add(c)
             unclear.add(c)
-        if any(e.resubmitted for e in history if (e.round, e.client) == (t, c)):
-            reward = min(reward, 0.0)  # resubmitted since: its settlement is paid at most 0
+        if any(e.charged for e in history if (e.round, e.client) == (t, c)):
+            reward = min(reward, 0.0)  # charged back since: its settlement is paid at most 0
         paid[c] = reward
         support = 0 if c in own else len({e.client for e in peers if lag_weight.get(abs(t - e.round), 0.0)})
         if not ref and (c in unsure or support < pool_peers):
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
-                  by_trajectory, by_lineage)
+                  by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]])

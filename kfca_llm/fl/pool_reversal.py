@@ -10,12 +10,20 @@ participants' at that lag (1,250 updates, both data orders, whole updates), a re
 4,096-bit sketches three honest ones at long lags fell further, by at most 1.4% of the signs (hence the margin).
 
 Which of the two is flipped, the participant's **lineage** says: an update that reverses its previous one has turned
-when that previous one had not turned and its round scored it > 0 (judged honest by its round); an update that
-follows its previous one (agrees with it more than ``REVERSAL_Z`` spreads above the others) has turned when that one
-had; an update related to neither way, or the first of its participant, has not. So a sleeper's turn is caught where
-its round's verdicts cannot tell, and so is every flip of its lineage after it; an on-off attacker's honest updates
-reverse a turned one and are not held against it. A turned participant is ranked below its partner in a disagreeing
-pair (``fl.pool_reward.rank_pairs``), unless the trajectory settles the pair (``fl.pool_weights.trajectory_settles``).
+when that previous one had not turned and is credited > 0 (``credit``: its round's score plus those of the updates it
+follows, back along its lineage: judged honest by its rounds); an update that follows its previous one (agrees with it
+more than ``REVERSAL_Z`` spreads above the others) has turned when that one had; an update related to neither way, or
+the first of its participant, has not. So a sleeper's turn is caught where its round's verdicts cannot tell, and so is
+every flip of its lineage after it; an on-off attacker's honest updates reverse a turned one and are not held against
+it. A turned participant is ranked below its partner in a disagreeing pair (``fl.pool_reward.rank_pairs``), unless the
+trajectory settles the pair (``fl.pool_weights.trajectory_settles``).
+
+**Forfeits** (pool rule 8): an update that has turned by reversing its previous one, in a round that needs the pool,
+forfeits what its participant's submissions since its last turned one were paid (at most ``FORFEIT_SUBMISSIONS`` of
+them, newest first; ``forfeited``): an honest record earned before a turn is not the attacker's to spend, the payments
+are charged back once (``fl.pool_reward.charge_back``) and a forfeited submission settled later is paid at most 0. A
+sleeper's honest rounds, paid five to ten times what its flipped update is fined at two per round, otherwise keep its
+mean above an honest node's; an on-off attacker forfeits its honest update at every flip.
 
 Everything is computed from the pool's sketches and scores, which the ledger rebuilds (``fl.pool_close``): a
 verifier and a resumed run rank as the live run did.
@@ -24,13 +32,13 @@ verifier and a resumed run rank as the live run did.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .pool_copies import set_bits
-from .pool_store import parse_pool_name
+from .pool_copies import set_bits, sketch
+from .pool_store import PeerPool, parse_pool_name
 
 REVERSAL_Z = 2.5
 """Spreads (the population standard deviation of the other participants' agreements at the lag) by which an update's
@@ -40,6 +48,10 @@ REVERSAL_MARGIN = 0.03
 MIN_BASELINE_PAIRS = 2
 """Pairs of other participants' submissions at the lag needed to judge a relation at all."""
 SPREAD_FLOOR = 1e-3
+FORFEIT_SUBMISSIONS = 3
+"""Submissions at most a turned update forfeits (a vesting period: an older payment is its participant's to keep).
+Measured on 12 static captures (benchmarks/ROBUSTNESS.md, "Forfeits"): 1 submission ordered 8 runs of 12, 2 ordered
+9, 3 and the whole run ordered 10."""
 
 
 @dataclass(frozen=True)
@@ -97,9 +109,52 @@ def has_turned(sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[s
     previous_turned = has_turned(sketches, score_of, participant, parse_pool_name(relation.previous)[1], words, mask)
     if not relation.reverses:
         return previous_turned
-    score = score_of(relation.previous)
-    return not previous_turned and score is not None and score > 0
+    return not previous_turned and credit(sketches, score_of, participant, relation.previous, words, mask) > 0
 
 
-__all__ = ["MIN_BASELINE_PAIRS", "REVERSAL_MARGIN", "REVERSAL_Z", "OwnRelation", "agreement", "has_turned",
-           "own_relation"]
+def credit(sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[str], float | None], participant: str,
+           name: str, words: np.ndarray, mask: np.ndarray) -> float:
+    """What the rounds judged of submission ``name`` (sketch ``words``) and the ones it follows: the sum of their
+    scores (a score not recorded counts 0) back along its lineage while each follows the one before it. One update
+    judged about 0 in its round (an undetermined round, a zero partner) is judged with the updates it repeats."""
+    score = score_of(name) or 0.0
+    relation = own_relation(sketches, participant, parse_pool_name(name)[1], words, mask)
+    if relation is None or relation.reverses:
+        return score
+    return score + credit(sketches, score_of, participant, relation.previous, dict(sketches)[relation.previous], mask)
+
+
+def forfeited(sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[str], float | None], participant: str,
+              round_: int, mine: np.ndarray, mask: np.ndarray) -> tuple[str, ...]:
+    """The pool names of ``participant``'s submissions its submission in ``round_`` forfeits (the module docstring):
+    none unless it has turned by reversing its previous one; else that one and those before it, newest first, up to
+    one that had turned, ``FORFEIT_SUBMISSIONS`` at most."""
+    relation = own_relation(sketches, participant, round_, mine, mask)
+    if relation is None or not relation.reverses or not has_turned(sketches, score_of, participant, round_, mine, mask):
+        return ()
+    words = dict(sketches)
+    own = sorted((entry[1], name) for name in words
+                 if (entry := parse_pool_name(name)) is not None and entry[0] == participant and entry[1] < round_)
+    names: list[str] = []
+    for r, name in reversed(own):
+        if len(names) == FORFEIT_SUBMISSIONS or has_turned(sketches, score_of, participant, r, words[name], mask):
+            break
+        names.append(name)
+    return tuple(names)
+
+
+def round_forfeits(pool: PeerPool, round_: int, candidates: Iterable[tuple[str, np.ndarray]], task: np.ndarray
+                   ) -> dict[str, tuple[str, ...]]:
+    """Participant -> what its submission in ``round_`` forfeits (``forfeited``; only those forfeiting something), for
+    each (participant, packed sign words) of ``candidates``, on the pool as it stands before the round joins it and the
+    round's task words: what ``fl.pool_evidence`` charges and ``fl.pool_close`` marks, computed alike."""
+    candidates = list(candidates)
+    if not candidates:
+        return {}
+    sketches, mask = pool.sketches(), sketch(task)
+    found = {c: forfeited(sketches, pool.score_of, c, round_, sketch(words), mask) for c, words in candidates}
+    return {c: names for c, names in found.items() if names}
+
+
+__all__ = ["FORFEIT_SUBMISSIONS", "MIN_BASELINE_PAIRS", "REVERSAL_MARGIN", "REVERSAL_Z", "OwnRelation", "agreement",
+           "credit", "forfeited", "has_turned", "own_relation", "round_forfeits"]

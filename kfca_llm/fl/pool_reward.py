@@ -18,10 +18,11 @@ rule is what it is):
    within public strata paid on a pool verdict alone that stands within ``VERDICT_GATE`` standard errors of 0, is
    paid 0 (``unpaid``; a real participant undetermined), never with a trusted reference, never one step 6 charges
    (its reward is known);
-6. **charge back** (``charge_back_resubmissions``): a participant that resubmitted its own earlier entries (none under
-   the duplicate policy ``flag``) is paid at most 0, less what those entries were paid (once);
-7. **cap the resubmitted** (``cap_resubmitted``): a submission its participant has resubmitted since (settled late,
-   ``fl.pool_settle``) is paid at most 0;
+6. **charge back** (``charge_back``): a participant that resubmitted its own earlier entries (none under the duplicate
+   policy ``flag``), or whose update turned against its own earlier ones (pool rule 8, ``fl.pool_reversal``), is paid
+   at most 0, less what those entries were paid (once);
+7. **cap the charged** (``cap_charged``): a submission charged back since (settled late, ``fl.pool_settle``) is paid
+   at most 0;
 8. **warming** (``warming``): the short scorers undetermined or with fewer than ``pool_peers`` distinct pool
    participants of non-zero lag weight behind their reward (none with a trusted reference).
 
@@ -118,26 +119,28 @@ def hold_unsure(ev: PoolEvidence, weights: Sequence[float], paid: Mapping[str, f
     # evidence (the in-round peer an own resubmission or a constant report, say).
     counted = {c for (c, _), weight in zip(ev.in_round_keys, weights) if weight != 0.0}
     unsure = set() if scoring.reference is not None else {
-        c for c in ev.chosen if c not in ev.resubmitted and (len(weighted.get(c, ())) < pool.settings.min_peers or (
+        c for c in ev.chosen if c not in ev.resubmitted and c not in ev.forfeited and (len(weighted.get(c, ())) < pool.settings.min_peers or (
             scoring.planes is not None and c in ev.verdict and c not in counted
             and not abs(ev.verdict[c][0]) > VERDICT_GATE * ev.errors[c]))}
     return paid | {c: 0.0 for c in unsure}, unsure
 
 
-def charge_back_resubmissions(ev: PoolEvidence, paid: Mapping[str, float], pool: PeerPool | None
-                              ) -> tuple[dict[str, float], dict[str, float]]:
-    """Step 6: (``paid`` with each own resubmitter paid at most 0 less its charge-back, the charge-backs): what the
-    copied submissions were paid is charged back, once (``PeerPool.charge_of``); its reward is known then, never
-    undetermined."""
+def charge_back(ev: PoolEvidence, paid: Mapping[str, float], pool: PeerPool | None
+                ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Step 6: (``paid`` with each own resubmitter and each forfeiting participant paid at most 0 less its charge, the
+    resubmissions' charges, the forfeits' charges): what the resubmitted or forfeited submissions were paid is charged
+    back, once (``PeerPool.charge_of``); its reward is known then, never undetermined."""
     charged_back = {c: pool.charge_of(names) for c, names in ev.resubmitted.items()}
-    return paid | {c: min(paid[c], 0.0) - charged_back[c] for c in ev.resubmitted}, charged_back
+    forfeit = {c: pool.charge_of(names) for c, names in ev.forfeited.items()}
+    return (paid | {c: min(paid[c], 0.0) - charge for c, charge in (charged_back | forfeit).items()}, charged_back,
+            forfeit)
 
 
-def cap_resubmitted(ev: PoolEvidence, paid: Mapping[str, float], pool: PeerPool | None) -> dict[str, float]:
-    """Step 7: ``paid`` with a submission its participant resubmitted since (settled late, ``fl.pool_settle``) paid at
-    most 0."""
+def cap_charged(ev: PoolEvidence, paid: Mapping[str, float], pool: PeerPool | None) -> dict[str, float]:
+    """Step 7: ``paid`` with a submission charged back since (its participant resubmitted or forfeited it; settled
+    late, ``fl.pool_settle``) paid at most 0."""
     return paid | {c: min(paid[c], 0.0) for c in paid
-                   if pool is not None and c in ev.real and pool.resubmitted(pool_name(c, ev.round))}
+                   if pool is not None and c in ev.real and pool.charged(pool_name(c, ev.round))}
 
 
 def warming(short: Sequence[str], support: Mapping[str, int], undetermined: Sequence[str],

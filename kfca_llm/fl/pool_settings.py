@@ -74,6 +74,10 @@ POOL_RULES = {
     7: "as 6, a participant whose update has turned by its own lineage (fl.pool_reversal: it reverses its previous "
        "update, which had not turned and was scored > 0, or follows one that had) is ranked below a partner that has "
        "not, unless the trajectory settles the pair",
+    8: "as 7, the lineage credits a reversed update with the scores of the updates it follows (fl.pool_reversal.credit), "
+       "and a short participant whose update turned by reversing its previous one is paid at most 0 and forfeits "
+       "what its submissions since its last turned one were paid (fl.pool_reversal.FORFEIT_SUBMISSIONS at most), "
+       "charged back once; a forfeited submission settled later is paid at most 0",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""

@@ -128,9 +128,10 @@ class PeerPool:
         """Round -> its ``fl.pool_settle.PendingRound``: undetermined rounds waiting to be settled."""
         self._paid: dict[str, float] = {}
         """Pool name -> what its submission was paid, net of a charge-back (run-long, as the sketches): what a
-        participant resubmitting it forfeits (``charge_of``)."""
-        self._resubmitted: set[str] = set()
-        """Pool names of submissions their participant resubmitted: charged back once, settled at most 0."""
+        participant resubmitting it, or turning against it, forfeits (``charge_of``)."""
+        self._charged: set[str] = set()
+        """Pool names of submissions charged back (their participant resubmitted them, or forfeited them by turning
+        against them, ``fl.pool_reversal``): charged once, settled at most 0."""
         self._evidence: dict[str, float] = {}
         """Pool name -> what its round's verdict told of it (``fl.pool_weights.evidence_of``; missing: the pool had no
         verdict on it), run-long: what a reputation is built from (``fl.pool_policy.reputation``)."""
@@ -182,7 +183,7 @@ class PeerPool:
             self._sketches.clear()
             self._scores.clear()
             self._paid.clear()
-            self._resubmitted.clear()
+            self._charged.clear()
             self._evidence.clear()
         self._words = widths.pop()
         self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
@@ -209,19 +210,20 @@ class PeerPool:
             self._paid[name] = float(reward)
 
     def charge_of(self, names: Sequence[str]) -> float:
-        """What resubmitting ``names`` (earlier submissions of one participant) charges back: what each was paid, if
-        more than 0, unless a resubmission charged it already."""
-        return sum(max(self._paid.get(n, 0.0), 0.0) for n in sorted(set(names)) if n not in self._resubmitted)
+        """What resubmitting or forfeiting ``names`` (earlier submissions of one participant) charges back: what each
+        was paid, if more than 0, unless it was charged already."""
+        return sum(max(self._paid.get(n, 0.0), 0.0) for n in sorted(set(names)) if n not in self._charged)
 
-    def resubmitted(self, name: str) -> bool:
-        """Whether its participant resubmitted entry ``name`` (a settlement of it is paid at most 0)."""
-        return name in self._resubmitted
+    def charged(self, name: str) -> bool:
+        """Whether entry ``name`` was charged back (a settlement of it is paid at most 0)."""
+        return name in self._charged
 
-    def mark_resubmitted(self, names: Sequence[str]) -> None:
-        """``names`` were resubmitted and charged back (``charge_of``): their net payment is at most 0 from now on."""
+    def mark_charged(self, names: Sequence[str]) -> None:
+        """``names`` were resubmitted or forfeited and charged back (``charge_of``): their net payment is at most 0 from
+        now on."""
         for name in names:
             self._paid[name] = min(self._paid.get(name, 0.0), 0.0)
-            self._resubmitted.add(name)
+            self._charged.add(name)
 
     def sketch_copies(self, words: np.ndarray, task: np.ndarray, before_round: int, max_disagreement: float
                       ) -> list[tuple[str, float]]:
@@ -252,7 +254,7 @@ class PeerPool:
             arrays[f"sketch.{k}"] = bits
         return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches]),
                         "scores": json.dumps(self._scores), "paid": json.dumps(self._paid),
-                        "resubmitted": json.dumps(sorted(self._resubmitted)), "evidence": json.dumps(self._evidence)}
+                        "resubmitted": json.dumps(sorted(self._charged)), "evidence": json.dumps(self._evidence)}
 
     @classmethod
     def from_arrays(cls, settings: PoolSettings, arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str]
@@ -265,7 +267,7 @@ class PeerPool:
         pool._rounds = OrderedDict(sorted(pool._rounds.items()))
         pool._scores = {str(k): None if v is None else float(v) for k, v in json.loads(metadata.get("scores", "{}")).items()}
         pool._paid = {str(k): float(v) for k, v in json.loads(metadata.get("paid", "{}")).items()}
-        pool._resubmitted = set(map(str, json.loads(metadata.get("resubmitted", "[]"))))
+        pool._charged = set(map(str, json.loads(metadata.get("resubmitted", "[]"))))  # the key of rule 3's name
         pool._evidence = {str(k): float(v) for k, v in json.loads(metadata.get("evidence", "{}")).items()}
         pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
                           for k, name in enumerate(json.loads(metadata["sketches"]))]

@@ -61,7 +61,8 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
                   failures: list[tuple[str | None, str]]) -> MetricRecord:
     """The round's aggregated train metrics (the wrapped strategy's, if any) with KFCA's: scored, undetermined,
     pool peers, failed replies, copies (own resubmissions among them), settlements, the sum charged back for
-    resubmitted updates, and ``kfca.reward.<participant>`` per paid participant."""
+    resubmitted updates, the sum forfeited by participants that turned (pool rule 8), and ``kfca.reward.<participant>``
+    per paid participant."""
     report = None if scored is None else scored.report
     out = MetricRecord(dict(metrics.items())) if metrics is not None else MetricRecord()
     out["kfca.scored"] = int(report is not None)
@@ -72,6 +73,7 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
     out["kfca.own-resubmissions"] = 0 if scored is None else len(scored.pooled.own_resubmissions)
     out["kfca.settled"] = 0 if scored is None else len(scored.settlements)
     out["kfca.charged-back"] = 0.0 if scored is None else float(sum(scored.pooled.charged_back.values()))
+    out["kfca.forfeited"] = 0.0 if scored is None else float(sum(scored.pooled.forfeit.values()))
     if report is not None:
         for node, reward in report.rewards.items():
             out[REWARD_METRIC_PREFIX + node] = float(reward)
@@ -174,6 +176,10 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
             log(WARNING, "KFCA: round %s: %s resubmitted an earlier update of their own (own resubmission: scored "
                 "without the pool, on this round's peers, the pool's term counted as 0%s)", server_round, who,
                 "; undetermined: no lag the pool can weigh yet, so not paid" if who in pooled.undetermined else "")
+    for who, names in pooled.forfeited.items():
+        log(WARNING, "KFCA: round %s: %s's update turned against its own earlier ones (it reverses %s, which its rounds "
+            "judged honest): paid at most 0 (%+.4f); forfeited %.4f, what %s had been paid (pool rule 8)", server_round,
+            who, names[0], pooled.report.rewards[who] + pooled.forfeit[who], pooled.forfeit[who], ", ".join(names))
     stored = {participant: words_bytes(signs[k]) for k, participant in enumerate(packer.clients)}
     digests = {participant: sha256_hex(data) for participant, data in stored.items()}
     task_bytes = words_bytes(task)
