@@ -107,7 +107,8 @@ def close_round(pool: PeerPool, closing: ClosingRound,
     pool.add_round(t, {c: closing.words[c] for c in joining}, closing.unadjusted_rewards, closing.rewards,
                    closing.evidence)
     if closing.duplicates != "flag":
-        pool.mark_charged([name for c in closing.participants for name in resubmitted_entries(c, closing.groups.get(c))])
+        pool.mark_charged([name for c in closing.participants
+                           for name in resubmitted_entries(c, closing.groups.get(c))])
     pool.mark_charged([name for names in forfeits.values() for name in names])
     _keep_pending(pool, closing)
     if on_settling is not None:

@@ -1,4 +1,4 @@
-"""Own reversals (pool rule 7): an update that runs against its participant's previous one.
+"""Own reversals (pool rules 7, 8): an update that runs against its participant's previous one; what a turn forfeits.
 
 A client trains on its own data at every participation, so an honest update agrees with the same participant's
 previous update more than the updates of two other participants as many rounds apart agree with each other. A
@@ -50,8 +50,8 @@ MIN_BASELINE_PAIRS = 2
 SPREAD_FLOOR = 1e-3
 FORFEIT_SUBMISSIONS = 3
 """Submissions at most a turned update forfeits (a vesting period: an older payment is its participant's to keep).
-Measured on 12 static captures (benchmarks/ROBUSTNESS.md, "Forfeits"): 1 submission ordered 8 runs of 12, 2 ordered
-9, 3 and the whole run ordered 10."""
+Runs of 12 whose every deviator ended below every honest node (benchmarks/ROBUSTNESS.md, "Forfeits"), static / per-round
+data order: 1 submission 9 / 8, 2: 10 / 9, 3 and the whole run since the last turn: 11 / 10."""
 
 
 @dataclass(frozen=True)

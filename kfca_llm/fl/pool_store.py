@@ -267,7 +267,8 @@ class PeerPool:
         pool._rounds = OrderedDict(sorted(pool._rounds.items()))
         pool._scores = {str(k): None if v is None else float(v) for k, v in json.loads(metadata.get("scores", "{}")).items()}
         pool._paid = {str(k): float(v) for k, v in json.loads(metadata.get("paid", "{}")).items()}
-        pool._charged = set(map(str, json.loads(metadata.get("resubmitted", "[]"))))  # the key of rule 3's name
+        # "resubmitted": the key's name since rule 3 (rule 8 charges forfeited entries under it too)
+        pool._charged = set(map(str, json.loads(metadata.get("resubmitted", "[]"))))
         pool._evidence = {str(k): float(v) for k, v in json.loads(metadata.get("evidence", "{}")).items()}
         pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
                           for k, name in enumerate(json.loads(metadata["sketches"]))]
