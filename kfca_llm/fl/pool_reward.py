@@ -119,9 +119,10 @@ def hold_unsure(ev: PoolEvidence, weights: Sequence[float], paid: Mapping[str, f
     # evidence (the in-round peer an own resubmission or a constant report, say).
     counted = {c for (c, _), weight in zip(ev.in_round_keys, weights) if weight != 0.0}
     unsure = set() if scoring.reference is not None else {
-        c for c in ev.chosen if c not in ev.resubmitted and c not in ev.forfeited and (len(weighted.get(c, ())) < pool.settings.min_peers or (
-            scoring.planes is not None and c in ev.verdict and c not in counted
-            and not abs(ev.verdict[c][0]) > VERDICT_GATE * ev.errors[c]))}
+        c for c in ev.chosen if c not in ev.resubmitted and c not in ev.forfeited and (
+            len(weighted.get(c, ())) < pool.settings.min_peers or (
+                scoring.planes is not None and c in ev.verdict and c not in counted
+                and not abs(ev.verdict[c][0]) > VERDICT_GATE * ev.errors[c]))}
     return paid | {c: 0.0 for c in unsure}, unsure
 
 
