@@ -149,3 +149,19 @@ def test_a_turn_forfeits_the_submissions_since_the_last_turn(run, monkeypatch):
     assert forfeited(sketches, scores.get, "A", 9, ~honest, MASK) == ("A@8", "A@4", "A@1")
     monkeypatch.setattr(pool_reversal, "FORFEIT_SUBMISSIONS", 2)
     assert forfeited(sketches, scores.get, "A", 9, ~honest, MASK) == ("A@8", "A@4")
+
+
+def test_the_baseline_pairs_two_different_participants_never_one_with_itself():
+    """P, Q and R submit the same signs in rounds 1 and 2 (each agrees with itself wholly, with the others on half):
+    a participant's two submissions are no pair of others. Counted, their agreement of 1 would spread the baseline
+    (0.24) and hide A's reversal of 10% of the signs; the six pairs of two different participants agree on exactly
+    half (spread floored), against which it reverses."""
+    idx = np.arange(COORDS)
+
+    def packed(bits):
+        return np.packbits(bits, bitorder="little").view(np.int32).copy()
+
+    signs = {"P": idx < 0, "Q": idx < COORDS // 2, "R": idx % 2 == 0}
+    sketches = [(f"{c}@{t}", packed(bits)) for t in (1, 2) for c, bits in signs.items()] + [("A@2", packed(idx < 0))]
+    relation = own_relation(sketches, "A", 3, packed(idx < COORDS // 2 + COORDS // 10), MASK)
+    assert relation is not None and relation.reverses and relation.previous == "A@2"
