@@ -181,7 +181,10 @@ def test_aggregation_benchmark_smoke(tmp_path, run_patching):
     out = tmp_path / "agg.json"
     from kfca_llm.fl import rounds
 
-    printed = run_patching(["benchmarks/bench_aggregation.py", "--smoke", "--out", str(out)], [(rounds, "train_client")])
+    # --threads 1: the script's default is two torch threads (min(2, cores)), which in a `make test` worker (its share
+    # of the cores: one) spin waiting for a core the other worker holds: 62 s of CPU for this test instead of 24 s.
+    printed = run_patching(["benchmarks/bench_aggregation.py", "--smoke", "--threads", "1", "--out", str(out)],
+                           [(rounds, "train_client")])
     rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in printed.splitlines()
             if line.startswith("| ") and not line.startswith("| method")}
     assert set(rows) == {"honest", "exclude-negative", "kfca+fedmedian"}, printed
