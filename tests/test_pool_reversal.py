@@ -125,11 +125,11 @@ def test_a_reversed_update_judged_about_0_is_credited_with_the_updates_it_follow
     by_name = dict(sketches)
     follows = own_relation(sketches, "D", 4, by_name["D@4"], MASK)
     assert follows is not None and follows.previous == "D@2" and not follows.reverses
-    assert credit(sketches, {**scores, "D@4": 0.0}.get, "D", "D@4", by_name["D@4"], MASK) == pytest.approx(0.1)
+    assert credit(sketches, {**scores, "D@4": 0.0}.get, "D", "D@4", MASK) == pytest.approx(0.1)
     assert has_turned(sketches, {**scores, "D@4": 0.0}.get, "D", 7, by_name["D@7"], MASK)
     assert not has_turned(sketches, {**scores, "D@4": 0.0, "D@2": 0.0}.get, "D", 7, by_name["D@7"], MASK)
     # credit stops at a reversal: E@7 reverses E@5, so E@7's credit is its own score alone
-    assert credit(sketches, scores.get, "E", "E@7", by_name["E@7"], MASK) == scores["E@7"]
+    assert credit(sketches, scores.get, "E", "E@7", MASK) == scores["E@7"]
 
 
 def test_a_turn_forfeits_the_submissions_since_the_last_turn(run, monkeypatch):

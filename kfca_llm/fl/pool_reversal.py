@@ -98,30 +98,63 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     return None
 
 
+class _Lineage:
+    """One participant's lineage on one round's task mask: each stored submission's relation, turn and credit judged
+    once (a lineage walked back, or a forfeit's submissions before it, meet the same ones again)."""
+
+    def __init__(self, sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[str], float | None],
+                 participant: str, mask: np.ndarray):
+        self._sketches, self._score_of, self._participant, self._mask = sketches, score_of, participant, mask
+        self.words = dict(sketches)
+        self._relations: dict[str, OwnRelation | None] = {}
+        self._turned: dict[str, bool] = {}
+        self._credits: dict[str, float] = {}
+
+    def relation(self, round_: int, mine: np.ndarray) -> OwnRelation | None:
+        return own_relation(self._sketches, self._participant, round_, mine, self._mask)
+
+    def turned(self, relation: OwnRelation | None) -> bool:
+        """Whether a submission so related to its previous one has turned (the module docstring)."""
+        if relation is None:
+            return False
+        previous_turned = self.stored_turned(relation.previous)
+        if not relation.reverses:
+            return previous_turned
+        return not previous_turned and self.credit(relation.previous) > 0
+
+    def stored_relation(self, name: str) -> OwnRelation | None:
+        if name not in self._relations:
+            self._relations[name] = self.relation(parse_pool_name(name)[1], self.words[name])
+        return self._relations[name]
+
+    def stored_turned(self, name: str) -> bool:
+        if name not in self._turned:
+            self._turned[name] = self.turned(self.stored_relation(name))
+        return self._turned[name]
+
+    def credit(self, name: str) -> float:
+        """Its round's score (not recorded: 0) plus the credit of the submission it follows, if it follows one."""
+        if name not in self._credits:
+            relation, score = self.stored_relation(name), self._score_of(name) or 0.0
+            self._credits[name] = score if relation is None or relation.reverses else score + self.credit(
+                relation.previous)
+        return self._credits[name]
+
+
 def has_turned(sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[str], float | None], participant: str,
                round_: int, mine: np.ndarray, mask: np.ndarray) -> bool:
     """Whether ``participant``'s submission in ``round_`` has turned by its lineage (the module docstring);
     ``score_of``: pool name -> its round's score of it (None: not recorded)."""
-    relation = own_relation(sketches, participant, round_, mine, mask)
-    if relation is None:
-        return False
-    words = dict(sketches)[relation.previous]
-    previous_turned = has_turned(sketches, score_of, participant, parse_pool_name(relation.previous)[1], words, mask)
-    if not relation.reverses:
-        return previous_turned
-    return not previous_turned and credit(sketches, score_of, participant, relation.previous, words, mask) > 0
+    lineage = _Lineage(sketches, score_of, participant, mask)
+    return lineage.turned(lineage.relation(round_, mine))
 
 
 def credit(sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[str], float | None], participant: str,
-           name: str, words: np.ndarray, mask: np.ndarray) -> float:
-    """What the rounds judged of submission ``name`` (sketch ``words``) and the ones it follows: the sum of their
-    scores (a score not recorded counts 0) back along its lineage while each follows the one before it. One update
-    judged about 0 in its round (an undetermined round, a zero partner) is judged with the updates it repeats."""
-    score = score_of(name) or 0.0
-    relation = own_relation(sketches, participant, parse_pool_name(name)[1], words, mask)
-    if relation is None or relation.reverses:
-        return score
-    return score + credit(sketches, score_of, participant, relation.previous, dict(sketches)[relation.previous], mask)
+           name: str, mask: np.ndarray) -> float:
+    """What the rounds judged of submission ``name`` and the ones it follows: the sum of their scores (a score not
+    recorded counts 0) back along its lineage while each follows the one before it. One update judged about 0 in its
+    round (an undetermined round, a zero partner) is judged with the updates it repeats."""
+    return _Lineage(sketches, score_of, participant, mask).credit(name)
 
 
 def forfeited(sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[str], float | None], participant: str,
@@ -129,15 +162,15 @@ def forfeited(sketches: Sequence[tuple[str, np.ndarray]], score_of: Callable[[st
     """The pool names of ``participant``'s submissions its submission in ``round_`` forfeits (the module docstring):
     none unless it has turned by reversing its previous one; else that one and those before it, newest first, up to
     one that had turned, ``FORFEIT_SUBMISSIONS`` at most."""
-    relation = own_relation(sketches, participant, round_, mine, mask)
-    if relation is None or not relation.reverses or not has_turned(sketches, score_of, participant, round_, mine, mask):
+    lineage = _Lineage(sketches, score_of, participant, mask)
+    relation = lineage.relation(round_, mine)
+    if relation is None or not relation.reverses or not lineage.turned(relation):
         return ()
-    words = dict(sketches)
-    own = sorted((entry[1], name) for name in words
+    own = sorted((entry[1], name) for name in lineage.words
                  if (entry := parse_pool_name(name)) is not None and entry[0] == participant and entry[1] < round_)
     names: list[str] = []
-    for r, name in reversed(own):
-        if len(names) == FORFEIT_SUBMISSIONS or has_turned(sketches, score_of, participant, r, words[name], mask):
+    for _, name in reversed(own):
+        if len(names) == FORFEIT_SUBMISSIONS or lineage.stored_turned(name):
             break
         names.append(name)
     return tuple(names)
