@@ -1,27 +1,19 @@
 """Every ``kfca.wrapped-strategy`` key in a real Flower run (Flower's simulation engine, Ray): the repository's
 ClientApp on 7 nodes (node 6 flips), and one ServerApp that builds the strategy from each key's run config in
 turn (``build_strategy``, as the app's ServerApp does) and runs it for one round on the same grid, with
-Flower's evaluate round on the held-out rows. One Ray start for the six strategies.
+Flower's evaluate round on the held-out rows. One Ray start for the six strategies."""
 
-Every strategy's one round starts from the same initial adapter, so each node is sent the same message six times:
-the ClientApp trains once per node and answers the later five with that reply (``train_reply`` is a function of the
-message, the node and its run config); a message that differs in a byte of its arrays or config is trained for.
-The replies still travel through Flower's engine and grid to each strategy, which is what Ray is here for."""
-
-
-import hashlib
 
 import pytest
 import torch
 
 pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower] (make install installs it)")
 
-from flwr.app import ArrayRecord, Message  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
+from flwr.app import ArrayRecord  # noqa: E402
 from flwr.serverapp import ServerApp  # noqa: E402
 from flower_local import run_ray_simulation  # noqa: E402
 
-from kfca_llm.flower.client_app import evaluate_reply, train_reply  # noqa: E402
+from kfca_llm.flower.client_app import make_client_app  # noqa: E402
 from kfca_llm.flower.server_app import WRAPPED_STRATEGIES, build_strategy  # noqa: E402
 from kfca_llm.flower.task import evaluate_global_adapter, initial_adapter, recipe_from_config  # noqa: E402
 
@@ -31,32 +23,6 @@ NODES = 7
 CONFIG = {"num-server-rounds": 1, "num-clients": NODES, "strategy.fraction-train": 1.0, "strategy.fraction-evaluate": 0.2,
           "train.training-arguments.max-steps": 1, "kfca.attackers": "6=flip", "kfca.aggregation": "exclude-negative",
           "kfca.wrapped.num-malicious-nodes": 1, "kfca.wrapped.num-nodes-to-select": 3}
-
-client_app = ClientApp()
-TRAINED: dict[tuple, object] = {}
-"""In the Ray actor's process (it imports this module to run the ClientApp): (node, digest of the message's
-config and arrays) -> the content ``train_reply`` answered."""
-
-
-def message_digest(msg) -> str:
-    digest = hashlib.sha256(repr(sorted(msg.content["config"].items())).encode())
-    for name, array in sorted(msg.content["arrays"].items()):
-        digest.update(name.encode() + array.numpy().tobytes())
-    return digest.hexdigest()
-
-
-@client_app.train()
-def _train(msg, context):
-    """The repository's ClientApp (``make_client_app(CONFIG)``), trained once per node and message."""
-    key = (int(context.node_config["partition-id"]), message_digest(msg))
-    if key not in TRAINED:
-        TRAINED[key] = train_reply(msg, context, CONFIG).content
-    return Message(content=TRAINED[key], reply_to=msg)
-
-
-@client_app.evaluate()
-def _evaluate(msg, context):
-    return evaluate_reply(msg, context, CONFIG)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +40,7 @@ def runs(tmp_path_factory):
             result = strategy.start(grid=grid, initial_arrays=ArrayRecord(initial_adapter(recipe)), num_rounds=1)
             done[name] = (strategy, result)
 
-    # Ray's workers import this module to run the ClientApp above: let them find it.
-    run_ray_simulation(server_app, client_app, NODES)
+    run_ray_simulation(server_app, make_client_app(CONFIG), NODES)
     return done
 
 
