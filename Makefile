@@ -1,4 +1,5 @@
-# Two entry points on a fresh machine: `make demo` (the main job) and `make test` (the test suite).
+# Two entry points on a fresh machine: `make demo` (the main job) and `make test` (the test suite's fast tier; CI runs
+# it, then `make test-slow`: the tests that start processes or run for long, benchmarks/SUITE_TIME.md).
 # Both create or reuse the virtual environment below and install what they need.
 VENV ?= .venv
 PYTHON ?= python3
@@ -9,7 +10,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_OPTIONS ?=
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench install
+.PHONY: demo test test-slow bench install
 
 # Flower 1.31 and later (the flower extra asks 1.41-1.42) need Python 3.11: stop before pip spends a minute
 # finding no Flower for an older interpreter. %-formatting, so even an old Python prints the line.
@@ -29,7 +30,10 @@ demo: $(VENV)/.installed
 	$(BIN)/kfca-llm simulate
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 -m "not slow"
+
+test-slow: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -n 2 -m slow
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_cpu_engine.py

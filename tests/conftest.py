@@ -6,8 +6,10 @@ tensors on the ``device`` fixture: CUDA where the kernels run compiled, the CPU 
 interpreted (a compiled kernel never gets CPU tensors, an interpreted one never CUDA tensors).
 """
 
+import multiprocessing.util
 import os
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -138,6 +140,47 @@ def run_script(monkeypatch, capsys):
             torch.set_num_threads(threads)
         return capsys.readouterr().out
     return run
+
+
+# --- the two tiers: `make test` (not slow) and `make test-slow` (benchmarks/SUITE_TIME.md) ---------------------
+
+def refuse_processes(monkeypatch, nodeid: str) -> None:
+    """Makes every way a test could start a process fail the test, naming it: a test that starts processes (Flower,
+    Ray, accelerate, pip, a fresh interpreter) is listed slow (tests/slow_tests.txt), so that `make test` stays
+    under three minutes as tests are added. ``pytest.fail`` raises a BaseException: a library's ``except
+    Exception`` does not swallow it."""
+    def refuse(what):
+        def start(*args, **kwargs):
+            pytest.fail(f"{nodeid} starts a process ({what}); a test that starts processes is listed in "
+                        "tests/slow_tests.txt (`make test` leaves it to `make test-slow`)", pytrace=False)
+        return start
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("subprocess"))
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", refuse("multiprocessing spawn"))
+    monkeypatch.setattr(os, "fork", refuse("os.fork"))
+    monkeypatch.setattr(os, "posix_spawn", refuse("os.posix_spawn"))
+    monkeypatch.setattr(os, "system", refuse("os.system"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own `-m` deselection reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Marks the tests tests/slow_tests.txt lists ``slow``."""
+    from slow_tests import is_slow, slow_entries
+
+    entries = slow_entries()
+    for item in items:
+        if is_slow(item.nodeid, entries):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Outside the slow tier no process starts, in the test or in the fixtures set up for it (a module's Ray run)."""
+    if item.get_closest_marker("slow") is not None:
+        return (yield)
+    with pytest.MonkeyPatch.context() as patch:
+        refuse_processes(patch, item.nodeid)
+        return (yield)
 
 
 # --- tiny federations, each run once per test session --------------------------------------------------
