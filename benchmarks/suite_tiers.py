@@ -32,9 +32,14 @@ def measured_tests(junit: Path) -> dict[str, float]:
     return seconds
 
 
+def hand_kept(text: str) -> str:
+    """The list's text before its measured section (whatever seconds that section's header names)."""
+    return text.split(MEASURED_HEADER.split("SECONDS", 1)[0], 1)[0]
+
+
 def rewrite_measured(text: str, slow: list[str], seconds: float) -> str:
     """The list's text with its measured section replaced by ``slow`` (the hand-kept section is kept as it is)."""
-    kept = text.split(MEASURED_HEADER, 1)[0].rstrip("\n")
+    kept = hand_kept(text).rstrip("\n")
     header = MEASURED_HEADER.replace("SECONDS", f"{seconds:g}")
     return "\n".join([kept, "", header, *sorted(slow), ""])
 
@@ -42,7 +47,7 @@ def rewrite_measured(text: str, slow: list[str], seconds: float) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("junit", type=Path, help="a JUnit report of the whole suite (pytest --junitxml)")
-    parser.add_argument("--seconds", type=float, default=2.0, help="a test this slow or slower goes to the slow tier")
+    parser.add_argument("--seconds", type=float, default=1.5, help="a test this slow or slower goes to the slow tier")
     parser.add_argument("--write", action="store_true", help="rewrite the measured section of tests/slow_tests.txt")
     parser.add_argument("--top", type=int, default=15, help="how many of the fast tier's slowest tests to list")
     args = parser.parse_args(argv)
@@ -50,7 +55,7 @@ def main(argv=None) -> int:
     seconds = measured_tests(args.junit)
     text = SLOW_TESTS.read_text(encoding="utf-8")
     if args.write:
-        by_hand = read_entries(text.split(MEASURED_HEADER, 1)[0])
+        by_hand = read_entries(hand_kept(text))
         over = [test for test, took in seconds.items() if took >= args.seconds and not is_slow(test, by_hand)]
         text = rewrite_measured(text, over, args.seconds)
         SLOW_TESTS.write_text(text, encoding="utf-8")

@@ -65,10 +65,11 @@ def test_suite_tiers_rewrites_the_measured_section_and_keeps_the_hand_kept_one(t
     junit.write_text('<testsuites><testsuite><testcase classname="tests.test_a" name="test_b[1]" time="3.5"/>'
                      '<testcase classname="tests.flower.test_c" name="test_d" time="0.2"/></testsuite></testsuites>')
     assert suite_tiers.measured_tests(junit) == {"tests/test_a.py::test_b[1]": 3.5, "tests/flower/test_c.py::test_d": 0.2}
-    text = "# hand\ntests/x.py\n\n" + MEASURED_HEADER + "\ntests/old.py::test_gone\n"
-    rewritten = suite_tiers.rewrite_measured(text, ["tests/test_a.py::test_b[1]"], 2.0)
+    text = "# hand\ntests/x.py\n\n" + MEASURED_HEADER.replace("SECONDS", "3") + "\ntests/old.py::test_gone\n"
+    rewritten = suite_tiers.rewrite_measured(text, ["tests/test_a.py::test_b[1]"], 1.5)
     assert read_entries(rewritten) == {"tests/x.py", "tests/test_a.py::test_b[1]"}
-    assert "2 s or more" in rewritten and rewritten.startswith("# hand\ntests/x.py\n")
+    assert "1.5 s or more" in rewritten and "3 s or more" not in rewritten
+    assert rewritten.startswith("# hand\ntests/x.py\n")
 
 
 def test_the_makefile_runs_one_tier_in_make_test_and_the_other_in_make_test_slow_and_ci_runs_both():
