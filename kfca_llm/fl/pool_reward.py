@@ -10,8 +10,9 @@ rule is what it is):
    pair the verdicts settle (``"verdict-first"``) is ranked on those; a pair of which one participant has turned by
    its lineage and the other not, the turned one lower; and within public strata a pair the trajectory settles on the
    verdicts without the strata, whatever came before;
-3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say, a pool peer at
-   its lag's weight over the verdict's, the trusted reference at its weight;
+3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say (an agreeing pair
+   as it is, unless pool rule 9 reads it back: ``agreement_read_back``), a pool peer at its lag's weight over the
+   verdict's, the trusted reference at its weight;
 4. **pay** (``pay_weighted_means``): the weighted mean of each scorer's payments (an own resubmission's pool term 0),
    then the round's duplicate policy on in-round copies and copies of pool entries;
 5. **hold the unsure** (``hold_unsure``): a short scorer with fewer than ``min_peers`` distinct weighted peers, or
