@@ -190,8 +190,9 @@ def test_the_pool_pays_what_the_naive_reference_pays_on_long_updates(seed):
     assert_equal(seed, True, "record")
 
 
-CONDITIONED_SEEDS = (0, 1, 2, 3, 13)
-"""Seed 13's federation has disagreeing pairs the verdicts without the strata settle (pool rule 6)."""
+CONDITIONED_SEEDS = (0, 1, 2, 3, 13, 177)
+"""Seed 13's federation has disagreeing pairs the verdicts without the strata settle (pool rule 6); seed 177's an
+agreeing pair read back for the flipper, whose peer (the on-off client's flip) has turned (pool rule 9)."""
 
 
 @pytest.mark.parametrize("rank_by", ["record", "verdict", "verdict-first", "reputation"])
@@ -225,6 +226,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("the trajectory settles a pair" for c in result.by_trajectory)
         seen.update("the lineage ranks a pair" for c in result.by_lineage)
         seen.update("a turn forfeits what was paid" for e in result.forfeited if e.paid > 0 and not e.charged)
+        seen.update("an agreement with a turned peer read back" for c in result.agreement_read_back)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
@@ -271,7 +273,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
             "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair",
-            "a turn forfeits what was paid", "owned own resubmission", "owned undetermined", "owned settled",
+            "a turn forfeits what was paid", "an agreement with a turned peer read back", "owned own resubmission", "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen
@@ -381,3 +383,25 @@ def test_no_copy_is_found_while_the_window_holds_no_entry():
     assert (7, "a") not in copies and {(t, c) for t in range(2, 7) for c in (f"x{t}", f"y{t}")} <= copies
     assert_pays_as_naive(fed, window=4, own_replay_limit=0.0)
     assert any(naive_run(fed.rounds, fed.seeds, window=4)[6].values())
+
+
+def test_an_agreement_is_read_back_only_where_the_peer_turned_and_the_scorer_ran_against_the_trajectory():
+    """Pool rule 9 (``fl.pool_reward.agreement_read_back``): an agreeing pair is read back for a scorer whose verdict
+    without the strata is more than two standard errors below 0 and whose peer has turned; else, and for a disagreeing
+    pair, an own resubmitter's peer or without strata (no verdict without them), the rule says nothing."""
+    from types import SimpleNamespace
+
+    from kfca_llm.fl.pool_reward import agreement_read_back
+
+    def ev(pay=0.1, turned=("b",), blind=(-0.03, 0.01), own=()):
+        return SimpleNamespace(pay={("a", "b"): pay}, turned=frozenset(turned), own=frozenset(own),
+                               blind={} if blind is None else {"a": blind})
+
+    assert agreement_read_back(ev(), "a", "b")
+    assert agreement_read_back(ev(pay=0.0), "a", "b")  # an agreement of 0 counts as agreeing, as orientation's
+    assert not agreement_read_back(ev(pay=-0.1), "a", "b")  # a disagreeing pair: ranked (rules 5-7)
+    assert not agreement_read_back(ev(turned=()), "a", "b")  # the peer has not turned
+    assert not agreement_read_back(ev(blind=(-0.02, 0.01)), "a", "b")  # exactly two standard errors: not beyond
+    assert not agreement_read_back(ev(blind=(-0.03, float("inf"))), "a", "b")  # no spread: no verdict to go by
+    assert not agreement_read_back(ev(blind=None), "a", "b")  # no strata: no verdict without them
+    assert not agreement_read_back(ev(own=("b",)), "a", "b")  # an own resubmission counts for nothing already

@@ -22,7 +22,7 @@ from ..packer import SignPacker
 from ..report import Pair, RewardReport
 from .pool_copies import pool_copies_of, sketch, sketch_copies_of
 from .pool_reversal import has_turned, round_forfeits
-from .pool_store import PeerPool, PoolEntry, parse_pool_name
+from .pool_store import VERDICT_GATE, PeerPool, PoolEntry, parse_pool_name
 from .pool_weights import pool_lag_weights, pool_scores, public_blind_verdicts, verdict_errors
 from .reference import REFERENCE
 
@@ -86,7 +86,8 @@ class PoolEvidence:
     """Real own resubmitter -> the entries of its own it resubmitted (none under the duplicate policy ``flag``)."""
     turned: frozenset[str]
     """Real participants the pool has a verdict on whose update has turned by their own lineage (pool rule 7,
-    ``fl.pool_reversal``)."""
+    ``fl.pool_reversal``), judged for the participants of a disagreeing pair and for the peer of an agreeing pair
+    whose scorer ran against the trajectory (``against_trajectory``, pool rule 9)."""
     forfeited: dict[str, tuple[str, ...]]
     """Short real participant, not a copy, whose update turned by reversing its previous one -> the pool entries of
     its own it forfeits (pool rule 8, ``fl.pool_reversal.forfeited``); none when settling a round."""
@@ -170,10 +171,13 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     # that answers what such an update earns in its round).
     resubmitted = {} if scoring.duplicates == "flag" else {
         c: resubmitted_entries(c, next(g.clients for g in pool_copies if c in g.clients)) for c in sorted(own & real)}
-    # Pool rule 7 ranks disagreeing pairs only (an agreeing pair counts as it is): a lineage is judged for theirs.
-    disagreeing = {x for c, p in in_round_keys if pay[(c, p)] < 0 for x in (c, p)} & real & set(verdict)
-    sketches, mask = (pool.sketches(), sketch(task)) if disagreeing else ([], None)
-    turned = frozenset(c for k, c in enumerate(packer.clients) if c in disagreeing and has_turned(
+    # Pool rule 7 ranks disagreeing pairs (a lineage is judged for theirs); pool rule 9 reads back the peer of an
+    # agreeing pair whose scorer ran against the trajectory where that peer has turned (a lineage judged for it too).
+    disagreeing = {x for c, p in in_round_keys if pay[(c, p)] < 0 for x in (c, p)}
+    agreeing = {p for c, p in in_round_keys if pay[(c, p)] >= 0 and against_trajectory(blind.get(c))}
+    judged = (disagreeing | agreeing) & real & set(verdict)
+    sketches, mask = (pool.sketches(), sketch(task)) if judged else ([], None)
+    turned = frozenset(c for k, c in enumerate(packer.clients) if c in judged and has_turned(
         sketches, pool.score_of, c, round_, sketch(signs[k]), mask))
     # Pool rule 8: forfeits are judged as the round is scored (a settlement pays only its waiting scorers, and a
     # forfeiting one never waits); fl.pool_close marks the same ones, computed alike.
@@ -185,6 +189,13 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
                         penalty_agreement, verdict, verdict_errors(terms_of, verdict), blind, own_pool, resubmitted,
                         turned, forfeits)
+
+
+def against_trajectory(blind: tuple[float, float] | None) -> bool:
+    """Whether a verdict without the public strata (verdict, standard error; None: none) ran against the way the pool
+    moved: more than ``VERDICT_GATE`` standard errors below 0 (an honest update's was in 7 of 767, a flipped update's
+    in 24 of 63: ``benchmarks/ROBUSTNESS.md``, pool rule 6)."""
+    return blind is not None and blind[0] < -VERDICT_GATE * blind[1]
 
 
 def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float

@@ -12,7 +12,9 @@ the record (the lower of the window's and the run's mean score), public strata (
 strata, a disagreeing pair ranked on the lower of the verdicts within and without them, or on the verdicts without them
 alone where the lower of those is below 0 and they differ by more than two standard errors; else, where one of the two
 has turned by its own lineage and the other has not, the turned one lower; a participant that turned by reversing its
-previous submission paid at most 0, what its last three submissions since its last turn were paid charged back once),
+previous submission paid at most 0, what its last three submissions since its last turn were paid charged back once;
+an agreeing pair read back for a scorer whose verdict without the strata is more than two standard errors below 0 where
+its peer has turned),
 undetermined participants (paid 0: too
 few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later
 round (the pool on both sides, once warm or at the window's last round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
@@ -139,6 +141,9 @@ class Scored:
     """Scorers in a disagreeing pair that one participant's own lineage ranked (pool rule 7)."""
     forfeited: list[Entry] = field(default_factory=list)
     """Earlier submissions a participant that turned forfeited (pool rule 8)."""
+    agreement_read_back: set[str] = field(default_factory=set)
+    """Scorers of an agreeing pair fined the agreement: its peer turned, the scorer ran against the trajectory (pool
+    rule 9)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -337,14 +342,18 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     forfeit = {c: [] if c in twins | own | other_copy else forfeits(c) for c in (a, b)}
     ref = reference_weight if reference is not None else 0.0
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
+    agreement_read_back = set()
     for c in scorers:
         p = peer_of[c]
         if c not in verdict:
             peer_sign = 1.0
         elif p in own or p not in verdict:
             peer_sign = 0.0  # the pool has no verdict on the peer
-        elif in_round[c] >= 0:
-            peer_sign = 1.0
+        elif in_round[c] >= 0:  # as it is, unless its peer turned and the scorer ran against the trajectory (rule 9)
+            ran_against = c in blind and blind[c][0] < -2.0 * blind[c][1]
+            peer_sign = -1.0 if has_turned[p] and ran_against else 1.0
+            if peer_sign < 0:
+                agreement_read_back.add(c)
         else:  # the one ranked lower is fined, the other reads it back
             if against_trajectory(c, p):
                 by_trajectory.add(c)
@@ -383,4 +392,4 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
-                  by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]])
+                  by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]], agreement_read_back)

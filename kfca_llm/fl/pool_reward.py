@@ -10,8 +10,9 @@ rule is what it is):
    pair the verdicts settle (``"verdict-first"``) is ranked on those; a pair of which one participant has turned by
    its lineage and the other not, the turned one lower; and within public strata a pair the trajectory settles on the
    verdicts without the strata, whatever came before;
-3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say, a pool peer at
-   its lag's weight over the verdict's, the trusted reference at its weight;
+3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say (an agreeing pair
+   as it is, unless pool rule 9 reads it back: ``agreement_read_back``), a pool peer at its lag's weight over the
+   verdict's, the trusted reference at its weight;
 4. **pay** (``pay_weighted_means``): the weighted mean of each scorer's payments (an own resubmission's pool term 0),
    then the round's duplicate policy on in-round copies and copies of pool entries;
 5. **hold the unsure** (``hold_unsure``): a short scorer with fewer than ``min_peers`` distinct weighted peers, or
@@ -38,7 +39,7 @@ from ..engine.stats import PairPayment, joint_tables
 from ..packer import SIGN_LABELS
 from ..report import Pair, RewardReport
 from .pool_copies import apply_pool_policy
-from .pool_evidence import PoolEvidence, PooledScoring
+from .pool_evidence import PoolEvidence, PooledScoring, against_trajectory
 from .pool_policy import record, reputation
 from .pool_store import VERDICT_GATE, PeerPool, PoolSettings, parse_pool_name, pool_name
 from .pool_weights import (evidence_of, lower_verdicts, orientation, trajectory_settles, verdict_settles,
@@ -88,11 +89,22 @@ def orient_weights(ev: PoolEvidence, rank_of: Ranks, pool: PeerPool | None, refe
     """Step 3: each pair's weight, in ``ev.keys``' order."""
     pay = ev.pay
     weights = [1.0 if c not in ev.verdict or (p not in ev.chosen and p not in ev.own)
+               else -1.0 if agreement_read_back(ev, c, p)
                else orientation(pay[(c, p)], rank_of[(c, p)][0], None if p in ev.own else rank_of[(c, p)][1])
                for c, p in ev.in_round_keys]
     weights += [ev.lag_of[p] * pool.settings.weight / ev.verdict[c][1] if c in ev.verdict else 0.0
                 for c, p in ev.pool_keys]
     return weights + [reference_weight] * len(ev.reference_keys)
+
+
+def agreement_read_back(ev: PoolEvidence, scorer: str, peer: str) -> bool:
+    """Pool rule 9: whether an agreeing in-round pair is read back for ``scorer`` (fined the agreement): its peer has
+    turned by its own lineage (``fl.pool_reversal``: a flipped update, by its participant's earlier ones) and the
+    scorer's own verdict without the public strata ran against the trajectory (``fl.pool_evidence.against_trajectory``):
+    two flipped updates that meet agree, and the lineage and the trajectory both say so. Without public strata, or
+    where either says nothing, the agreement counts as it is."""
+    return (ev.pay[(scorer, peer)] >= 0.0 and peer in ev.turned and peer not in ev.own
+            and against_trajectory(ev.blind.get(scorer)))
 
 
 def pay_weighted_means(ev: PoolEvidence, weights: Sequence[float], duplicates: str

@@ -78,6 +78,9 @@ POOL_RULES = {
        "and a short participant whose update turned by reversing its previous one is paid at most 0 and forfeits "
        "what its submissions since its last turned one were paid (fl.pool_reversal.FORFEIT_SUBMISSIONS at most), "
        "charged back once; a forfeited submission settled later is paid at most 0",
+    9: "as 8, within public strata an agreeing pair is read back for a participant whose verdict without the strata "
+       "ran against the trajectory (more than VERDICT_GATE standard errors below 0) where its peer has turned by its "
+       "own lineage (fl.pool_reward.agreement_read_back): two flipped updates that meet are fined their agreement",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
