@@ -17,10 +17,12 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from kfca_llm.report import write_atomic
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "tests"))
 
-from slow_tests import MEASURED_HEADER, SLOW_TESTS, is_slow, read_entries  # noqa: E402
+from slow_tests import SLOW_TESTS, hand_kept, is_slow, read_entries, rewrite_measured  # noqa: E402
 
 
 def measured_tests(junit: Path) -> dict[str, float]:
@@ -30,18 +32,6 @@ def measured_tests(junit: Path) -> dict[str, float]:
         module = case.get("classname").replace(".", "/") + ".py"
         seconds[f"{module}::{case.get('name')}"] = float(case.get("time") or 0.0)
     return seconds
-
-
-def hand_kept(text: str) -> str:
-    """The list's text before its measured section (whatever seconds that section's header names)."""
-    return text.split(MEASURED_HEADER.split("SECONDS", 1)[0], 1)[0]
-
-
-def rewrite_measured(text: str, slow: list[str], seconds: float) -> str:
-    """The list's text with its measured section replaced by ``slow`` (the hand-kept section is kept as it is)."""
-    kept = hand_kept(text).rstrip("\n")
-    header = MEASURED_HEADER.replace("SECONDS", f"{seconds:g}")
-    return "\n".join([kept, "", header, *sorted(slow), ""])
 
 
 def main(argv=None) -> int:
@@ -58,7 +48,7 @@ def main(argv=None) -> int:
         by_hand = read_entries(hand_kept(text))
         over = [test for test, took in seconds.items() if took >= args.seconds and not is_slow(test, by_hand)]
         text = rewrite_measured(text, over, args.seconds)
-        SLOW_TESTS.write_text(text, encoding="utf-8")
+        write_atomic(SLOW_TESTS, text)  # an interrupted rewrite leaves the old list, not half of one
     entries = read_entries(text)
     fast = {test: took for test, took in seconds.items() if not is_slow(test, entries)}
     slow_total = sum(seconds.values()) - sum(fast.values())

@@ -1,7 +1,8 @@
 """The slow tier's list (``slow_tests.txt``): `make test` leaves these tests out, `make test-slow` runs them.
 
 An entry is a node id (``tests/x.py::test_y[case]``), a test with all its cases (``tests/x.py::test_y``) or a whole
-module (``tests/x.py``); ``#`` starts a comment. benchmarks/suite_tiers.py rewrites the measured section."""
+module (``tests/x.py``); ``#`` starts a comment. The list has two sections: the hand-kept one (the tests that start
+processes), then the measured one, which benchmarks/suite_tiers.py rewrites from a JUnit report."""
 
 from pathlib import Path
 
@@ -20,3 +21,15 @@ def is_slow(nodeid: str, entries: set[str]) -> bool:
 
 def slow_entries() -> set[str]:
     return read_entries(SLOW_TESTS.read_text(encoding="utf-8"))
+
+
+def hand_kept(text: str) -> str:
+    """The list's text before its measured section (whatever seconds that section's header names)."""
+    return text.split(MEASURED_HEADER.split("SECONDS", 1)[0], 1)[0]
+
+
+def rewrite_measured(text: str, slow: list[str], seconds: float) -> str:
+    """The list's text with its measured section replaced by ``slow`` (the hand-kept section is kept as it is)."""
+    kept = hand_kept(text).rstrip("\n")
+    header = MEASURED_HEADER.replace("SECONDS", f"{seconds:g}")
+    return "\n".join([kept, "", header, *sorted(slow), ""])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import refuse_processes
-from slow_tests import MEASURED_HEADER, SLOW_TESTS, is_slow, read_entries, slow_entries
+from slow_tests import MEASURED_HEADER, SLOW_TESTS, is_slow, read_entries, rewrite_measured, slow_entries
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -66,7 +66,7 @@ def test_suite_tiers_rewrites_the_measured_section_and_keeps_the_hand_kept_one(t
                      '<testcase classname="tests.flower.test_c" name="test_d" time="0.2"/></testsuite></testsuites>')
     assert suite_tiers.measured_tests(junit) == {"tests/test_a.py::test_b[1]": 3.5, "tests/flower/test_c.py::test_d": 0.2}
     text = "# hand\ntests/x.py\n\n" + MEASURED_HEADER.replace("SECONDS", "3") + "\ntests/old.py::test_gone\n"
-    rewritten = suite_tiers.rewrite_measured(text, ["tests/test_a.py::test_b[1]"], 1.5)
+    rewritten = rewrite_measured(text, ["tests/test_a.py::test_b[1]"], 1.5)
     assert read_entries(rewritten) == {"tests/x.py", "tests/test_a.py::test_b[1]"}
     assert "1.5 s or more" in rewritten and "3 s or more" not in rewritten
     assert rewritten.startswith("# hand\ntests/x.py\n")
