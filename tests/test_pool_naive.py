@@ -383,25 +383,3 @@ def test_no_copy_is_found_while_the_window_holds_no_entry():
     assert (7, "a") not in copies and {(t, c) for t in range(2, 7) for c in (f"x{t}", f"y{t}")} <= copies
     assert_pays_as_naive(fed, window=4, own_replay_limit=0.0)
     assert any(naive_run(fed.rounds, fed.seeds, window=4)[6].values())
-
-
-def test_an_agreement_is_read_back_only_where_the_peer_turned_and_the_scorer_ran_against_the_trajectory():
-    """Pool rule 9 (``fl.pool_reward.agreement_read_back``): an agreeing pair is read back for a scorer whose verdict
-    without the strata is more than two standard errors below 0 and whose peer has turned; else, and for a disagreeing
-    pair, an own resubmitter's peer or without strata (no verdict without them), the rule says nothing."""
-    from types import SimpleNamespace
-
-    from kfca_llm.fl.pool_reward import agreement_read_back
-
-    def ev(pay=0.1, turned=("b",), blind=(-0.03, 0.01), own=()):
-        return SimpleNamespace(pay={("a", "b"): pay}, turned=frozenset(turned), own=frozenset(own),
-                               blind={} if blind is None else {"a": blind})
-
-    assert agreement_read_back(ev(), "a", "b")
-    assert agreement_read_back(ev(pay=0.0), "a", "b")  # an agreement of 0 counts as agreeing, as orientation's
-    assert not agreement_read_back(ev(pay=-0.1), "a", "b")  # a disagreeing pair: ranked (rules 5-7)
-    assert not agreement_read_back(ev(turned=()), "a", "b")  # the peer has not turned
-    assert not agreement_read_back(ev(blind=(-0.02, 0.01)), "a", "b")  # exactly two standard errors: not beyond
-    assert not agreement_read_back(ev(blind=(-0.03, float("inf"))), "a", "b")  # no spread: no verdict to go by
-    assert not agreement_read_back(ev(blind=None), "a", "b")  # no strata: no verdict without them
-    assert not agreement_read_back(ev(own=("b",)), "a", "b")  # an own resubmission counts for nothing already

@@ -1,5 +1,5 @@
 """``fl.pool_reversal`` (pool rules 7 and 8): how an update relates to its participant's previous one, its lineage,
-and what a turn forfeits.
+and what a turn forfeits; and ``fl.pool_reward.agreement_read_back`` (rule 9), where a turn reads an agreement back.
 
 Synthetic sketches: every participant's update is a shared trajectory plus its own persistent data direction plus
 noise, so an honest update agrees with its own previous one more than two other participants' updates do; a flipped
@@ -165,3 +165,25 @@ def test_the_baseline_pairs_two_different_participants_never_one_with_itself():
     sketches = [(f"{c}@{t}", packed(bits)) for t in (1, 2) for c, bits in signs.items()] + [("A@2", packed(idx < 0))]
     relation = own_relation(sketches, "A", 3, packed(idx < COORDS // 2 + COORDS // 10), MASK)
     assert relation is not None and relation.reverses and relation.previous == "A@2"
+
+
+def test_an_agreement_is_read_back_only_where_the_peer_turned_and_the_scorer_ran_against_the_trajectory():
+    """Pool rule 9 (``fl.pool_reward.agreement_read_back``): an agreeing pair is read back for a scorer whose verdict
+    without the strata is more than two standard errors below 0 and whose peer has turned; else, and for a disagreeing
+    pair, an own resubmitter's peer or without strata (no verdict without them), the rule says nothing."""
+    from types import SimpleNamespace
+
+    from kfca_llm.fl.pool_reward import agreement_read_back
+
+    def ev(pay=0.1, turned=("b",), blind=(-0.03, 0.01), own=()):
+        return SimpleNamespace(pay={("a", "b"): pay}, turned=frozenset(turned), own=frozenset(own),
+                               blind={} if blind is None else {"a": blind})
+
+    assert agreement_read_back(ev(), "a", "b")
+    assert agreement_read_back(ev(pay=0.0), "a", "b")  # an agreement of 0 counts as agreeing, as orientation's
+    assert not agreement_read_back(ev(pay=-0.1), "a", "b")  # a disagreeing pair: ranked (rules 5-7)
+    assert not agreement_read_back(ev(turned=()), "a", "b")  # the peer has not turned
+    assert not agreement_read_back(ev(blind=(-0.02, 0.01)), "a", "b")  # exactly two standard errors: not beyond
+    assert not agreement_read_back(ev(blind=(-0.03, float("inf"))), "a", "b")  # no spread: no verdict to go by
+    assert not agreement_read_back(ev(blind=None), "a", "b")  # no strata: no verdict without them
+    assert not agreement_read_back(ev(own=("b",)), "a", "b")  # an own resubmission counts for nothing already
