@@ -103,8 +103,8 @@ def agreement_read_back(ev: PoolEvidence, scorer: str, peer: str) -> bool:
     scorer's own verdict without the public strata ran against the trajectory (``fl.pool_evidence.against_trajectory``):
     two flipped updates that meet agree, and the lineage and the trajectory both say so. Without public strata, or
     where either says nothing, the agreement counts as it is."""
-    return (ev.pay[(scorer, peer)] >= 0.0 and peer in ev.turned and peer not in ev.own
-            and against_trajectory(ev.blind.get(scorer)))
+    return (ev.pay[(scorer, peer)] >= 0.0 and peer not in ev.own and against_trajectory(ev.blind.get(scorer))
+            and (peer in ev.turned or against_trajectory(ev.blind.get(peer))))
 
 
 def pay_weighted_means(ev: PoolEvidence, weights: Sequence[float], duplicates: str
