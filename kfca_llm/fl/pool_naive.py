@@ -347,8 +347,8 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         p = peer_of[c]
         if c not in verdict:
             peer_sign = 1.0
-        elif p in own or p not in verdict:
-            peer_sign = 0.0  # the pool has no verdict on the peer
+        elif p in own or p not in verdict or len({negative[p][k] for k in tasks}) < 2:
+            peer_sign = 0.0  # the pool has no verdict on the peer, or the peer reports one sign on every task
         elif in_round[c] >= 0:  # as it is, unless the scorer ran against the trajectory and its peer turned or ran
             def ran_against(x: str) -> bool:  # against it too (rules 9 and 10)
                 return x in blind and blind[x][0] < -2.0 * blind[x][1]

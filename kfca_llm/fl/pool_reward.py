@@ -89,6 +89,7 @@ def orient_weights(ev: PoolEvidence, rank_of: Ranks, pool: PeerPool | None, refe
     """Step 3: each pair's weight, in ``ev.keys``' order."""
     pay = ev.pay
     weights = [1.0 if c not in ev.verdict or (p not in ev.chosen and p not in ev.own)
+               else 0.0 if p in ev.constant  # one sign on every task: no report to agree with (pool rule 10)
                else -1.0 if agreement_read_back(ev, c, p)
                else orientation(pay[(c, p)], rank_of[(c, p)][0], None if p in ev.own else rank_of[(c, p)][1])
                for c, p in ev.in_round_keys]
