@@ -1,5 +1,6 @@
 """``fl.pool_reversal`` (pool rules 7 and 8): how an update relates to its participant's previous one, its lineage,
-and what a turn forfeits; and ``fl.pool_reward.agreement_read_back`` (rule 9), where a turn reads an agreement back.
+and what a turn forfeits; ``fl.pool_reward.agreement_read_back`` (rules 9, 10), where an agreement is read back; and
+``fl.pool_evidence.one_sign`` (rule 10), a submission with no report to agree with.
 
 Synthetic sketches: every participant's update is a shared trajectory plus its own persistent data direction plus
 noise, so an honest update agrees with its own previous one more than two other participants' updates do; a flipped
