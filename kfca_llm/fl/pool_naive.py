@@ -349,10 +349,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             peer_sign = 1.0
         elif p in own or p not in verdict or len({negative[p][k] for k in tasks}) < 2:
             peer_sign = 0.0  # the pool has no verdict on the peer, or the peer reports one sign on every task
-        elif in_round[c] >= 0:  # as it is, unless the scorer ran against the trajectory and its peer turned or ran
-            def ran_against(x: str) -> bool:  # against it too (rules 9 and 10)
-                return x in blind and blind[x][0] < -2.0 * blind[x][1]
-            peer_sign = -1.0 if ran_against(c) and (has_turned[p] or ran_against(p)) else 1.0
+        elif in_round[c] >= 0:  # as it is, unless its peer turned and the scorer ran against the trajectory (rule 9)
+            ran_against = c in blind and blind[c][0] < -2.0 * blind[c][1]
+            peer_sign = -1.0 if has_turned[p] and ran_against else 1.0
             if peer_sign < 0:
                 agreement_read_back.add(c)
         else:  # the one ranked lower is fined, the other reads it back

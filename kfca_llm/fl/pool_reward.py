@@ -11,7 +11,7 @@ rule is what it is):
    its lineage and the other not, the turned one lower; and within public strata a pair the trajectory settles on the
    verdicts without the strata, whatever came before;
 3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say (an agreeing pair
-   as it is, unless pool rules 9 and 10 read it back: ``agreement_read_back``; a peer reporting one sign on every task
+   as it is, unless pool rule 9 reads it back: ``agreement_read_back``; a peer reporting one sign on every task
    weighs 0, pool rule 10), a pool peer at its lag's weight over the verdict's, the trusted reference at its weight;
 4. **pay** (``pay_weighted_means``): the weighted mean of each scorer's payments (an own resubmission's pool term 0),
    then the round's duplicate policy on in-round copies and copies of pool entries;
@@ -99,14 +99,15 @@ def orient_weights(ev: PoolEvidence, rank_of: Ranks, pool: PeerPool | None, refe
 
 
 def agreement_read_back(ev: PoolEvidence, scorer: str, peer: str) -> bool:
-    """Pool rules 9 and 10: whether an agreeing in-round pair is read back for ``scorer`` (fined the agreement): the
-    scorer's own verdict without the public strata ran against the trajectory (``fl.pool_evidence.against_trajectory``)
-    and its peer has turned by its own lineage (``fl.pool_reversal``: a flipped update, by its participant's earlier
-    ones) or ran against the trajectory too (rule 10: a flipper meeting a flip the lineage cannot tell, a sleeper's
-    flip following its first one many rounds later, say): two flipped updates that meet agree. Without public strata,
-    or where the tests say nothing, the agreement counts as it is."""
-    return (ev.pay[(scorer, peer)] >= 0.0 and peer not in ev.own and against_trajectory(ev.blind.get(scorer))
-            and (peer in ev.turned or against_trajectory(ev.blind.get(peer))))
+    """Pool rule 9: whether an agreeing in-round pair is read back for ``scorer`` (fined the agreement): its peer has
+    turned by its own lineage (``fl.pool_reversal``: a flipped update, by its participant's earlier ones) and the
+    scorer's own verdict without the public strata ran against the trajectory (``fl.pool_evidence.against_trajectory``):
+    two flipped updates that meet agree, and the lineage and the trajectory both say so. Without public strata, or
+    where either says nothing, the agreement counts as it is. The trajectory alone is not enough, even where both of
+    the pair ran against it: where free riders replaying the global's change fill the pool, two honest updates that
+    agree can both look as if they ran against it (benchmarks/ROBUSTNESS.md, pool rule 10)."""
+    return (ev.pay[(scorer, peer)] >= 0.0 and peer in ev.turned and peer not in ev.own
+            and against_trajectory(ev.blind.get(scorer)))
 
 
 def pay_weighted_means(ev: PoolEvidence, weights: Sequence[float], duplicates: str
