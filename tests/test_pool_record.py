@@ -56,6 +56,26 @@ def test_a_record_is_the_lower_of_the_windows_and_the_runs():
     assert record(again, "flipper", 16) == record(pool, "flipper", 16)  # a resumed run keeps the run's scores
 
 
+def test_a_record_leaves_out_what_was_charged_back():
+    """Pool rule 10: a sleeper's honest submissions forfeited at its turn (charged back, ``mark_charged``) vouch for
+    nothing after it, in its window's record and its run's, and a rebuilt pool says the same; a participant with
+    nothing left but charged submissions has no record, and another's record is untouched."""
+    pool, words = PeerPool(PoolSettings(window=3)), np.zeros(4, np.int32)
+    scores = {"sleeper": {1: 0.3, 5: 0.2, 7: 0.1, 8: -0.07}, "stale": {2: 0.25}, "honest": {3: 0.2, 7: 0.1}}
+    for t in range(1, 9):
+        pool.add_round(t, {who: words for who, s in scores.items() if t in s} | {"other": words},
+                       {who: s[t] for who, s in scores.items() if t in s})
+    assert record(pool, "sleeper", 9) == pytest.approx(min(0.23 / 3, 0.53 / 4))  # its turn in the window
+    assert record(pool, "stale", 9) == pytest.approx(0.25)
+    pool.mark_charged(["sleeper@1", "sleeper@5", "sleeper@7", "stale@2"])
+    assert record(pool, "sleeper", 9) == pytest.approx(-0.07)  # the turned submission's alone, window and run
+    assert record(pool, "sleeper", 7) is None  # before its turn: all of it charged since
+    assert record(pool, "stale", 9) is None
+    assert record(pool, "honest", 9) == pytest.approx(0.1) and record(pool, "honest", 4) == pytest.approx(0.2)
+    again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
+    assert record(again, "sleeper", 9) == pytest.approx(-0.07) and record(again, "stale", 9) is None
+
+
 @pytest.mark.parametrize("rank_by", ["record", "verdict-first", "reputation"])
 def test_a_record_cannot_outvote_a_clear_verdict_when_verdicts_come_first(rank_by):
     """The flipper c03 of round 8 with a record of +1 (honest so far: a sleeper that just turned). Ranked by verdict

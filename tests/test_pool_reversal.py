@@ -1,5 +1,6 @@
 """``fl.pool_reversal`` (pool rules 7 and 8): how an update relates to its participant's previous one, its lineage,
-and what a turn forfeits; and ``fl.pool_reward.agreement_read_back`` (rule 9), where a turn reads an agreement back.
+and what a turn forfeits; ``fl.pool_reward.agreement_read_back`` (rule 9), where an agreement is read back; and
+``fl.pool_evidence.one_sign`` (rule 10), a submission with no report to agree with.
 
 Synthetic sketches: every participant's update is a shared trajectory plus its own persistent data direction plus
 noise, so an honest update agrees with its own previous one more than two other participants' updates do; a flipped
@@ -170,20 +171,35 @@ def test_the_baseline_pairs_two_different_participants_never_one_with_itself():
 def test_an_agreement_is_read_back_only_where_the_peer_turned_and_the_scorer_ran_against_the_trajectory():
     """Pool rule 9 (``fl.pool_reward.agreement_read_back``): an agreeing pair is read back for a scorer whose verdict
     without the strata is more than two standard errors below 0 and whose peer has turned; else, and for a disagreeing
-    pair, an own resubmitter's peer or without strata (no verdict without them), the rule says nothing."""
+    pair, an own resubmitter's peer or without strata (no verdict without them), the rule says nothing. A peer that ran
+    against the trajectory as well but has not turned is no reason (two honest updates can both look so)."""
     from types import SimpleNamespace
 
     from kfca_llm.fl.pool_reward import agreement_read_back
 
-    def ev(pay=0.1, turned=("b",), blind=(-0.03, 0.01), own=()):
-        return SimpleNamespace(pay={("a", "b"): pay}, turned=frozenset(turned), own=frozenset(own),
-                               blind={} if blind is None else {"a": blind})
+    def ev(pay=0.1, turned=("b",), blind=(-0.03, 0.01), peer_blind=None, own=()):
+        blinds = ({} if blind is None else {"a": blind}) | ({} if peer_blind is None else {"b": peer_blind})
+        return SimpleNamespace(pay={("a", "b"): pay}, turned=frozenset(turned), own=frozenset(own), blind=blinds)
 
     assert agreement_read_back(ev(), "a", "b")
     assert agreement_read_back(ev(pay=0.0), "a", "b")  # an agreement of 0 counts as agreeing, as orientation's
     assert not agreement_read_back(ev(pay=-0.1), "a", "b")  # a disagreeing pair: ranked (rules 5-7)
     assert not agreement_read_back(ev(turned=()), "a", "b")  # the peer has not turned
+    assert not agreement_read_back(ev(turned=(), peer_blind=(-0.05, 0.02)), "a", "b")  # nor when both ran against it
     assert not agreement_read_back(ev(blind=(-0.02, 0.01)), "a", "b")  # exactly two standard errors: not beyond
     assert not agreement_read_back(ev(blind=(-0.03, float("inf"))), "a", "b")  # no spread: no verdict to go by
     assert not agreement_read_back(ev(blind=None), "a", "b")  # no strata: no verdict without them
     assert not agreement_read_back(ev(own=("b",)), "a", "b")  # an own resubmission counts for nothing already
+
+
+def test_one_sign_on_every_task_is_no_report():
+    """Pool rule 10 (``fl.pool_evidence.one_sign``): a zero update (no sign bit set on any task) or one negative on
+    every task reports nothing to agree with; one differing task bit, or bits outside the tasks, do not make it so."""
+    from kfca_llm.fl.pool_evidence import one_sign
+
+    task = np.array([-1, 0x0F0F0F0F, 0], dtype=np.int32)
+    assert one_sign(np.zeros(3, np.int32), task) and one_sign(task.copy(), task)
+    assert one_sign(np.array([-1, -1, -1], np.int32), task)  # set outside the tasks too: still one sign on them
+    assert one_sign(np.array([0, -0x0F0F0F10, 5], np.int32), task)  # bits only outside the tasks: none on them
+    assert not one_sign(np.array([1, 0, 0], np.int32), task)
+    assert not one_sign(task ^ np.array([0, 1, 0], np.int32), task)

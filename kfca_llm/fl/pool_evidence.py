@@ -91,6 +91,9 @@ class PoolEvidence:
     forfeited: dict[str, tuple[str, ...]]
     """Short real participant, not a copy, whose update turned by reversing its previous one -> the pool entries of
     its own it forfeits (pool rule 8, ``fl.pool_reversal.forfeited``); none when settling a round."""
+    constant: frozenset[str]
+    """The round's submissions that report one sign on every task (a zero update): no in-round peer's agreement with
+    them is evidence (pool rule 10)."""
 
     @property
     def keys(self) -> list[Pair]:
@@ -185,10 +188,17 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     forfeits = {} if scoring.horizon is not None or not rows or pool is None else round_forfeits(
         pool, round_, [(c, signs[k]) for k, c in enumerate(packer.clients)
                        if c in chosen and c in real and c not in copied], task)
+    constant = frozenset(c for k, c in enumerate(packer.clients) if one_sign(signs[k], task))
     return PoolEvidence(round_, round_report, chosen, frozenset(real), counts, pool_copies, frozenset(own),
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
                         penalty_agreement, verdict, verdict_errors(terms_of, verdict), blind, own_pool, resubmitted,
-                        turned, forfeits)
+                        turned, forfeits, constant)
+
+
+def one_sign(words: np.ndarray, task: np.ndarray) -> bool:
+    """Whether packed sign words report the same sign on every task of ``task`` (all set or none)."""
+    on = np.bitwise_and(words, task)
+    return not on.any() or bool(np.array_equal(on, task))
 
 
 def against_trajectory(blind: tuple[float, float] | None) -> bool:

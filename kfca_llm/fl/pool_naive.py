@@ -2,28 +2,28 @@
 
 ``naive_run`` pays a run of rounds of two participants each as ``fl.peer_pool.score_with_pool`` and
 ``fl.pool_close.close_round`` do (``PoolSettings`` defaults but the window, the rank rule and the own-replay limit;
-penalty "expected", duplicate policy "zero"), written as directly as the rules read in docs/few-peers.md, so that a test
-can hold the real implementation to it (``tests/test_pool_naive.py``). Covered: the pool (which entries, vetted by their
-round's score; sign words kept for the window and one round more), the signed lag weights, the pool's verdict, the
-in-round peer read the way verdict plus record say (or, with ``rank_by="verdict-first"``, by the verdicts alone where
-they differ by more than two standard errors; with ``"reputation"``, by the mean of tanh(verdict / its standard error),
-this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one twice as much),
-the record (the lower of the window's and the run's mean score), public strata (each round's pairs scored within its
-strata, a disagreeing pair ranked on the lower of the verdicts within and without them, or on the verdicts without them
-alone where the lower of those is below 0 and they differ by more than two standard errors; else, where one of the two
-has turned by its own lineage and the other has not, the turned one lower; a participant that turned by reversing its
-previous submission paid at most 0, what its last three submissions since its last turn were paid charged back once;
-an agreeing pair read back for a scorer whose verdict without the strata is more than two standard errors below 0 where
-its peer has turned),
-undetermined participants (paid 0: too
-few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a later
-round (the pool on both sides, once warm or at the window's last round; a settled entry rescored), in-round copies (the two participants within 2% of each other's signs: paid at most
-0, neither joins the pool), copies of another participant's earlier submission (within 2% of the signs, on every sign
-in the window and on the 4,096-bit sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of
-the signs: scored without the pool, paid at most 0, what the earlier submission was paid charged back once), the
-trusted reference (a peer of every scorer at ``reference_weight``; a round with it is never undetermined) and the attack
-analysis' owned scorers (side-by-side submissions of a participant: its pool peers, checked for copies, never pool
-entries, never charged back, ranked on their verdict alone, settled as their owner's round is).
+penalty "expected", duplicate policy "zero"), written as directly as the rules read in docs/few-peers.md, so that a
+test can hold the real implementation to it (``tests/test_pool_naive.py``). Covered: the pool (which entries, vetted by
+their round's score; sign words kept for the window and one round more), the signed lag weights, the pool's verdict,
+the in-round peer read the way verdict plus record say (or, with ``rank_by="verdict-first"``, by the verdicts alone
+where they differ by more than two standard errors; with ``"reputation"``, by the mean of tanh(verdict / its standard
+error), this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one
+twice as much), the record (the lower of the window's and the run's mean score, submissions charged back left out),
+public strata (each round's pairs scored within its strata, a disagreeing pair ranked on the lower of the verdicts
+within and without them, or on the verdicts without them alone where the lower of those is below 0 and they differ by
+more than two standard errors; else, where one of the two has turned by its own lineage and the other has not, the
+turned one lower; a participant that turned by reversing its previous submission paid at most 0, what its last three
+submissions since its last turn were paid charged back once; an agreeing pair read back for a scorer whose verdict
+without the strata is more than two standard errors below 0 where its peer has turned), undetermined participants (paid
+0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a
+later round (the pool on both sides, once warm or at the window's last round; a settled entry rescored), in-round
+copies (the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of
+another participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
+sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of the signs: scored without the
+pool, paid at most 0, what the earlier submission was paid charged back once), the trusted reference (a peer of every
+scorer at ``reference_weight``; a round with it is never undetermined) and the attack analysis' owned scorers
+(side-by-side submissions of a participant: its pool peers, checked for copies, never pool entries, never charged back,
+ranked on their verdict alone, settled as their owner's round is).
 
 A submission is a list of floats (one tensor); its report on a coordinate is whether it is negative; the round's tasks
 are the coordinates some submission of the round is non-zero at (the owned scorers' included, never the reference's);
@@ -237,8 +237,8 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     peers = chosen[:pool_peers]
 
     def record(c: str) -> float | None:
-        recent = [e.score for e in rows if e.client == c]
-        whole = [e.score for e in history if e.client == c and e.round != t and e.round <= high]
+        recent = [e.score for e in rows if e.client == c and not e.charged]
+        whole = [e.score for e in history if e.client == c and e.round != t and e.round <= high and not e.charged]
         means = [sum(s) / len(s) for s in (recent, whole) if s]
         return min(means) if means else None
 
@@ -347,8 +347,8 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         p = peer_of[c]
         if c not in verdict:
             peer_sign = 1.0
-        elif p in own or p not in verdict:
-            peer_sign = 0.0  # the pool has no verdict on the peer
+        elif p in own or p not in verdict or len({negative[p][k] for k in tasks}) < 2:
+            peer_sign = 0.0  # the pool has no verdict on the peer, or the peer reports one sign on every task
         elif in_round[c] >= 0:  # as it is, unless its peer turned and the scorer ran against the trajectory (rule 9)
             ran_against = c in blind and blind[c][0] < -2.0 * blind[c][1]
             peer_sign = -1.0 if has_turned[p] and ran_against else 1.0

@@ -21,6 +21,8 @@ class PoolRecords(Protocol):
 
     def run_evidence(self, participant: str) -> dict[int, float]: ...
 
+    def charged(self, name: str) -> bool: ...
+
 REPUTATION_FORGETTING = 0.8
 """``rank_by="reputation"``: the weight of a participant's evidence one participation older than the next."""
 BAD_EVIDENCE_WEIGHT = 2.0
@@ -47,9 +49,11 @@ def record(pool: PoolRecords, participant: str, before_round: int, horizon: int 
     the rounds after ``before_round`` up to it too) and its run's (the mean score of every submission of the run
     but ``before_round``'s), or the one it has; None: nothing of it was scored. Late in training a round's verdicts
     fade while a persistent deviator's run record does not; a participant that turns deviator is caught by its
-    recent record before its run record has moved."""
+    recent record before its run record has moved. Submissions charged back (``PeerPool.mark_charged``: resubmitted,
+    or forfeited by a turn) count in neither (pool rule 10): a sleeper's honest record, taken back at its turn, does
+    not rank it above its honest partners after it."""
     recent = [pool.score_of(e.name) for e in pool.entries(before_round, extra=1, horizon=horizon)
-              if e.participant == participant]
+              if e.participant == participant and not pool.charged(e.name)]
     whole = [score for t, score in pool.run_scores(participant).items()
              if t != before_round and t <= (before_round - 1 if horizon is None else horizon)]
     means = [sum(found) / len(found) for found in ([s for s in recent if s is not None],

@@ -11,8 +11,8 @@ rule is what it is):
    its lineage and the other not, the turned one lower; and within public strata a pair the trajectory settles on the
    verdicts without the strata, whatever came before;
 3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say (an agreeing pair
-   as it is, unless pool rule 9 reads it back: ``agreement_read_back``), a pool peer at its lag's weight over the
-   verdict's, the trusted reference at its weight;
+   as it is, unless pool rule 9 reads it back: ``agreement_read_back``; a peer reporting one sign on every task
+   weighs 0, pool rule 10), a pool peer at its lag's weight over the verdict's, the trusted reference at its weight;
 4. **pay** (``pay_weighted_means``): the weighted mean of each scorer's payments (an own resubmission's pool term 0),
    then the round's duplicate policy on in-round copies and copies of pool entries;
 5. **hold the unsure** (``hold_unsure``): a short scorer with fewer than ``min_peers`` distinct weighted peers, or
@@ -89,6 +89,7 @@ def orient_weights(ev: PoolEvidence, rank_of: Ranks, pool: PeerPool | None, refe
     """Step 3: each pair's weight, in ``ev.keys``' order."""
     pay = ev.pay
     weights = [1.0 if c not in ev.verdict or (p not in ev.chosen and p not in ev.own)
+               else 0.0 if p in ev.constant  # one sign on every task: no report to agree with (pool rule 10)
                else -1.0 if agreement_read_back(ev, c, p)
                else orientation(pay[(c, p)], rank_of[(c, p)][0], None if p in ev.own else rank_of[(c, p)][1])
                for c, p in ev.in_round_keys]
@@ -102,7 +103,9 @@ def agreement_read_back(ev: PoolEvidence, scorer: str, peer: str) -> bool:
     turned by its own lineage (``fl.pool_reversal``: a flipped update, by its participant's earlier ones) and the
     scorer's own verdict without the public strata ran against the trajectory (``fl.pool_evidence.against_trajectory``):
     two flipped updates that meet agree, and the lineage and the trajectory both say so. Without public strata, or
-    where either says nothing, the agreement counts as it is."""
+    where either says nothing, the agreement counts as it is. The trajectory alone is not enough, even where both of
+    the pair ran against it: where free riders replaying the global's change fill the pool, two honest updates that
+    agree can both look as if they ran against it (benchmarks/ROBUSTNESS.md, pool rule 10)."""
     return (ev.pay[(scorer, peer)] >= 0.0 and peer in ev.turned and peer not in ev.own
             and against_trajectory(ev.blind.get(scorer)))
 

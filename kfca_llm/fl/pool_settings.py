@@ -81,6 +81,9 @@ POOL_RULES = {
     9: "as 8, within public strata an agreeing pair is read back for a participant whose verdict without the strata "
        "ran against the trajectory (more than VERDICT_GATE standard errors below 0) where its peer has turned by its "
        "own lineage (fl.pool_reward.agreement_read_back): two flipped updates that meet are fined their agreement",
+    10: "as 9, a participant's record (fl.pool_policy.record) leaves out its submissions charged back (resubmitted, or "
+        "forfeited by a turn), and a submission reporting one sign on every task (a zero update) is no in-round peer "
+        "(fl.pool_evidence.one_sign): its partner is paid on the pool's verdict, undetermined while that is unclear",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""

@@ -123,7 +123,7 @@ class PeerPool:
         """Pool name -> its round's score of it before copies and the undetermined rule (``unadjusted_rewards``;
         None: not recorded), run-long (a float a submission, as the sketches): only entries of the window scored > 0
         (or not recorded) become pool peers, a deviator's entries stay for copy detection and lag weights only; every
-        scored submission counts in its participant's record (``fl.pool_policy.record``)."""
+        scored submission not charged back since counts in its participant's record (``fl.pool_policy.record``)."""
         self.pending: dict[int, object] = {}
         """Round -> its ``fl.pool_settle.PendingRound``: undetermined rounds waiting to be settled."""
         self._paid: dict[str, float] = {}
@@ -158,10 +158,11 @@ class PeerPool:
         return self._scores.get(name)
 
     def run_scores(self, participant: str) -> dict[int, float | None]:
-        """Round -> ``participant``'s score in it, for every submission of the run the pool recorded, in the order
-        they were added."""
+        """Round -> ``participant``'s score in it, for every submission of the run the pool recorded and did not charge
+        back (``mark_charged``: what was taken back vouches for nothing), in the order they were added."""
         return {entry[1]: score for name, score in self._scores.items()
-                if (entry := parse_pool_name(name)) is not None and entry[0] == participant}
+                if (entry := parse_pool_name(name)) is not None and entry[0] == participant
+                and name not in self._charged}
 
     def run_evidence(self, participant: str) -> dict[int, float]:
         """Round -> what its verdict told of ``participant``'s submission, where the pool had a verdict on it."""
