@@ -3,6 +3,7 @@
     PYTHONPATH=$PWD APPVENV/bin/python benchmarks/flowertune_app.py --app FLOWER/examples/flowertune-llm-general-nlp \
         --own-replay-limit 0.02 --out /tmp/flowertune-rule3.json      # the old resubmission rule (rule 3)
     PYTHONPATH=$PWD APPVENV/bin/python benchmarks/flowertune_app.py --app ... --out /tmp/flowertune-default.json
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/flowertune_app.py --recount /tmp/flowertune-*.json   # one table
 
 APPVENV: a Python with the app's own dependencies (its pyproject: trl 0.8.1, peft 0.6.2, transformers 4.53,
 bitsandbytes, flwr-datasets, omegaconf; flwr 1.42 for KFCA) and kfca_llm's; its ``bin`` holds ``flwr`` and
@@ -20,7 +21,9 @@ other setting is the app's (``train.dynamic-data-seed = false``, 4-bit quantizat
 Prints the rounds and a table, and writes them as JSON (``--out``): honest participations, those KFCA took for
 resubmissions of an earlier update of their own (its log lines), charged back, honest paid < 0, honest nodes
 ending at exactly 0, every meeting of the flipper with an honest partner, each node's mean, and whether the
-flipper's mean is below every honest node's. Rewards come from the ledger, resubmissions from the ServerApp's log.
+flipper's mean is below every honest node's, and honest updates whose packed signs are bit-identical to an
+earlier one of the same node (the ledger's ``sign_sha256``). Rewards come from the ledger, resubmissions from the
+ServerApp's log.
 """
 
 from __future__ import annotations
@@ -194,6 +197,15 @@ def rounds_from_ledger(ledger: Path, log: str) -> list[dict]:
     return rounds_by_partition(rewards, contents.settlements, undetermined, taken, partition_of)
 
 
+def identical_signs(rows) -> list[tuple[int, list[int]]]:
+    """(partition, rounds) for each participant that sent bit-identical packed signs in several rounds (the ledger's
+    ``sign_sha256``; ``rows``: its reward rows): what the default own-replay rule (limit 0) takes for a replay."""
+    seen: dict[tuple[str, str], list[int]] = {}
+    for row in sorted(rows, key=lambda r: r.round):
+        seen.setdefault((row.participant, row.sign_sha256), []).append(row.round)
+    return sorted((partition(w), t) for (w, _), t in seen.items() if len(t) > 1)
+
+
 def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
     """The figures of a run (``rounds`` as ``rounds_from_ledger`` gives them, ``log`` the ServerApp's)."""
     honest = [(r["round"], int(p), v) for r in rounds for p, v in r["rewards"].items() if int(p) != flipper]
@@ -225,13 +237,14 @@ def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
 
 def table(runs: list[dict]) -> str:
     """The runs as the markdown table of benchmarks/ROBUSTNESS.md."""
-    lines = ["| rule | run | honest participations | taken for own resubmissions | charged back | paid < 0 | at 0 | "
-             "flipper's partners right | flipper below every honest node | wall | UTC | load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| rule | run | honest participations | taken for own resubmissions | charged back | honest signs "
+             "identical to an own earlier update | paid < 0 | at 0 | flipper's partners right | flipper below every "
+             "honest node | wall | UTC | load |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         f = run["figures"]
         lines.append(f"| {run['rule']} | {run['name']} | {f['honest_participations']} | "
                      f"{f['honest_taken_for_own_resubmissions']} | {f['honest_charged_back']} | "
+                     f"{sum(len(t) - 1 for p, t in f['sign_identical'] if p != FLIPPER)} | "
                      f"{f['honest_paid_below_0']} | {f['honest_nodes_at_0']} of {f['honest_nodes']} | "
                      f"{f['flipper_partners_right']} of {len(f['flipper_meetings'])} | "
                      f"{'yes' if f['flipper_below_every_honest'] else 'no'} | {run['wall_s']:.0f} s | "
@@ -274,9 +287,31 @@ def run_app(app_dir: Path, work: Path, run_config: str, nodes: int, timeout: flo
             os.killpg(superlink.pid, signal.SIGKILL)
 
 
+def count(work: Path) -> tuple[list[dict], dict]:
+    """The rounds and the figures of a finished run in ``work`` (its ledger and its ServerApp's log)."""
+    from kfca_llm.flower import read_ledger
+
+    ledger, log = work / "rewards.sqlite", (work / "run.log").read_text(encoding="utf-8")
+    rounds = rounds_from_ledger(ledger, log)
+    return rounds, {**figures(rounds, log), "sign_identical": identical_signs(read_ledger(ledger).rewards)}
+
+
+def recount(paths: list[Path]) -> int:
+    """Count the figures of finished runs again (their ``--out`` files name their work folders), rewrite the files
+    and print their table."""
+    runs = []
+    for path in paths:
+        run = json.loads(path.read_text())
+        run["rounds"], run["figures"] = count(Path(run["work"]))
+        path.write_text(json.dumps(run, indent=1))
+        runs.append(run)
+    print(table(runs))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--app", type=Path, required=True, help="examples/flowertune-llm-general-nlp of Flower")
+    parser.add_argument("--app", type=Path, help="examples/flowertune-llm-general-nlp of a Flower checkout")
     parser.add_argument("--rounds", type=int, default=60)
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--own-replay-limit", type=float, default=None,
@@ -284,7 +319,13 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new temporary one)")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds the run may take")
     parser.add_argument("--out", type=Path, default=None, help="write the rounds and figures as JSON here")
+    parser.add_argument("--recount", type=Path, nargs="+", metavar="JSON",
+                        help="instead of a run: count finished runs (their --out files) again and print their table")
     args = parser.parse_args(argv)
+    if args.recount:
+        return recount(args.recount)
+    if args.app is None:
+        parser.error("--app is required (or --recount)")
     work = Path(tempfile.mkdtemp(prefix="flowertune-", dir=args.work)).resolve()
     model_dir, data_dir = build_assets(work / "assets")
     app_dir = patch_app(args.app.resolve(), work / "app", model_dir, data_dir)
@@ -301,8 +342,7 @@ def main(argv=None) -> int:
     if not ledger.is_file():
         print(log[-4000:], status, sep="\n")
         raise SystemExit(f"no ledger written: the run failed (log: {work / 'run.log'})")
-    rounds = rounds_from_ledger(ledger, log)
-    found = figures(rounds, log)
+    rounds, found = count(work)
     rule = "3 (0.02)" if args.own_replay_limit == 0.02 else (
         "default" if args.own_replay_limit is None else f"limit {args.own_replay_limit}")
     print(summarise(rounds, {FLIPPER: "flip"}, SimpleNamespace(nodes=args.nodes, fraction=0.1, data_order="static",

@@ -53,8 +53,15 @@ def test_figures_count_honest_participations_resubmissions_and_the_flippers_meet
     assert f["flipper_below_every_honest"]                           # -0.1 < -0.025 (node 2), 0, 0, +0.15
     rounds[2]["rewards"]["2"] = -0.5                                  # node 2's mean -0.25 is now below the flipper's
     assert not app.figures(rounds, LOG)["flipper_below_every_honest"]
+    f["sign_identical"] = [(0, [7, 9]), (3, [7, 10]), (5, [2, 4, 9])]   # the flipper's left out: 1 + 2
     run = {"rule": "3 (0.02)", "name": "r", "figures": f, "wall_s": 61.2, "utc": "2026-11-28 17:00", "load": "1 2 3"}
-    assert "| 3 (0.02) | r | 7 | 2 | 1 | 1 | 2 of 4 | 1 of 3 | yes | 61 s |" in app.table([run])
+    assert "| 3 (0.02) | r | 7 | 2 | 1 | 3 | 1 | 2 of 4 | 1 of 3 | yes | 61 s |" in app.table([run])
+
+
+def test_identical_signs_names_each_participant_whose_packed_signs_repeat():
+    rows = [SimpleNamespace(participant=f"name:partition-{p}", round=t, sign_sha256=h)
+            for p, t, h in ((3, 9, "b"), (3, 2, "b"), (3, 5, "c"), (4, 5, "b"), (1, 1, "a"), (1, 7, "a"), (1, 8, "a"))]
+    assert app.identical_signs(rows) == [(1, [1, 7, 8]), (3, [2, 9])]   # not 3@5 (other signs), not 4@5 (another node)
 
 
 def fake_app(root: Path) -> Path:
