@@ -239,7 +239,7 @@ def table(runs: list[dict]) -> str:
     """The runs as the markdown table of benchmarks/ROBUSTNESS.md."""
     lines = ["| rule | run | honest participations | taken for own resubmissions | charged back | honest signs "
              "identical to an own earlier update | paid < 0 | at 0 | flipper's partners right | flipper below every "
-             "honest node | wall | UTC | load |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "honest node | wall | UTC | load (start -> end) |", "|---" * 13 + "|"]
     for run in runs:
         f = run["figures"]
         lines.append(f"| {run['rule']} | {run['name']} | {f['honest_participations']} | "
@@ -248,7 +248,7 @@ def table(runs: list[dict]) -> str:
                      f"{f['honest_paid_below_0']} | {f['honest_nodes_at_0']} of {f['honest_nodes']} | "
                      f"{f['flipper_partners_right']} of {len(f['flipper_meetings'])} | "
                      f"{'yes' if f['flipper_below_every_honest'] else 'no'} | {run['wall_s']:.0f} s | "
-                     f"{run['utc']} | {run['load']} |")
+                     f"{run['utc']} | {run.get('load_before', '?')} -> {run['load']} |")
     return "\n".join(lines)
 
 

@@ -55,7 +55,8 @@ def test_figures_count_honest_participations_resubmissions_and_the_flippers_meet
     assert not app.figures(rounds, LOG)["flipper_below_every_honest"]
     f["sign_identical"] = [(0, [7, 9]), (3, [7, 10]), (5, [2, 4, 9])]   # the flipper's left out: 1 + 2
     run = {"rule": "3 (0.02)", "name": "r", "figures": f, "wall_s": 61.2, "utc": "2026-11-28 17:00", "load": "1 2 3"}
-    assert "| 3 (0.02) | r | 7 | 2 | 1 | 3 | 1 | 2 of 4 | 1 of 3 | yes | 61 s |" in app.table([run])
+    row = "| 3 (0.02) | r | 7 | 2 | 1 | 3 | 1 | 2 of 4 | 1 of 3 | yes | 61 s | 2026-11-28 17:00 | ? -> 1 2 3 |"
+    assert app.table([run]).splitlines()[2] == row
 
 
 def test_identical_signs_names_each_participant_whose_packed_signs_repeat():
