@@ -1,0 +1,360 @@
+"""Flower's own FlowerTune app (``examples/flowertune-llm-general-nlp`` of a Flower checkout), run offline with KFCA.
+
+    PYTHONPATH=$PWD APPVENV/bin/python benchmarks/flowertune_app.py --app FLOWER/examples/flowertune-llm-general-nlp \
+        --own-replay-limit 0.02 --out /tmp/flowertune-rule3.json      # the old resubmission rule (rule 3)
+    PYTHONPATH=$PWD APPVENV/bin/python benchmarks/flowertune_app.py --app ... --out /tmp/flowertune-default.json
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/flowertune_app.py --recount /tmp/flowertune-*.json   # one table
+
+APPVENV: a Python with the app's own dependencies (its pyproject: trl 0.8.1, peft 0.6.2, transformers 4.53,
+bitsandbytes, flwr-datasets, omegaconf; flwr 1.42 for KFCA) and kfca_llm's; its ``bin`` holds ``flwr`` and
+``flower-superlink``. The project's benchmarks and tests never need the app.
+
+Builds a tiny Llama (``LlamaConfig``), a byte-level BPE tokenizer trained here and an alpaca-style data set of 400
+rows (columns instruction, input, output; generated from a word list), all local; copies the app and changes only:
+the model and data set ids (pyproject), two run-config keys for KFCA, ``KFCAStrategy(strategy, ...)`` around the
+strategy the ServerApp builds (identity ``declared``), and in the ClientApp the declared participant
+(``partition-<id>``) and partition 0 sending ``global - (trained - global)``. Then runs it with Flower's simulation
+engine (``flwr run`` on a local SuperLink started here, HF_HUB_OFFLINE=1): 20 SuperNodes, ``strategy.fraction-train``
+0.1 (two per round), ``train.training-arguments.max-steps=2``, ``train.seq-length=64``, ``--rounds`` rounds; every
+other setting is the app's (``train.dynamic-data-seed = false``, 4-bit quantization, its learning rates).
+
+Prints the rounds and a table, and writes them as JSON (``--out``): honest participations, those KFCA took for
+resubmissions of an earlier update of their own (its log lines), charged back, honest paid < 0, honest nodes
+ending at exactly 0, every meeting of the flipper with an honest partner, each node's mean, and whether the
+flipper's mean is below every honest node's, and honest updates whose packed signs are bit-identical to an
+earlier one of the same node (the ledger's ``sign_sha256``). Rewards come from the ledger, resubmissions from the
+ServerApp's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from flower_few_peers import rounds_by_partition, summarise  # noqa: E402
+
+FLIPPER = 0
+"""The partition that flips its update."""
+PREAMBLE = "Below is an instruction that describes a task. Write a response that appropriately completes the request."
+WORDS = ("apple bird cat dog egg fish goat hat ink jam kite lamp moon nest owl pear queen rose sun tree umbrella van "
+         "whale yak zebra red blue green black white one two three four five six seven eight nine ten river hill "
+         "stone cloud rain snow wind fire").split()
+TASKS = {"Sort these words alphabetically": sorted,
+         "Reverse the order of these words": lambda w: w[::-1],
+         "Repeat the first and the last of these words": lambda w: [w[0], w[-1]],
+         "List these words without the first one": lambda w: w[1:]}
+
+
+def alpaca_rows(n: int = 400, seed: int = 0) -> list[dict[str, str]]:
+    """``n`` alpaca-style rows (instruction, input, output), the same for the same seed: a word task on 3-5 words;
+    ``input`` names the topic (the general-NLP app, like alpaca-gpt4's many rows without one, ignores it)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        task = list(TASKS)[i % len(TASKS)]
+        words = rng.sample(WORDS, rng.randint(3, 5))
+        rows.append({"instruction": f"{task}: {' '.join(words)}.", "input": "" if i % 3 else "words",
+                     "output": " ".join(TASKS[task](words)) + "."})
+    return rows
+
+
+def prompt(row: dict[str, str]) -> str:
+    """The general-NLP app's alpaca prompt of a row (``dataset.formatting_prompts_func``), to train the tokenizer on."""
+    return f"{PREAMBLE}\n### Instruction:\n{row['instruction']}\n### Response: {row['output']}"
+
+
+def build_tokenizer(texts: list[str], path: Path, vocab_size: int = 400):
+    """A byte-level BPE tokenizer trained on ``texts``, saved as a fast tokenizer ``AutoTokenizer`` loads."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(path)
+    return fast
+
+
+def build_model(path: Path, tokenizer, seed: int = 0) -> None:
+    """A tiny Llama (2 layers, hidden 64) for ``tokenizer``, saved beside it (safetensors)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         tie_word_embeddings=False)
+    LlamaForCausalLM(config).save_pretrained(path)
+
+
+def build_assets(root: Path, rows: int = 400) -> tuple[Path, Path]:
+    """Write the tiny model with its tokenizer (``root/model``) and the data set (``root/data/train.jsonl``, which
+    ``datasets.load_dataset(root/data)``, so flwr-datasets' ``FederatedDataset``, loads as split ``train``)."""
+    model_dir, data_dir = root / "model", root / "data"
+    data = alpaca_rows(rows)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in data), encoding="utf-8")
+    build_model(model_dir, build_tokenizer([prompt(r) for r in data], model_dir))
+    return model_dir, data_dir
+
+
+SERVER_WRAP = '''
+    # KFCA: pay every reply (identities declared by the ClientApp); kfca.own-replay-limit < 0: the default
+    from kfca_llm.flower import KFCAStrategy
+
+    limit = context.run_config["kfca.own-replay-limit"]
+    strategy = KFCAStrategy(strategy, ledger=context.run_config["kfca.ledger"], identity="declared",
+                            **({} if limit < 0 else {"own_replay_limit": limit}))
+
+    # Start strategy, run FedAvg for `num_rounds`'''
+CLIENT_FLIP = '''    state = get_peft_model_state_dict(model)
+    if partition_id == %d:  # KFCA benchmark: this partition flips its update, global - (trained - global)
+        sent = msg.content["arrays"].to_torch_state_dict()
+        state = {k: 2 * sent[k] - v for k, v in state.items()}
+    model_record = ArrayRecord(state)''' % FLIPPER
+CLIENT_DECLARE = '''    content = RecordDict({"arrays": model_record, "metrics": metric_record})
+    from kfca_llm.flower import declare_participant
+
+    content = declare_participant(content, {"participant": f"partition-{partition_id}"})'''
+
+
+def patches(model_dir: Path, data_dir: Path) -> list[tuple[str, str, str]]:
+    """(file, text, replacement) for each change to the app; each text must occur exactly once."""
+    return [("pyproject.toml", 'model.name = "mistralai/Mistral-7B-v0.3"', f'model.name = "{model_dir}"'),
+            ("pyproject.toml", 'dataset.name = "flwrlabs/alpaca-gpt4"', f'dataset.name = "{data_dir}"'),
+            ("pyproject.toml", "num-server-rounds = 200",
+             'num-server-rounds = 200\nkfca.ledger = ""\nkfca.own-replay-limit = -1.0'),
+            ("flowertune_generalnlp/server_app.py", "\n    # Start strategy, run FedAvg for `num_rounds`", SERVER_WRAP),
+            ("flowertune_generalnlp/client_app.py", "    model_record = ArrayRecord(get_peft_model_state_dict(model))",
+             CLIENT_FLIP),
+            ("flowertune_generalnlp/client_app.py",
+             '    content = RecordDict({"arrays": model_record, "metrics": metric_record})', CLIENT_DECLARE)]
+
+
+def patch_app(app: Path, dest: Path, model_dir: Path, data_dir: Path) -> Path:
+    """Copy the app to ``dest`` and apply ``patches`` (a ValueError naming the text where the app differs)."""
+    shutil.copytree(app, dest, ignore=shutil.ignore_patterns("results", "__pycache__", "*.pyc"))
+    for name, old, new in patches(model_dir, data_dir):
+        path = dest / name
+        text = path.read_text(encoding="utf-8")
+        if text.count(old) != 1:
+            raise ValueError(f"{name}: expected {old!r} once, found it {text.count(old)} times (another app version?)")
+        path.write_text(text.replace(old, new), encoding="utf-8")
+    return dest
+
+
+RESUBMITTED = re.compile(r"KFCA: round (\d+): (\S+) resubmitted an earlier update of their own \((?:own resubmission|"
+                         r"(.*?)\): a copy, .*?(?:charged back (\d+\.\d+)|nothing to charge back))")
+"""KFCA's warnings (``kfca_llm.flower.round_scoring.score_round``) of an own resubmission."""
+
+
+def resubmissions(log: str) -> dict[int, dict[str, float | None]]:
+    """Round -> participant -> what KFCA charged back for an earlier update of its own that it took this one for
+    (0.0: nothing to charge back; None: an own resubmission scored without the pool, not taken for a copy)."""
+    out: dict[int, dict[str, float | None]] = {}
+    for m in RESUBMITTED.finditer(log):
+        charged = None if m.group(3) is None else float(m.group(4) or 0.0)
+        out.setdefault(int(m.group(1)), {})[m.group(2)] = charged
+    return out
+
+
+def partition(participant: str) -> int:
+    """The partition of a declared participant (``name:partition-3`` -> 3)."""
+    return int(participant.rsplit("-", 1)[1])
+
+
+def rounds_from_ledger(ledger: Path, log: str) -> list[dict]:
+    """The run's rounds by partition (``flower_few_peers.rounds_by_partition``): rewards, settlements and
+    undetermined rounds from the ledger, resubmissions (taken for a copy of an own earlier update) from the log."""
+    from kfca_llm.flower import read_ledger
+
+    contents = read_ledger(ledger)
+    rewards: dict[int, dict[str, float]] = {}
+    for row in contents.rewards:
+        rewards.setdefault(row.round, {})[row.participant] = row.reward
+    undetermined = {r.round: tuple(r.undetermined or ()) for r in contents.rounds}
+    taken = {t: {w for w, charged in who.items() if charged is not None} for t, who in resubmissions(log).items()}
+    partition_of = {t: {w: partition(w) for w in paid} for t, paid in rewards.items()}
+    return rounds_by_partition(rewards, contents.settlements, undetermined, taken, partition_of)
+
+
+def identical_signs(rows) -> list[tuple[int, list[int]]]:
+    """(partition, rounds) for each participant that sent bit-identical packed signs in several rounds (the ledger's
+    ``sign_sha256``; ``rows``: its reward rows): what the default own-replay rule (limit 0) takes for a replay."""
+    seen: dict[tuple[str, str], list[int]] = {}
+    for row in sorted(rows, key=lambda r: r.round):
+        seen.setdefault((row.participant, row.sign_sha256), []).append(row.round)
+    return sorted((partition(w), t) for (w, _), t in seen.items() if len(t) > 1)
+
+
+def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
+    """The figures of a run (``rounds`` as ``rounds_from_ledger`` gives them, ``log`` the ServerApp's)."""
+    honest = [(r["round"], int(p), v) for r in rounds for p, v in r["rewards"].items() if int(p) != flipper]
+    charged = [(t, partition(w), c) for t, who in resubmissions(log).items() for w, c in who.items()
+               if c is not None and partition(w) != flipper]
+    paid: dict[int, list[float]] = {}
+    for r in rounds:
+        for p, v in r["rewards"].items():
+            paid.setdefault(int(p), []).append(v)
+    means = {p: sum(v) / len(v) for p, v in sorted(paid.items())}
+    meetings = [{"round": r["round"], "partner": int(p), "partner_paid": v, "flipper_paid": r["rewards"][str(flipper)],
+                 "right": v > 0 and v > r["rewards"][str(flipper)], "undetermined": int(p) in r["undetermined"]}
+                for r in rounds if str(flipper) in r["rewards"] for p, v in r["rewards"].items() if int(p) != flipper]
+    honest_means = [m for p, m in means.items() if p != flipper]
+    return {"honest_participations": len(honest),
+            "honest_taken_for_own_resubmissions": len(charged),
+            "honest_charged_back": sum(c > 0 for _, _, c in charged),
+            "honest_charged_back_sum": sum(c for _, _, c in charged),
+            "honest_paid_below_0": sum(v < 0 for *_, v in honest),
+            "honest_nodes_at_0": sum(sum(paid[p]) == 0 for p in paid if p != flipper),
+            "honest_nodes": len(honest_means),
+            "flipper_meetings": meetings,
+            "flipper_partners_right": sum(m["right"] for m in meetings),
+            "flipper_below_every_honest": (flipper in means and bool(honest_means)
+                                           and means[flipper] < min(honest_means)),
+            "mean_reward": {str(p): m for p, m in means.items()},
+            "participations": {str(p): len(v) for p, v in paid.items()}}
+
+
+def table(runs: list[dict]) -> str:
+    """The runs as the markdown table of benchmarks/ROBUSTNESS.md."""
+    lines = ["| rule | run | honest participations | taken for own resubmissions | charged back | honest signs "
+             "identical to an own earlier update | paid < 0 | at 0 | flipper's partners right | flipper below every "
+             "honest node | wall | UTC | load (start -> end) |", "|---" * 13 + "|"]
+    for run in runs:
+        f = run["figures"]
+        lines.append(f"| {run['rule']} | {run['name']} | {f['honest_participations']} | "
+                     f"{f['honest_taken_for_own_resubmissions']} | {f['honest_charged_back']} | "
+                     f"{sum(len(t) - 1 for p, t in f['sign_identical'] if p != FLIPPER)} | "
+                     f"{f['honest_paid_below_0']} | {f['honest_nodes_at_0']} of {f['honest_nodes']} | "
+                     f"{f['flipper_partners_right']} of {len(f['flipper_meetings'])} | "
+                     f"{'yes' if f['flipper_below_every_honest'] else 'no'} | {run['wall_s']:.0f} s | "
+                     f"{run['utc']} | {run.get('load_before', '?')} -> {run['load']} |")
+    return "\n".join(lines)
+
+
+def run_app(app_dir: Path, work: Path, run_config: str, nodes: int, timeout: float) -> tuple[str, str]:
+    """``flwr run app_dir`` on a local simulation SuperLink started here (stopped after); (the streamed log, the
+    run's status from ``flwr ls``). Flower's tools are the ones beside this Python."""
+    bin_dir = Path(sys.executable).parent
+    home = work / "flwr-home"
+    env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", "FLWR_DISABLE_UPDATE_CHECK": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    (home / "local-superlink").mkdir(parents=True, exist_ok=True)
+    # As `flwr run` starts it (flwr/cli/local_superlink.py), but here, so that its process is ours to stop.
+    superlink = subprocess.Popen(
+        [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess",
+         "--control-api-address", "127.0.0.1:39093", "--host", "127.0.0.1", "--port", "39091",
+         "--database", str(home / "local-superlink" / "state.db")],
+        cwd=work, env=env, stdout=open(work / "superlink.log", "w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        time.sleep(5)
+        if superlink.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited {superlink.returncode}: see {work / 'superlink.log'}")
+        out = subprocess.run([str(bin_dir / "flwr"), "run", str(app_dir), "--stream", "--run-config", run_config,
+                              "--federation-config", f"num-supernodes={nodes}"], cwd=work, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout).stdout
+        status = subprocess.run([str(bin_dir / "flwr"), "ls", "--format", "json"], cwd=work, env=env, text=True,
+                                capture_output=True, timeout=120).stdout
+        return out, status
+    finally:
+        os.killpg(superlink.pid, signal.SIGTERM)  # the SuperLink and the simulation it started
+        try:
+            superlink.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(superlink.pid, signal.SIGKILL)
+
+
+def count(work: Path) -> tuple[list[dict], dict]:
+    """The rounds and the figures of a finished run in ``work`` (its ledger and its ServerApp's log)."""
+    from kfca_llm.flower import read_ledger
+
+    ledger, log = work / "rewards.sqlite", (work / "run.log").read_text(encoding="utf-8")
+    rounds = rounds_from_ledger(ledger, log)
+    return rounds, {**figures(rounds, log), "sign_identical": identical_signs(read_ledger(ledger).rewards)}
+
+
+def recount(paths: list[Path]) -> int:
+    """Count the figures of finished runs again (their ``--out`` files name their work folders), rewrite the files
+    and print their table."""
+    runs = []
+    for path in paths:
+        run = json.loads(path.read_text())
+        run["rounds"], run["figures"] = count(Path(run["work"]))
+        path.write_text(json.dumps(run, indent=1))
+        runs.append(run)
+    print(table(runs))
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--app", type=Path, help="examples/flowertune-llm-general-nlp of a Flower checkout")
+    parser.add_argument("--rounds", type=int, default=60)
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--own-replay-limit", type=float, default=None,
+                        help="KFCAStrategy's own_replay_limit (rule 3: 0.02; default: the strategy's default)")
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a new temporary one)")
+    parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds the run may take")
+    parser.add_argument("--out", type=Path, default=None, help="write the rounds and figures as JSON here")
+    parser.add_argument("--recount", type=Path, nargs="+", metavar="JSON",
+                        help="instead of a run: count finished runs (their --out files) again and print their table")
+    args = parser.parse_args(argv)
+    if args.recount:
+        return recount(args.recount)
+    if args.app is None:
+        parser.error("--app is required (or --recount)")
+    work = Path(tempfile.mkdtemp(prefix="flowertune-", dir=args.work)).resolve()
+    model_dir, data_dir = build_assets(work / "assets")
+    app_dir = patch_app(args.app.resolve(), work / "app", model_dir, data_dir)
+    ledger = work / "rewards.sqlite"
+    limit = -1.0 if args.own_replay_limit is None else args.own_replay_limit
+    run_config = (f"num-server-rounds={args.rounds} train.training-arguments.max-steps=2 train.seq-length=64 "
+                  f"strategy.fraction-train=0.1 kfca.ledger='{ledger}' kfca.own-replay-limit={limit}")
+    load_before, started, utc = Path("/proc/loadavg").read_text().split()[:3], time.time(), time.strftime(
+        "%Y-%m-%d %H:%M", time.gmtime())
+    log, status = run_app(app_dir, work, run_config, args.nodes, args.timeout)
+    wall = time.time() - started
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    (work / "run.log").write_text(log, encoding="utf-8")
+    if not ledger.is_file():
+        print(log[-4000:], status, sep="\n")
+        raise SystemExit(f"no ledger written: the run failed (log: {work / 'run.log'})")
+    rounds, found = count(work)
+    rule = "3 (0.02)" if args.own_replay_limit == 0.02 else (
+        "default" if args.own_replay_limit is None else f"limit {args.own_replay_limit}")
+    print(summarise(rounds, {FLIPPER: "flip"}, SimpleNamespace(nodes=args.nodes, fraction=0.1, data_order="static",
+                                                                min_peers=None), wall))
+    run = {"rule": rule, "name": work.name, "figures": found, "wall_s": wall, "utc": utc, "load": load,
+           "load_before": " ".join(load_before)}
+    print(table([run]))
+    if args.out is not None:
+        args.out.write_text(json.dumps({**run, "args": {k: str(v) for k, v in vars(args).items()}, "status": status,
+                                        "run_config": run_config, "work": str(work), "rounds": rounds}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
