@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from kfca_llm.report import write_atomic
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
@@ -182,12 +184,10 @@ def partition(participant: str) -> int:
     return int(participant.rsplit("-", 1)[1])
 
 
-def rounds_from_ledger(ledger: Path, log: str) -> list[dict]:
+def rounds_from_ledger(contents, log: str) -> list[dict]:
     """The run's rounds by partition (``flower_few_peers.rounds_by_partition``): rewards, settlements and
-    undetermined rounds from the ledger, resubmissions (taken for a copy of an own earlier update) from the log."""
-    from kfca_llm.flower import read_ledger
-
-    contents = read_ledger(ledger)
+    undetermined rounds from the ledger's ``contents`` (``kfca_llm.flower.read_ledger``), resubmissions (taken for a
+    copy of an own earlier update) from the log."""
     rewards: dict[int, dict[str, float]] = {}
     for row in contents.rewards:
         rewards.setdefault(row.round, {})[row.participant] = row.reward
@@ -291,9 +291,9 @@ def count(work: Path) -> tuple[list[dict], dict]:
     """The rounds and the figures of a finished run in ``work`` (its ledger and its ServerApp's log)."""
     from kfca_llm.flower import read_ledger
 
-    ledger, log = work / "rewards.sqlite", (work / "run.log").read_text(encoding="utf-8")
-    rounds = rounds_from_ledger(ledger, log)
-    return rounds, {**figures(rounds, log), "sign_identical": identical_signs(read_ledger(ledger).rewards)}
+    contents, log = read_ledger(work / "rewards.sqlite"), (work / "run.log").read_text(encoding="utf-8")
+    rounds = rounds_from_ledger(contents, log)
+    return rounds, {**figures(rounds, log), "sign_identical": identical_signs(contents.rewards)}
 
 
 def recount(paths: list[Path]) -> int:
@@ -303,7 +303,7 @@ def recount(paths: list[Path]) -> int:
     for path in paths:
         run = json.loads(path.read_text())
         run["rounds"], run["figures"] = count(Path(run["work"]))
-        path.write_text(json.dumps(run, indent=1))
+        write_atomic(path, json.dumps(run, indent=1))
         runs.append(run)
     print(table(runs))
     return 0
@@ -351,8 +351,9 @@ def main(argv=None) -> int:
            "load_before": " ".join(load_before)}
     print(table([run]))
     if args.out is not None:
-        args.out.write_text(json.dumps({**run, "args": {k: str(v) for k, v in vars(args).items()}, "status": status,
-                                        "run_config": run_config, "work": str(work), "rounds": rounds}, indent=1))
+        write_atomic(args.out, json.dumps({**run, "args": {k: str(v) for k, v in vars(args).items()},
+                                           "status": status, "run_config": run_config, "work": str(work),
+                                           "rounds": rounds}, indent=1))
     return 0
 
 
