@@ -2,7 +2,9 @@
 honest clients, a flipper, a zero-submitter, a stale node (its first update, resubmitted byte for byte), a copier of
 another client's latest update (1% of its signs turned), a retrainer close to its own first update (1 sign to 3% of
 its signs turned, outside the sketch when the update is longer than the sketch: a replay only within
-``own_replay_limit``), a twin (its in-round partner's update, 1% turned: an in-round copy), an old copier (another
+``own_replay_limit``; at every other participation from its third it rescales instead: its first update with every
+value scaled by a factor in [0.5, 1.5], every sign repeated and no value, as an honest retrain late in a static data
+order: a replay only under a non-zero limit), a twin (its in-round partner's update, 1% turned: an in-round copy), an old copier (another
 client's first update, 3% of its signs turned outside the sketch when the update is longer than the sketch, else 1%),
 and an analysed client whose side-by-side submissions the attack analysis scores (a flip of its update, its first,
 its update of two participations back, its round's other participant's with 1% turned); with a trusted reference in
@@ -22,11 +24,13 @@ from kfca_llm.engine.public import OFF, PublicConditioning
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
 from kfca_llm.fl.pool_naive import naive_run, sketched
 from kfca_llm.fl.pool_close import ClosingRound, close_round
+from kfca_llm.fl.pool_values import value_sketch
 from kfca_llm.fl.reference import reference_signs
 
 SHORT, LONG = 256, 8492
 CLIENTS = 10
 ANALYST, FLIP, ZERO, STALE, COPIER, RETRAINER, TWIN, OLD_COPIER, ON_OFF = range(9)
+RESCALER = RETRAINER  # the retrainer rescales at every other participation
 ROUNDS = 18
 
 
@@ -68,6 +72,8 @@ def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: 
             elif c == COPIER and any(who not in (c, ZERO) for who, _ in earlier):
                 update = next(u for who, u in reversed(earlier) if who not in (c, ZERO)).copy()
                 update[:coords // 100] *= -1
+            elif c == RESCALER and len(mine.get(c, ())) % 2 == 0 and c in mine:
+                update = mine[c][0] * rng.uniform(0.5, 1.5, coords)
             elif c == RETRAINER and c in mine:
                 update = mine[c][0].copy()
                 turned = outside if len(outside) else np.arange(coords)
@@ -107,19 +113,21 @@ def real_run(fed: Federation, settings: PoolSettings, reference_weight: float,
     pool, out, strata, steps = PeerPool(settings), [], [], []
     for t, (submissions, owners, reference, seed) in enumerate(
             zip(fed.rounds, fed.owners, fed.references, fed.seeds), start=1):
-        packer = pack_updates({c: {"w": np.array(u, dtype=np.float32)} for c, u in submissions.items()})
+        updates = {c: {"w": np.array(u, dtype=np.float32)} for c, u in submissions.items()}
+        packer = pack_updates(updates)
+        values = {c: value_sketch(update, packer.layout) for c, update in updates.items()}
         a, b = sorted(c for c in submissions if c not in owners)
         pairs = [(a, b), (b, a), *((s, b if owner == a else a) for s, owner in sorted(owners.items()))]
         signs = None if reference is None else reference_signs(packer, {"w": np.array(reference, dtype=np.float32)})
         planes = packer.public_planes(steps, conditioning) if conditioning.enabled and steps else None
         strata.append(None if planes is None else stratum_of_each_coordinate(planes, len(submissions[a])))
         scored = score_with_pool(packer, pool, t, pairs=pairs, seed=seed, copy_candidates=[a, b], owners=owners,
-                                 reference=signs, reference_weight=reference_weight, public=planes)
+                                 reference=signs, reference_weight=reference_weight, public=planes, values=values)
         steps.append({"w": (np.array(submissions[a], dtype=np.float32) + np.array(submissions[b], dtype=np.float32)) / 2})
         out.append(dict(scored.report.rewards))
         for settled in close_round(pool, ClosingRound.scored(
                 packer, t, scored, words=packer.words(), participants=[a, b], seed=seed, penalty="expected",
-                bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(), owners=owners)):
+                bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(), owners=owners, values=values)):
             out[settled.round - 1][settled.participant] = settled.reward
     return out, strata
 
@@ -230,6 +238,11 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
+        rescaler = f"c{RESCALER}"
+        if rescaler in negative and rescaler not in result.copies and not own_replay_limit and any(
+                e.client == rescaler and e.round < t and all(negative[rescaler][k] == e.negative[k] for k in tasks)
+                for e in history):
+            seen.add("an own repeat of every sign, not of the values, scored fresh")
         for c in owners:
             seen.update({"owned own resubmission"} if c in result.copies else set())
             seen.update({"owned undetermined"} if c in result.unsure and horizon is None else set())
@@ -271,7 +284,8 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
     finally:
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
-            f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", "in-round copy", "undetermined", "settled",
+            f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", f"c{RESCALER} left out",
+            "an own repeat of every sign, not of the values, scored fresh", "in-round copy", "undetermined", "settled",
             "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair",
             "a turn forfeits what was paid", "an agreement with a turned peer read back", "owned own resubmission", "owned undetermined", "owned settled",
             "owned in-round copy paid",

@@ -144,7 +144,8 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
                     copy_candidates: Sequence[str] | None = None,
                     owners: Mapping[str, str] | None = None, reference: np.ndarray | None = None,
                     reference_weight: float = 1.0, horizon: int | None = None, public=None,
-                    conditioning: PublicConditioning = OFF) -> PooledRound:
+                    conditioning: PublicConditioning = OFF,
+                    values: Mapping[str, np.ndarray] | None = None) -> PooledRound:
     """Score a packed round, borrowing pool peers for participants with fewer than ``min_peers`` peers.
 
     ``pairs`` / ``peers``: the in-round pairs, as ``SignPacker.score`` takes them. Scorers are the clients
@@ -161,7 +162,9 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
     records come from the window on both sides of ``round_`` up to the horizon, copies from the rounds before it.
     ``public`` / ``conditioning``: the round's public trajectory (``SignPacker.score``: steps, or their packed
     ``PublicPlanes``); every pair of the round, pool pairs included, is scored within its strata (a pool entry is
-    read as a report on this round's tasks, so on this round's public information too).
+    read as a report on this round's tasks, so on this round's public information too). ``values``: scorer -> the
+    value sketch of its update (``fl.pool_values.value_sketch``), which an own match on every sign must repeat to be a
+    replay (pool rule 11); a scorer without one is judged on its signs alone.
     """
     planes = packer.public_planes(public, conditioning)
     report = packer.score(peers=peers, pairs=pairs, seed=seed, penalty=penalty, bonus_fraction=bonus_fraction,
@@ -200,7 +203,8 @@ def score_with_pool(packer: SignPacker, pool: PeerPool | None, round_: int, *, p
                            short=tuple(short), warming=warming(short, {}, undetermined, pool.settings),
                            unpaid=tuple(short), planes=planes)
     return _score_pooled(packer, pool, round_, report, rows, chosen, real, owner, PooledScoring(
-        seed, penalty, bonus_fraction, duplicates, duplicate_rule, reference, reference_weight, horizon, planes))
+        seed, penalty, bonus_fraction, duplicates, duplicate_rule, reference, reference_weight, horizon, planes,
+        dict(values or {})))
 
 
 def _score_pooled(packer: SignPacker, pool: PeerPool | None, round_: int, round_report: RewardReport,

@@ -68,13 +68,16 @@ class ClosingRound:
     """``PooledRound.evidence`` (a ledger records none)."""
     settlements: Sequence[Settlement] | None = None
     """None: settle what is due (the live run); else the settlements the ledger recorded for this round (a replay)."""
+    values: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """Scorer -> its value sketch (``fl.pool_values``; missing: none): joins the pool, and waits with a pending round."""
 
     @classmethod
     def scored(cls, packer: SignPacker, round_: int, pooled: PooledRound, *, words: tuple[np.ndarray, np.ndarray],
                participants: Sequence[str], seed: int, penalty: str, bonus_fraction: float, duplicates: str,
-               duplicate_rule: DuplicateRule, owners: Mapping[str, str] | None = None) -> ClosingRound:
-        """The live run's round: ``words`` is ``packer.words()`` (fetched once by the caller); ``owners`` as
-        ``score_with_pool`` took them."""
+               duplicate_rule: DuplicateRule, owners: Mapping[str, str] | None = None,
+               values: Mapping[str, np.ndarray] | None = None) -> ClosingRound:
+        """The live run's round: ``words`` is ``packer.words()`` (fetched once by the caller); ``owners`` and
+        ``values`` as ``score_with_pool`` took them."""
         signs, task = words
         real, report, planes = set(participants), pooled.report, pooled.planes
         shapes = tuple((slot.name, tuple(slot.shape)) for slot in packer.layout.slots)
@@ -87,7 +90,7 @@ class ClosingRound:
         return cls(round_, tuple(c for c in packer.clients if c in real),
                    {c: signs[k] for k, c in enumerate(packer.clients)}, copy_groups(report),
                    report.unadjusted_rewards, report.rewards, pooled.unpaid, report.peers, duplicates, pending,
-                   dict(owners or {}), pooled.evidence)
+                   dict(owners or {}), pooled.evidence, values=dict(values or {}))
 
 
 def copy_groups(report: RewardReport) -> dict[str, tuple[str, ...]]:
@@ -105,7 +108,7 @@ def close_round(pool: PeerPool, closing: ClosingRound,
     forfeits = _forfeits(pool, closing)
     joining = [c for c in closing.participants if c not in closing.groups]
     pool.add_round(t, {c: closing.words[c] for c in joining}, closing.unadjusted_rewards, closing.rewards,
-                   closing.evidence)
+                   closing.evidence, closing.values)
     if closing.duplicates != "flag":
         pool.mark_charged([name for c in closing.participants
                            for name in resubmitted_entries(c, closing.groups.get(c))])
@@ -147,4 +150,5 @@ def _keep_pending(pool: PeerPool, closing: ClosingRound) -> None:
     pairs = tuple((c, p) for c, peers in sorted(closing.peers.items()) if c in words for p in peers
                   if p in words and p != REFERENCE and parse_pool_name(p) is None)
     pool.pending[closing.round] = dataclasses.replace(closing.pending(), words=words, pairs=pairs, waiting=waiting,
-                                                      owners=owners)
+                                                      owners=owners, values={c: v for c, v in closing.values.items()
+                                                                             if c in words})

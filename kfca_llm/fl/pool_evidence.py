@@ -8,7 +8,7 @@ weights; the pool's verdicts with their standard errors, and the verdicts withou
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +23,7 @@ from ..report import Pair, RewardReport
 from .pool_copies import pool_copies_of, sketch, sketch_copies_of
 from .pool_reversal import has_turned, round_forfeits
 from .pool_store import VERDICT_GATE, PeerPool, PoolEntry, parse_pool_name
+from .pool_values import replays_values
 from .pool_weights import pool_lag_weights, pool_scores, public_blind_verdicts, verdict_errors
 from .reference import REFERENCE
 
@@ -44,6 +45,8 @@ class PooledScoring:
     reference_weight: float
     horizon: int | None
     planes: PublicPlanes | None
+    values: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """Scorer -> its value sketch (``fl.pool_values``; missing: none, its own matches decided by the signs alone)."""
 
 
 @dataclass(frozen=True)
@@ -148,7 +151,8 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
         pool_copies += sketch_copies_of(signs, names[:len(packer.clients)], set(owner),
                                         lambda words: pool.sketch_copies(words, task, round_, rule.max_disagreement))
         lag_weights = pool_lag_weights(counts, list(rows.values()), len(packer.clients), pool.settings.window)
-        pool_copies = own_replays_only(pool_copies, owner, pool.settings.own_replay_limit)
+        pool_copies = own_replays_only(pool_copies, owner, pool.settings.own_replay_limit, lambda scorer, entry:
+                                       replays_values(scoring.values.get(scorer), pool.values_of(entry)))
     own = own_resubmitters(pool_copies, owner)
     pool_copies = one_group_each(pool_copies, own)
     in_round_keys = list(round_report.pairwise)
@@ -208,10 +212,12 @@ def against_trajectory(blind: tuple[float, float] | None) -> bool:
     return blind is not None and blind[0] < -VERDICT_GATE * blind[1]
 
 
-def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float
+def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str], limit: float,
+                     same_values: Callable[[str, str], bool] = lambda scorer, entry: True
                      ) -> tuple[DuplicateGroup, ...]:
     """The pool copy groups with every match of a scorer to an earlier submission of its own participant (``owner``)
-    that differs in more than ``limit`` of the signs left out (a retrain on the same samples, not a replay: see
+    that differs in more than ``limit`` of the signs left out, and under a limit of 0 one whose values differ too
+    (``same_values(scorer, entry name)``, pool rule 11): a retrain on the same samples, not a replay (see
     ``fl.pool_copies``); groups left with no match drop."""
     out = []
     for group in groups:
@@ -221,7 +227,10 @@ def own_replays_only(groups: Sequence[DuplicateGroup], owner: Mapping[str, str],
             entry = parse_pool_name(pair.peer if pair.client == scorer else pair.client)
             # agreement is 1 - (differing / tasks) rounded: 1 - agreement can exceed the rate it came from (5 of 250
             # signs: 0.020000000000000018), 1 - limit rounds the same way as the agreement did.
-            return pair.agreement >= 1.0 - limit or entry is None or entry[0] != owner[scorer]
+            if entry is None or entry[0] != owner[scorer]:
+                return True
+            name = pair.peer if pair.client == scorer else pair.client
+            return pair.agreement >= 1.0 - limit and (limit > 0 or same_values(scorer, name))
 
         pairs = tuple(filter(kept, group.pairs))
         if pairs:

@@ -19,8 +19,9 @@ without the strata is more than two standard errors below 0 where its peer has t
 later round (the pool on both sides, once warm or at the window's last round; a settled entry rescored), in-round
 copies (the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of
 another participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
-sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of the signs: scored without the
-pool, paid at most 0, what the earlier submission was paid charged back once), the trusted reference (a peer of every
+sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of the signs, and under a limit of 0
+the same value at each of the 1,024 sampled coordinates too: scored without the pool, paid at most 0, what the earlier
+submission was paid charged back once), the trusted reference (a peer of every
 scorer at ``reference_weight``; a round with it is never undetermined) and the attack analysis' owned scorers
 (side-by-side submissions of a participant: its pool peers, checked for copies, never pool entries, never charged back,
 ranked on their verdict alone, settled as their owner's round is).
@@ -40,7 +41,7 @@ import numpy as np
 
 from ..partition import BONUS, PENALTY_1, PENALTY_2, partition_classes
 
-WORD_BITS, SKETCH_WORDS = 32, 128
+WORD_BITS, SKETCH_WORDS, VALUE_SAMPLES = 32, 128, 1024
 
 
 @dataclass
@@ -57,6 +58,8 @@ class Entry:
     """tanh(its round's verdict on it over its standard error) (None: no verdict): reputations."""
     charged: bool = False
     """Charged back: resubmitted, or forfeited by its participant's turn (settled later at most 0)."""
+    values: list[float] = field(default_factory=list)
+    """Its values at the sampled coordinates (``sampled``)."""
 
 
 def sketched(tasks: list[int], length: int) -> list[int]:
@@ -64,6 +67,13 @@ def sketched(tasks: list[int], length: int) -> list[int]:
     the first, ``stride`` the update's words over 128 (at most 4,096 coordinates: the whole update)."""
     stride = max(1, -(-length // WORD_BITS) // SKETCH_WORDS)
     return [k for k in tasks if (k // WORD_BITS) % stride == 0 and k // WORD_BITS < SKETCH_WORDS * stride]
+
+
+def sampled(update: list[float]) -> list[float]:
+    """The values at the coordinates a value sketch samples: ``floor(j * length / samples)`` for each sample ``j``,
+    ``samples`` the length or 1,024, whichever is less."""
+    samples = min(VALUE_SAMPLES, len(update))
+    return [update[j * len(update) // samples] for j in range(samples)]
 
 
 def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: int = 10, pool_peers: int = 8,
@@ -87,15 +97,19 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
         reference = None if reference is None or reference_weight == 0 else [v < 0 for v in reference]
         return negative, (owners or [{}] * r)[r - 1], tasks, seeds[r - 1], reference, (strata or [None] * r)[r - 1]
 
+    def values_of(r: int) -> dict[str, list[float]]:
+        return {c: sampled(u) for c, u in rounds[r - 1].items()}
+
     history: list[Entry] = []
     pending: dict[int, list[str]] = {}  # round -> its scorers still waiting to be settled
     out = []
     for t in range(1, len(rounds) + 1):
         negative, owned, *_ = this = round_of(t)
-        result = score(t, *this, history, horizon=None, **rules)
+        result = score(t, *this, history, horizon=None, values=values_of(t), **rules)
         for c in sorted(negative):
             if c not in owned and c not in result.copies:
-                history.append(Entry(t, c, negative[c], result.scores[c], result.paid[c], result.evidence.get(c)))
+                history.append(Entry(t, c, negative[c], result.scores[c], result.paid[c], result.evidence.get(c),
+                                     values=values_of(t)[c]))
         for e in result.resubmitted + result.forfeited:
             e.paid, e.charged = min(e.paid, 0.0), True
         if result.unsure:
@@ -105,7 +119,7 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
         settled = {}
         for r in sorted(pending):
             if r < t:
-                again = score(r, *round_of(r), history, horizon=t, **rules)
+                again = score(r, *round_of(r), history, horizon=t, values=values_of(r), **rules)
                 last = t - r >= window
                 settled[r] = {c: again for c in pending[r]
                               if c not in again.unsure and (last or c not in again.warming)}
@@ -147,10 +161,10 @@ class Scored:
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
-          min_peers, max_copy, rank_by, own_replay_limit, reference_weight):
+          min_peers, max_copy, rank_by, own_replay_limit, reference_weight, values):
     """Round ``t`` (``negative``: scorer -> its reports; ``owners``: the owned scorers' participants; ``strata``: each
-    coordinate's public stratum, or None) on the pool of ``history``, or, settling it at ``horizon``, the pool on both
-    sides of it."""
+    coordinate's public stratum, or None; ``values``: scorer -> its ``sampled`` values) on the pool of ``history``, or,
+    settling it at ``horizon``, the pool on both sides of it."""
     a, b = sorted(c for c in negative if c not in owners)
     owner = {a: a, b: b, **owners}
     scorers = sorted(owner)
@@ -204,10 +218,11 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
 
     # Copies of earlier submissions (a settled round's judged as they were then; none while the window holds no entry):
     # those whose words the pool holds on every task, and every one older than the window on the sketch's tasks; one's
-    # own participant's only within ``own_replay_limit`` of them too.
+    # own participant's only within ``own_replay_limit`` of them too, and at a limit of 0 with its sampled values.
     def copies(c: str, e: Entry, on: list[int]) -> bool:
         d = differing(negative[c], e.negative, on)
-        return bool(on) and d <= max_copy * len(on) and (e.client != owner[c] or d <= own_replay_limit * len(on))
+        own_replay = d <= own_replay_limit * len(on) and (own_replay_limit > 0 or values[c] == e.values)
+        return bool(on) and d <= max_copy * len(on) and (e.client != owner[c] or own_replay)
 
     sketch = sketched(tasks, len(negative[a]))
     matches = {c: list({id(e): e for e in [e for e in rows if e.round < t and copies(c, e, tasks)] + [

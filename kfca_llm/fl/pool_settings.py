@@ -84,6 +84,9 @@ POOL_RULES = {
     10: "as 9, a participant's record (fl.pool_policy.record) leaves out its submissions charged back (resubmitted, or "
         "forfeited by a turn), and a submission reporting one sign on every task (a zero update) is no in-round peer "
         "(fl.pool_evidence.one_sign): its partner is paid on the pool's verdict, undetermined while that is unclear",
+    11: "as 10, under an own-replay limit of 0 an own resubmission repeats the values as well as every sign: its value "
+        "sketch equals the earlier submission's up to their rounding slack (fl.pool_values); an honest retrain whose "
+        "signs all repeat an earlier update's is scored as a fresh submission",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""

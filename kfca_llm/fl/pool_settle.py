@@ -61,6 +61,8 @@ class PendingRound:
     settled as their owner's pool would pay them, never pool entries."""
     planes: PublicPlanes | None = None
     """The round's public strata (host words), as it was scored: settling scores it within them again."""
+    values: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    """Scorer -> its value sketch (``fl.pool_values``; missing: none): its own replays are judged as they were then."""
 
     def packer(self) -> SignPacker:
         return SignPacker.from_words(dict(self.shapes), self.words, self.task)
@@ -71,12 +73,14 @@ class PendingRound:
                 "clients": sorted(self.words), "pairs": [list(p) for p in self.pairs], "waiting": list(self.waiting),
                 "penalty": self.penalty, "bonus_fraction": self.bonus_fraction, "duplicates": self.duplicates,
                 "duplicate_rule": dataclasses.asdict(self.duplicate_rule), "owners": dict(self.owners),
+                "values": sorted(self.values),
                 **({} if self.planes is None else {"public_steps": self.planes.steps,
                                                    "public_magnitude_bits": self.planes.magnitude_bits})}
 
     @classmethod
     def from_metadata(cls, meta: Mapping, words: Mapping[str, np.ndarray], task: np.ndarray,
-                      planes: np.ndarray | None = None) -> PendingRound:
+                      planes: np.ndarray | None = None, values: np.ndarray | None = None) -> PendingRound:
+        """The round ``metadata`` describes; ``values``: the sketches of its ``"values"`` scorers, stacked in order."""
         try:
             public = None if planes is None else PublicPlanes(np.asarray(planes, dtype=np.int32),
                                                               int(meta["public_steps"]),
@@ -85,7 +89,9 @@ class PendingRound:
                        dict(words), np.asarray(task, dtype=np.int32), tuple((str(a), str(b)) for a, b in meta["pairs"]),
                        tuple(map(str, meta["waiting"])), str(meta["penalty"]), float(meta["bonus_fraction"]),
                        str(meta["duplicates"]), DuplicateRule(**meta["duplicate_rule"]),
-                       {str(k): str(v) for k, v in meta.get("owners", {}).items()}, public)
+                       {str(k): str(v) for k, v in meta.get("owners", {}).items()}, public,
+                       {str(c): np.asarray(v, dtype=np.float64)
+                        for c, v in zip(meta.get("values", []), [] if values is None else values, strict=True)})
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(f"a pending round's record is not one this version reads ({exc})") from None
 
@@ -115,7 +121,7 @@ def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> Pooled
                            penalty=pending.penalty, bonus_fraction=pending.bonus_fraction,
                            duplicates=pending.duplicates, duplicate_rule=pending.duplicate_rule,
                            copy_candidates=sorted(c for c in pending.words if c not in pending.owners),
-                           owners=pending.owners, horizon=horizon, public=pending.planes)
+                           owners=pending.owners, horizon=horizon, public=pending.planes, values=pending.values)
 
 
 def due_settlements(pool: PeerPool, horizon: int) -> list[Settlement]:
@@ -168,6 +174,8 @@ def pending_to_arrays(pool: PeerPool) -> tuple[dict[str, np.ndarray], str]:
             arrays[f"pending.{k}.@public"] = pending.planes.host_words()
         for client, words in sorted(pending.words.items()):
             arrays[f"pending.{k}.{client}"] = words
+        if pending.values:
+            arrays[f"pending.{k}.@values"] = np.stack([pending.values[c] for c in sorted(pending.values)])
         records.append(pending.metadata())
     return arrays, json.dumps(records)
 
@@ -176,7 +184,8 @@ def pending_from_arrays(arrays: Mapping[str, np.ndarray], records: str) -> dict[
     out = {}
     for k, meta in enumerate(json.loads(records)):
         words = {c: np.asarray(arrays[f"pending.{k}.{c}"], dtype=np.int32) for c in meta["clients"]}
-        pending = PendingRound.from_metadata(meta, words, arrays[f"pending.{k}.task"], arrays.get(f"pending.{k}.@public"))
+        pending = PendingRound.from_metadata(meta, words, arrays[f"pending.{k}.task"], arrays.get(f"pending.{k}.@public"),
+                                             arrays.get(f"pending.{k}.@values"))
         Layout.from_shapes(dict(pending.shapes))  # a misshapen record fails here, not at settling time
         out[pending.round] = pending
     return out

@@ -135,6 +135,9 @@ class PeerPool:
         self._evidence: dict[str, float] = {}
         """Pool name -> what its round's verdict told of it (``fl.pool_weights.evidence_of``; missing: the pool had no
         verdict on it), run-long: what a reputation is built from (``fl.pool_policy.reputation``)."""
+        self._values: dict[str, np.ndarray] = {}
+        """Pool name -> its submission's value sketch (``fl.pool_values``; missing: none was given), run-long as the
+        sketches: what tells an own replay from a retrain with the same signs (pool rule 11)."""
 
     def entries(self, before_round: int, extra: int = 0, horizon: int | None = None) -> list[PoolEntry]:
         """Entries of the ``window`` (+ ``extra``) rounds before ``before_round``, newest round first, then by name;
@@ -169,12 +172,17 @@ class PeerPool:
         return {entry[1]: value for name, value in self._evidence.items()
                 if (entry := parse_pool_name(name)) is not None and entry[0] == participant}
 
+    def values_of(self, name: str) -> np.ndarray | None:
+        """Entry ``name``'s value sketch (None: none kept)."""
+        return self._values.get(name)
+
     def add_round(self, round_: int, signs: Mapping[str, np.ndarray],
                   scores: Mapping[str, float] | None = None, paid: Mapping[str, float] | None = None,
-                  evidence: Mapping[str, float] | None = None) -> None:
+                  evidence: Mapping[str, float] | None = None, values: Mapping[str, np.ndarray] | None = None) -> None:
         """Keep a round's sign words (call after scoring it, leaving out copies), its scores of them (the report's
-        ``unadjusted_rewards``; missing: not recorded), what they were paid (``rewards``; missing: 0) and their
-        verdicts' evidence (``PooledRound.evidence``; missing: none); old rounds drop out."""
+        ``unadjusted_rewards``; missing: not recorded), what they were paid (``rewards``; missing: 0), their
+        verdicts' evidence (``PooledRound.evidence``; missing: none) and their value sketches (``fl.pool_values``;
+        missing: none); old rounds drop out."""
         if not signs:
             return
         widths = {int(np.asarray(w).shape[-1]) for w in signs.values()}
@@ -186,12 +194,15 @@ class PeerPool:
             self._paid.clear()
             self._charged.clear()
             self._evidence.clear()
+            self._values.clear()
         self._words = widths.pop()
         self._rounds[int(round_)] = {who: np.ascontiguousarray(w, dtype=np.int32).copy() for who, w in signs.items()}
         self._scores.update({pool_name(who, round_): (scores or {}).get(who) for who in signs})
         self._sketches += [(pool_name(who, round_), sketch(w)) for who, w in sorted(signs.items())]
         self._paid.update({pool_name(who, round_): float((paid or {}).get(who, 0.0)) for who in signs})
         self._evidence.update({pool_name(who, round_): float(evidence[who]) for who in signs if who in (evidence or {})})
+        self._values.update({pool_name(who, round_): np.array(values[who], dtype=np.float64)
+                             for who in signs if who in (values or {})})
         # One round more than the window: lag weights up to the window's oldest round need pairs that far apart.
         for t in [t for t in self._rounds if t < round_ - self.settings.window]:
             del self._rounds[t]
@@ -253,7 +264,10 @@ class PeerPool:
                 entries.append([t, who])
         for k, (name, bits) in enumerate(self._sketches):
             arrays[f"sketch.{k}"] = bits
+        for k, values in enumerate(self._values.values()):
+            arrays[f"values.{k}"] = values
         return arrays, {"entries": json.dumps(entries), "sketches": json.dumps([n for n, _ in self._sketches]),
+                        "values": json.dumps(list(self._values)),
                         "scores": json.dumps(self._scores), "paid": json.dumps(self._paid),
                         "resubmitted": json.dumps(sorted(self._charged)), "evidence": json.dumps(self._evidence)}
 
@@ -273,4 +287,6 @@ class PeerPool:
         pool._evidence = {str(k): float(v) for k, v in json.loads(metadata.get("evidence", "{}")).items()}
         pool._sketches = [(name, np.asarray(arrays[f"sketch.{k}"], dtype=np.int32))
                           for k, name in enumerate(json.loads(metadata["sketches"]))]
+        pool._values = {str(name): np.asarray(arrays[f"values.{k}"], dtype=np.float64)
+                        for k, name in enumerate(json.loads(metadata.get("values", "[]")))}
         return pool

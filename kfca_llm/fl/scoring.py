@@ -32,6 +32,7 @@ from .pool_close import ClosingRound, close_round
 from .pool_copies import DYNAMIC_ORDER_OWN_REPLAY_LIMIT, OWN_REPLAY_MAX_DISAGREEMENT
 from .pool_settings import POOL_KEYS
 from .pool_settle import Settlement
+from .pool_values import value_sketch
 from .reference import reference_signs
 from ..errors import InputError, NoTasksError
 from ..recipe import KfcaConfig, Recipe
@@ -155,19 +156,21 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     wait_for_device(packer.buffers.device)
     pack_s = time.perf_counter() - started
     signs = None if reference is None or not kfca.reference_weight else reference_signs(packer, reference)
+    values = {c: value_sketch(update, packer.layout) for c, update in updates.items()} if pool is not None else {}
     try:
         pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
                                  bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,
                                  owners={s.id: s.client for s in analysed}, reference=signs,
                                  reference_weight=kfca.reference_weight,
-                                 public=packer.public_planes(public, kfca.conditioning, gaps) if public else None)
+                                 public=packer.public_planes(public, kfca.conditioning, gaps) if public else None,
+                                 values=values)
     except NoTasksError as exc:
         return _unscorable(round_, exc, analysed, participants, pack_s)
     report = pooled.report
     settlements = [] if pool is None else close_round(pool, ClosingRound.scored(
         packer, round_, pooled, words=packer.words(), participants=ids, seed=kfca_seed, penalty=kfca.penalty,
         bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule(),
-        owners={s.id: s.client for s in analysed}))
+        owners={s.id: s.client for s in analysed}, values=values))
     # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),
