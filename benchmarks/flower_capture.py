@@ -1,7 +1,7 @@
 """Capture a Flower run's scored rounds and pay them again under another pool setting.
 
 ``flower_few_peers.py --capture run.npz`` saves what ``KFCAStrategy`` scored each round (the participants' packed
-sign words, the task words, the public strata's planes, the seed, the pool's settings, each participant's
+sign words and value sketches, the task words, the public strata's planes, the seed, the pool's settings, each participant's
 partition). Under the strategy's default aggregation (``all``: every valid reply reaches FedAvg) the global model,
 and so every update, does not depend on the rewards: scoring the captured rounds again with another ranking is what
 the same Flower run would have paid under it, on the same nodes and draws. Comparing rules on captured runs takes
@@ -49,6 +49,8 @@ class Capture:
         for row, client in enumerate(packer.clients):
             self.arrays[f"{k}.signs.{client}"] = np.array(signs[row], dtype=np.int32)
         self.arrays[f"{k}.task"] = np.array(task, dtype=np.int32)
+        for client, sketch in (kwargs.get("values") or {}).items():
+            self.arrays[f"{k}.values.{client}"] = np.array(sketch, dtype=np.float64)
         planes = scored.pooled.planes
         if planes is not None:
             self.arrays[f"{k}.planes"] = planes.host_words().copy()
@@ -85,9 +87,11 @@ def replay(path: Path, overrides: dict) -> dict:
                                                                tuple(r["planes"][2]))
         common = dict(seed=r["seed"], penalty=r["penalty"], bonus_fraction=r["bonus_fraction"],
                       duplicates=r["duplicates"], duplicate_rule=DuplicateRule(**r["duplicate_rule"]))
-        pooled = score_with_pool(packer, pool, r["round"], peers=r["peers"], public=planes, **common)
+        # A capture of a version before pool rule 11 holds no value sketches: its own replays are judged on the signs.
+        values = {c: data[f"{k}.values.{c}"] for c in r["clients"] if f"{k}.values.{c}" in data}
+        pooled = score_with_pool(packer, pool, r["round"], peers=r["peers"], public=planes, values=values, **common)
         settlements += close_round(pool, ClosingRound.scored(packer, r["round"], pooled, words=packer.words(),
-                                                             participants=packer.clients, **common))
+                                                             participants=packer.clients, values=values, **common))
         t = r["round"]
         rewards[t] = dict(pooled.report.rewards)
         undetermined[t] = tuple(pooled.undetermined)

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_few_peers import DATA_ORDERS, capture, synthetic  # noqa: E402
 
 from kfca_llm.api import pack_updates  # noqa: E402
+from kfca_llm.fl.pool_values import value_sketch  # noqa: E402
 from kfca_llm.fl.reference import REFERENCE  # noqa: E402
 from kfca_llm.fl.seeds import KFCA, derive_seed  # noqa: E402
 
@@ -36,8 +37,9 @@ LAG_BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 10**9))
 PHASES = ("early", "middle", "late")
 
 
-def own_disagreements(updates) -> list[tuple[int, int, float]]:
-    """(lag, newer round, fraction of differing signs on the pair's task mask) for every two updates of one client."""
+def own_disagreements(updates) -> list[tuple[int, int, float, float]]:
+    """(lag, newer round, fraction of differing signs on the pair's task mask, fraction of the value sketch's sampled
+    coordinates whose values differ: ``fl.pool_values``, exact updates) for every two updates of one client."""
     by_client: dict[str, list[tuple[int, dict]]] = {}
     for t, clients in updates.items():
         for client, update in clients.items():
@@ -47,9 +49,12 @@ def own_disagreements(updates) -> list[tuple[int, int, float]]:
     for history in by_client.values():
         for k, (t, newer) in enumerate(history):
             for s, older in history[:k]:
-                signs, task = pack_updates({"newer": newer, "older": older}).words()
+                packer = pack_updates({"newer": newer, "older": older})
+                signs, task = packer.words()
                 tasks = popcount(task)
-                out.append((t - s, t, popcount((signs[0] ^ signs[1]) & task) / tasks if tasks else 0.0))
+                values = [value_sketch(u, packer.layout)[0] for u in (newer, older)]
+                out.append((t - s, t, popcount((signs[0] ^ signs[1]) & task) / tasks if tasks else 0.0,
+                            float(np.mean(values[0] != values[1]))))
     return out
 
 
@@ -59,22 +64,25 @@ def popcount(words: np.ndarray) -> int:
 
 def repeat_table(updates, limit: float = 0.02) -> str:
     """Per lag bin and phase: pairs, the smallest, 1st-percentile and median fraction of differing signs, and how
-    many pairs differ in at most ``limit`` (the copy rule's ``max_disagreement``)."""
+    many pairs differ in at most ``limit`` (the copy rule's ``max_disagreement``); over all pairs, how many repeat
+    every sign, and how many every sampled value (pool rule 11's replay)."""
     rows = own_disagreements(updates)
     last = max(updates)
     lines = [f"| lag (rounds) | phase | pairs | min | 1st pct | median | within {limit:.0%} |", "|---|---|---|---|---|---|---|"]
     for low, high in LAG_BINS:
         for phase_index, phase in enumerate(PHASES):
-            found = np.array([d for lag, t, d in rows if low <= lag <= high
+            found = np.array([d for lag, t, d, _ in rows if low <= lag <= high
                               and min((t - 1) * len(PHASES) // last, len(PHASES) - 1) == phase_index])
             if found.size:
                 lag = str(low) if low == high else f"{low}+" if high > 10**6 else f"{low}-{high}"
                 lines.append(f"| {lag} | {phase} | {found.size} | {found.min():.4f} | {np.percentile(found, 1):.4f} | "
                              f"{np.median(found):.4f} | {int((found <= limit).sum())} |")
-    every = np.array([d for _, _, d in rows])
+    every = np.array([d for _, _, d, _ in rows])
+    values = np.array([v for _, _, _, v in rows])
     if every.size:
         lines.append(f"\nall {every.size} pairs: smallest {every.min():.4f}, within {limit:.0%}: "
-                     f"{int((every <= limit).sum())}, identical: {int((every == 0).sum())}")
+                     f"{int((every <= limit).sum())}, identical: {int((every == 0).sum())}; sampled values: "
+                     f"smallest share differing {values.min():.4f}, every one repeated: {int((values == 0).sum())}")
     return "\n".join(lines)
 
 

@@ -262,6 +262,8 @@ def test_honest_repeats_benchmark_smoke(run_script):
     static, dynamic = (float(re.search(r"all \d+ pairs: smallest ([0-9.]+)", part).group(1))
                        for part in printed.split("## data order: ")[1:])
     assert "static" in printed.split("## data order: ")[1][:10] and 0 < static < dynamic
+    # no honest repeat repeats its sampled values (pool rule 11 would take it for a replay)
+    assert re.findall(r"every one repeated: (\d+)", printed) == ["0", "0"]
 
 
 def test_public_conditioning_benchmark_small(run_script):

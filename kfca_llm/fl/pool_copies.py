@@ -4,10 +4,12 @@ submission of the run (its own included: ``stale``), is a copy; the round's dupl
 other members were paid already.
 
 A match with an earlier submission of the scorer's *own* participant is a replay only where the two agree on every
-sign (``PoolSettings.own_replay_limit``, default ``OWN_REPLAY_MAX_DISAGREEMENT``, ``fl.pool_evidence.own_replays_only``; on
-the sketch beyond the window, every sketch bit; a dynamic data order may loosen it to 2%): a client that trains again on the same samples (FlowerTune's static data order, ``train.dynamic-data-seed =
-false``) from a newer global lands close to its earlier update, often within the 2% that tells a copy of *another*
-participant, yet never on all of its signs in the runs measured (``benchmarks/honest_repeats.py``).
+sign (``PoolSettings.own_replay_limit``, default ``OWN_REPLAY_MAX_DISAGREEMENT``, ``fl.pool_evidence.own_replays_only``;
+on the sketch beyond the window, every sketch bit; a dynamic data order may loosen it to 2%) and, under that default,
+on their sampled values (``fl.pool_values``, pool rule 11): a client that trains again on the same samples
+(FlowerTune's static data order, ``train.dynamic-data-seed = false``) from a newer global lands close to its earlier
+update, often within the 2% that tells a copy of *another* participant, in our recipes never on all of its signs
+(``benchmarks/honest_repeats.py``), in Flower's own app on all of them late in the schedule, never on its values.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ match on every sign is a replay only where the values match too (``replays_value
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -26,12 +27,16 @@ VALUE_SAMPLES = 1024
 a stale node replays its first update however old)."""
 
 
+def value_samples(layout: Layout) -> int:
+    """How many coordinates a sketch of ``layout`` samples: ``VALUE_SAMPLES``, or every coordinate of a smaller one."""
+    return min(VALUE_SAMPLES, layout.n_coords)
+
+
 def value_positions(layout: Layout) -> list[tuple[str, np.ndarray]]:
-    """(tensor name, flat offsets) of the sampled coordinates: ``min(VALUE_SAMPLES, numel)`` evenly spaced over the
-    tensors in layout order (coordinate ``floor(j * numel / samples)`` for sample ``j``)."""
+    """(tensor name, flat offsets) of the sampled coordinates: ``value_samples`` evenly spaced over the tensors in
+    layout order (coordinate ``floor(j * numel / samples)`` for sample ``j``)."""
     sizes = [slot.numel for slot in layout.slots]
-    total = sum(sizes)
-    samples = min(VALUE_SAMPLES, total)
+    total, samples = sum(sizes), value_samples(layout)
     positions = np.arange(samples, dtype=np.int64) * total // samples
     out, start = [], 0
     for slot, size in zip(layout.slots, sizes):
@@ -79,3 +84,35 @@ def replays_values(mine: np.ndarray | None, earlier: np.ndarray | None) -> bool:
     if mine.shape != earlier.shape:
         return False
     return bool(np.all(np.abs(mine[0] - earlier[0]) <= mine[1] + earlier[1]))
+
+
+def sketches_bytes(values: Mapping[str, np.ndarray]) -> bytes:
+    """The stored form of a round's value sketches (a ledger's ``RoundRow.values_sha256`` hashes it): per participant
+    in sorted order, the SHA-256 of its name (32 bytes) and its ``[2, samples]`` sketch as little-endian float64. Each
+    sketch names its participant: a row a reader cannot take (a hostile cell) leaves the others' readable."""
+    return b"".join(_name_key(p) + np.ascontiguousarray(values[p], dtype="<f8").tobytes() for p in sorted(values))
+
+
+def sketches_size(count: int, samples: int) -> int:
+    """The bytes ``sketches_bytes`` writes for ``count`` sketches of ``samples`` coordinates."""
+    return count * (32 + 2 * samples * 8)
+
+
+def sketches_from_bytes(data: bytes, participants: Sequence[str], count: int, samples: int) -> dict[str, np.ndarray]:
+    """Participant -> its sketch among the ``count`` that ``sketches_bytes`` wrote into ``data`` (one of
+    ``participants`` it holds none of has none); a ``ValueError`` where ``data`` cannot be them."""
+    entry = sketches_size(1, samples)
+    if len(data) != sketches_size(count, samples):
+        raise ValueError(f"{len(data)} bytes, where {count} sketches of {samples} values take {count * entry}")
+    stored = {}
+    for k in range(count):
+        key = data[k * entry:k * entry + 32]
+        if key in stored:
+            raise ValueError("one participant named twice")
+        stored[key] = np.frombuffer(data[k * entry + 32:(k + 1) * entry], dtype="<f8").reshape(2, samples).astype(
+            np.float64)
+    return {p: stored[_name_key(p)] for p in participants if _name_key(p) in stored}
+
+
+def _name_key(participant: str) -> bytes:
+    return hashlib.sha256(participant.encode("utf-8", "surrogatepass")).digest()

@@ -67,7 +67,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     recorded_at TEXT NOT NULL, package_version TEXT NOT NULL, settings TEXT NOT NULL, layout TEXT,
     task_sha256 TEXT, signs_kept INTEGER NOT NULL, global_sha256 TEXT, prev_hash TEXT NOT NULL,
     chain_hash TEXT NOT NULL UNIQUE, undetermined TEXT, reference_sha256 TEXT, public_sha256 TEXT,
-    public_steps INTEGER, public_spans TEXT, PRIMARY KEY (run_id, round));
+    public_steps INTEGER, public_spans TEXT, values_sha256 TEXT, PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS rewards (
     run_id TEXT NOT NULL, round INTEGER NOT NULL, participant TEXT NOT NULL, node_id TEXT NOT NULL,
     reward REAL NOT NULL, peers TEXT NOT NULL, num_examples INTEGER, sign_sha256 TEXT NOT NULL,
@@ -247,7 +247,8 @@ class Ledger:
             reference_sha256=entry.reference_sha256,
             public_sha256=None if entry.public is None else entry.public[0],
             public_steps=None if entry.public is None else int(entry.public[1]),
-            public_spans=None if entry.public is None else tuple(int(s) for s in entry.public[2]))
+            public_spans=None if entry.public is None else tuple(int(s) for s in entry.public[2]),
+            values_sha256=entry.values_sha256)
         conn = _connect(self.path)
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -269,15 +270,15 @@ class Ledger:
                 conn.execute("INSERT INTO rounds (run_id, round, status, seed, categorical_world, valid_replies, "
                              "failed_replies, recorded_at, package_version, settings, layout, task_sha256, signs_kept, "
                              "global_sha256, prev_hash, chain_hash, undetermined, reference_sha256, public_sha256, "
-                             "public_steps, public_spans) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                             "?, ?)",
+                             "public_steps, public_spans, values_sha256) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                             "?, ?, ?, ?, ?, ?, ?, ?)",
                              (r.run_id, r.round, r.status, r.seed, None if r.categorical_world is None
                               else int(r.categorical_world), r.valid_replies, r.failed_replies, r.recorded_at,
                               r.package_version, canonical_json(r.settings), _json_or_null(r.layout),
                               r.task_sha256, int(r.signs_kept), r.global_sha256, prev_hash, digest,
                               _json_or_null(None if r.undetermined is None else list(r.undetermined)),
                               r.reference_sha256, r.public_sha256, r.public_steps, _json_or_null(
-                                  None if r.public_spans is None else list(r.public_spans))))
+                                  None if r.public_spans is None else list(r.public_spans)), r.values_sha256))
                 for row in entry.rewards:
                     conn.execute("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                  (row.run_id, row.round, row.participant, row.node_id, row.reward,

@@ -101,6 +101,10 @@ class RoundRow:
     """The span of each sign plane (the global's newest steps summed; ``engine.public.public_spans``: the doubling
     spans and the participants' reception gaps), ``public_steps`` of them; None: unconditioned, or recorded before
     the spans were."""
+    values_sha256: str | None = None
+    """SHA-256 of the participants' value sketches (``fl.pool_values``, stored as ``sketches_bytes``: kept in
+    the signs store when the run keeps signs): what a verifier judges own replays on (pool rule 11); None: recorded
+    without them."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +183,8 @@ class RoundEntry:
     unconditioned."""
     settlements: Sequence[SettlementRow] = ()
     """Earlier undetermined rounds' participants this round settled (``fl.pool_settle``)."""
+    values_sha256: str | None = None
+    """SHA-256 of the participants' value sketches (their bytes in ``signs`` when kept); None: none."""
 
 
 def canonical_json(value: Any) -> str:
@@ -212,7 +218,7 @@ def chain_hash(prev_hash: str, round_row: RoundRow, rewards: Sequence[RewardRow]
 
 
 ADDED_ROUND_COLUMNS = {"undetermined": "TEXT", "reference_sha256": "TEXT", "public_sha256": "TEXT",
-                       "public_steps": "INTEGER", "public_spans": "TEXT"}
+                       "public_steps": "INTEGER", "public_spans": "TEXT", "values_sha256": "TEXT"}
 """Columns of ``rounds`` added to schema 4 after it was first written, with their SQL types: a ledger may lack them
 (read as None), the chain hashes them only where recorded."""
 _ADDED_ROUND_FIELDS = tuple(ADDED_ROUND_COLUMNS)

@@ -49,6 +49,24 @@ def recorded_planes(round_row: RoundRow, read_words) -> Any:
     return PublicPlanes(words.reshape(n_planes, -1), steps, conditioning.magnitude_bits, tuple(spans or ()))
 
 
+def recorded_values(round_row: RoundRow | None, participants: Sequence[str], read_words) -> dict[str, np.ndarray]:
+    """Participant -> the value sketch its round recorded (``RoundRow.values_sha256``: ``valid_replies`` sketches
+    stored as ``fl.pool_values.sketches_bytes``, read by ``read_words(sha, size=)``); empty where the round recorded
+    none (its own replays were judged on the signs alone then). A participant its round holds no sketch of has none."""
+    from ..engine.layout import Layout
+    from ..fl.pool_values import sketches_from_bytes, sketches_size, value_samples
+
+    if round_row is None or round_row.values_sha256 is None or round_row.layout is None:
+        return {}
+    samples = value_samples(Layout.from_shapes(dict(round_row.layout)))
+    size = sketches_size(round_row.valid_replies, samples)
+    data = np.ascontiguousarray(read_words(round_row.values_sha256, size=size)).tobytes()
+    try:
+        return sketches_from_bytes(data, participants, round_row.valid_replies, samples)
+    except ValueError as exc:
+        raise Damaged(f"the round's value sketches: {exc}") from None
+
+
 class _StoredWords(Mapping):
     """Participant -> its kept sign words, read from the store on first access (by participant, sorted)."""
 
@@ -90,7 +108,8 @@ def closing_from_rows(t: int, round_row: RoundRow | None, rows: Sequence[RewardR
                         {r.participant: r.duplicate_group for r in rows if r.duplicate_group is not None},
                         {r.participant: r.unadjusted_reward for r in rows}, {r.participant: r.reward for r in rows},
                         tuple(round_row.undetermined or ()) if waits else (), {r.participant: r.peers for r in rows},
-                        settings.get("duplicates"), pending,
+                        settings.get("duplicates"), pending, values=recorded_values(
+                            round_row, [r.participant for r in rows], read_words) if waits else {},
                         settlements=[Settlement(r.round, r.settled_in, r.participant, r.reward, r.unadjusted_reward,
                                                 tuple(r.peers)) for r in settlements])
 

@@ -29,7 +29,7 @@ from ..errors import InputError
 from ..report import printable
 from .ledger import store_dir
 from .ledger_rows import SCORED, RewardRow, RoundRow, sha256_hex
-from .pool_replay import Damaged, PoolTracker, Unverifiable, recorded_planes
+from .pool_replay import Damaged, PoolTracker, Unverifiable, recorded_planes, recorded_values
 
 MATCH, MISMATCH, UNVERIFIABLE, DAMAGED = "match", "mismatch", "unverifiable", "damaged"
 STATUSES = (MATCH, MISMATCH, UNVERIFIABLE, DAMAGED)
@@ -103,13 +103,14 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
             reference = _read_words(ledger, round_row.reference_sha256, n_bytes)
         if "pool" in round_row.settings and pools is None:
             raise Unverifiable("a round scored with a peer pool needs the earlier rounds to rebuild it")
-        def read(sha: str, rows: int = 1) -> np.ndarray:
-            return _read_words(ledger, sha, rows * n_bytes)
+        def read(sha: str, rows: int = 1, size: int | None = None) -> np.ndarray:
+            return _read_words(ledger, sha, rows * n_bytes if size is None else size)
 
         planes = recorded_planes(round_row, read)
         pool = None if pools is None else pools.before(round_row, read)
         try:
-            report = _rescore(round_row, words, task, backend, pool, reference, planes)
+            report = _rescore(round_row, words, task, backend, pool, reference, planes,
+                              recorded_values(round_row, list(words), read))
         except (InputError, ValueError, TypeError, KeyError) as exc:  # hostile settings the chain still covers
             raise Unverifiable(f"this version cannot score the round with its recorded settings "
                                 f"({printable(str(exc))[:160]})") from None
@@ -176,7 +177,7 @@ def updates_from_words(layout: Sequence[tuple[str, tuple[int, ...]]], words: np.
 
 
 def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndarray, backend: str, pool=None,
-             reference: np.ndarray | None = None, planes=None):
+             reference: np.ndarray | None = None, planes=None, values: Mapping[str, np.ndarray] | None = None):
     from ..fl.peer_pool import score_with_pool
     from ..fl.pool_settings import POOL_RULE, check_pool_rule
     from ..packer import SignPacker
@@ -207,7 +208,7 @@ def _rescore(round_row: RoundRow, words: Mapping[str, np.ndarray], task: np.ndar
     pooled = score_with_pool(packer, pool, round_row.round, peers=peers, seed=round_row.seed, penalty=penalty,
                              bonus_fraction=bonus_fraction, duplicates=policy, duplicate_rule=rule,
                              reference=None if reference is None else np.ascontiguousarray(reference, dtype=np.int32),
-                             reference_weight=settings.get("reference_weight") or 0.0, public=planes)
+                             reference_weight=settings.get("reference_weight") or 0.0, public=planes, values=values)
     recorded_rule = settings["pool"].get("rule", 1) if isinstance(settings.get("pool"), dict) else POOL_RULE
     if pooled.short and pool is not None:
         try:

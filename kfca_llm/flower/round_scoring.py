@@ -24,6 +24,7 @@ from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
 from ..fl.pool_store import VERDICT_GATE
 from ..fl.pool_close import ClosingRound, close_round
 from ..fl.pool_settle import Settlement
+from ..fl.pool_values import sketches_bytes
 from ..packer import SignPacker
 from ..report import RewardReport
 from ..tensors import is_float
@@ -51,6 +52,9 @@ class ScoredRound:
     public: tuple[str, int, tuple[int, ...]] | None = None
     """(SHA-256, sign planes, their spans) of the public strata's planes the round was scored within (kept in
     ``signs``); None: none."""
+    values_sha256: str | None = None
+    """SHA-256 of the participants' value sketches (``fl.pool_values.sketches_bytes``; kept in ``signs``); None: none
+    given."""
 
     @property
     def report(self) -> RewardReport:
@@ -140,19 +144,20 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
                 penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                 reference: np.ndarray | None, reference_weight: float, keep_signs: bool,
                 public: list[Mapping[str, np.ndarray]] = (), conditioning: PublicConditioning = OFF,
-                gaps: list[int] = ()) -> ScoredRound:
+                gaps: list[int] = (), values: Mapping[str, np.ndarray] | None = None) -> ScoredRound:
     """Score the packed round against its peers and ``pool`` (then add its participants, copies left out, to the
     pool); ``reference``: the server's packed signs, or None; ``public``: the global's recent steps (oldest first),
     the strata every pair is scored within under ``conditioning`` (``engine.public``), with ``gaps`` the
-    participants' reception gaps (``PublicTrajectory.gaps``)."""
+    participants' reception gaps (``PublicTrajectory.gaps``); ``values``: each participant's value sketch
+    (``fl.pool_values``: what tells its own replay from a retrain), kept beside the signs for a verifier."""
     planes = packer.public_planes(list(public), conditioning, gaps) if public else None
     pooled = score_with_pool(packer, pool, server_round, peers=peers, seed=seed, penalty=penalty,
                              bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
-                             reference=reference, reference_weight=reference_weight, public=planes)
+                             reference=reference, reference_weight=reference_weight, public=planes, values=values)
     signs, task = packer.words()
     settlements = close_round(pool, ClosingRound.scored(
         packer, server_round, pooled, words=(signs, task), participants=packer.clients, seed=seed, penalty=penalty,
-        bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule))
+        bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, values=values))
     for settled in settlements:
         log(INFO, "KFCA: round %s settles %s's undetermined round %s: paid %+.4f (the pool on both sides of it "
             "tells who deviated now)", server_round, settled.participant, settled.round, settled.reward)
@@ -198,8 +203,14 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
         public_record = (sha256_hex(planes_bytes), planes.steps, planes.spans)
         if keep_signs:
             kept[public_record[0]] = planes_bytes
+    values_sha = None
+    if values:  # a verifier judges the round's own replays on the same values
+        sketches = sketches_bytes(values)
+        values_sha = sha256_hex(sketches)
+        if keep_signs:
+            kept[values_sha] = sketches
     layout = [(slot.name, slot.shape) for slot in packer.layout.slots]
-    return ScoredRound(pooled, digests, layout, task_sha, kept, reference_sha, settlements, public_record)
+    return ScoredRound(pooled, digests, layout, task_sha, kept, reference_sha, settlements, public_record, values_sha)
 
 
 def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id: str, round_offset: int,
@@ -209,7 +220,7 @@ def resumed_pool(ledger: str | os.PathLike, settings: Mapping[str, Any], run_id:
     nothing of the rounds before the resume)."""
     tracker = PoolTracker.of(read_ledger(ledger), run_id)
 
-    def read(sha: str, rows: int = 1) -> np.ndarray:  # any size: the sign words' and the public planes' alike
+    def read(sha: str, rows: int = 1, size: int | None = None) -> np.ndarray:  # any size: words, planes, values alike
         path = signs_path(ledger, sha)
         data = path.read_bytes() if path.is_file() else b""
         if sha256_hex(data) != sha:

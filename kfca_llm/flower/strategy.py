@@ -36,6 +36,7 @@ from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation
 from ..fl.peer_pool import PeerPool, PoolSettings
 from ..fl.pool_close import copy_groups
 from ..fl.pool_settle import Settlement
+from ..fl.pool_values import value_sketch
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
 from ..packer import SignPacker
@@ -299,12 +300,17 @@ class KFCAStrategy(Strategy):
         first = next(iter(paid.values())).metadata.src_node_id
         shapes = {name: a.shape for name, a in sent_arrays(self._sent, first, sent_numpy).items() if is_float(a)}
         packer = SignPacker(shapes, list(paid), backend=self.backend)
+        values = {}
         for participant, reply in paid.items():
             sent = sent_arrays(self._sent, reply.metadata.src_node_id, sent_numpy)
-            returned = reply.content.array_records[self.arrayrecord_key]
+            returned = {name: array.numpy() for name, array in reply.content.array_records[self.arrayrecord_key].items()
+                        if name in shapes}
             # Deserialised again (the check pass kept nothing): one participant's update in memory at a time,
             # packed as one batch.
-            packer.add_many(participant, {name: returned[name].numpy() - sent[name] for name in shapes})
+            update = {name: returned[name] - sent[name] for name in shapes}
+            packer.add_many(participant, update)
+            if self.pool.settings.enabled:  # what tells an own replay from a retrain (pool rule 11)
+                values[participant] = value_sketch(update, packer.layout, sent, returned)
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
         reference = None
         if self.reference is not None and self.reference_weight > 0:
@@ -317,7 +323,8 @@ class KFCAStrategy(Strategy):
                            duplicate_rule=self.duplicate_rule, reference=reference,
                            reference_weight=self.reference_weight, keep_signs=self.keep_signs,
                            public=self._trajectory.steps(shapes), conditioning=self.conditioning,
-                           gaps=self._trajectory.gaps(reply.metadata.src_node_id for reply in paid.values()))
+                           gaps=self._trajectory.gaps(reply.metadata.src_node_id for reply in paid.values()),
+                           values=values)
 
     def _select(self, paid: Mapping[str, Message], scored: ScoredRound | None
                 ) -> tuple[list[Message], str | None]:
@@ -379,6 +386,7 @@ class KFCAStrategy(Strategy):
                 undetermined=None if scored is None else scored.pooled.undetermined,
                 reference_sha256=None if scored is None else scored.reference_sha256,
                 public=None if scored is None else scored.public,
+                values_sha256=None if scored is None else scored.values_sha256,
                 settlements=settled))
             if self._post is not None:
                 self._post.issue([*rows, *settled], digest)

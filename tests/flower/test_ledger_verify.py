@@ -67,10 +67,13 @@ def test_verify_recomputes_kept_rounds_and_reports_mismatched_rows(tmp_path, cap
     check = verify_ledger(ledger)
     assert [(r.round, r.status) for r in check.rounds] == [(1, "match"), (2, "match")] and check.ok
     contents = read_ledger(ledger)
-    # One file per participant per round, named by its SHA-256, plus each round's task words.
+    # One file per participant per round, named by its SHA-256, plus each round's task words and value sketches.
     stored = {p.name for p in (store_dir(ledger) / "signs").iterdir()}
     planes = {r.public_sha256 for r in contents.rounds} - {None}  # round 2's public strata (round 1 has none)
-    assert {r.sign_sha256 for r in contents.rewards} | {r.task_sha256 for r in contents.rounds} | planes == stored
+    values = {r.values_sha256 for r in contents.rounds} - {None}
+    assert len(values) == 2
+    assert ({r.sign_sha256 for r in contents.rewards} | {r.task_sha256 for r in contents.rounds} | planes | values
+            == stored)
 
     # A row paid more than its signs earn: the chain is re-sealed (an insider rewriting history), so only
     # the recomputation can see it.

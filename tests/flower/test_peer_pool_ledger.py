@@ -41,7 +41,7 @@ def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_ne
     with sqlite3.connect(old) as conn:
         for run_id, t, settings in conn.execute("SELECT run_id, round, settings FROM rounds").fetchall():
             settings = json.loads(settings)
-            assert settings["pool"].pop("rule") == POOL_RULE == 10
+            assert settings["pool"].pop("rule") == POOL_RULE == 11
             if rule > 1:
                 settings["pool"]["rule"] = rule
             conn.execute("UPDATE rounds SET settings = ? WHERE run_id = ? AND round = ?", (json.dumps(settings), run_id, t))
@@ -184,3 +184,31 @@ def test_a_settling_round_moved_after_a_later_one_is_never_a_match(pooled, tmp_p
     assert any("reordered" in e for e in check.chain_errors) and not check.ok
     (settling,) = [r for r in check.rounds if r.round == at]
     assert settling.status == "unverifiable" and "reordered" in settling.detail
+
+
+def test_a_rounds_value_sketches_forged_are_damaged_never_a_crash_nor_a_match(pooled, tmp_path, capsys):
+    """Pool rule 11's value sketches as a forger leaves them (re-sealed): a sketch file naming one participant twice,
+    or of another size than the round's replies take, reads as damaged (never an exception), and the rounds after it,
+    whose pool it is part of, are never a match."""
+    import hashlib
+    import sqlite3
+
+    from kfca_llm.flower.audit import verify_ledger
+    from kfca_llm.flower.ledger import signs_path
+
+    _, _, ledger = pooled
+    round_row = next(r for r in read_ledger(ledger).rounds if r.round == 3)
+    data = signs_path(ledger, round_row.values_sha256).read_bytes()
+    entry = len(data) // round_row.valid_replies
+    for forged, why in ((data[:entry] * round_row.valid_replies, "one participant named twice"),
+                        (data + data[:entry], "hold")):
+        copy = _copy_ledger(ledger, tmp_path / f"forged{len(forged)}.sqlite")
+        sha = hashlib.sha256(forged).hexdigest()
+        signs_path(copy, sha).write_bytes(forged)
+        with sqlite3.connect(copy) as conn:
+            conn.execute("UPDATE rounds SET values_sha256 = ? WHERE round = 3", (sha,))
+        reseal(copy)
+        check = verify_ledger(copy)
+        third = next(r for r in check.rounds if r.round == 3)
+        assert third.status == "damaged" and why in third.detail, third
+        assert all(r.status != "match" for r in check.rounds if r.round > 3)  # its pool cannot be rebuilt

@@ -15,7 +15,7 @@ pytest.importorskip("flwr", reason="Flower is the optional extra kfca-llm[flower
 
 from flwr.app import Array, ArrayRecord  # noqa: E402
 from flwr.serverapp.strategy import FedAvg  # noqa: E402
-from flower_local import LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
+from flower_local import SHAPES, LocalGrid, initial_arrays, pid, reply_with  # noqa: E402
 from pooled_strategy_run import FLIPPER, NODES, ROUNDS, node, run, update  # noqa: E402
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
@@ -192,6 +192,47 @@ def test_a_stale_node_is_an_own_resubmission_charged_back_verified_and_logged(tm
     shown = one_block("docs/few-peers.md", "text", "resubmitted an earlier update").strip()
     assert re.sub(r"\bA\b", pid(stale), shown) in caplog.text
     assert main(["verify", str(ledger)]) == 0
+
+
+def test_a_retrain_repeating_every_sign_with_other_values_is_no_resubmission(tmp_path):
+    """Node 4 sends, whenever sampled after round 4, its round-4 update with every value scaled by its own factor in
+    [0.7, 1.3] (as an honest retrain late in FlowerTune's static data order: every sign repeated, no value): pool
+    rule 11 scores it as a fresh submission, never a resubmission charged back; the ledger keeps the round's value
+    sketches, `kfca-llm verify` judges on them too, and a resumed run's pool holds them."""
+    from kfca_llm.flower.round_scoring import resumed_pool
+
+    retrainer, first = 4, {}
+
+    def nodes(message):
+        n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
+        if n != retrainer:
+            return node(message)
+        sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
+        delta = first.setdefault(n, update(n, t))
+        scale = np.random.default_rng(t).uniform(0.7, 1.3)
+        return reply_with(message, ArrayRecord({k: Array(sent[k] + (u * scale).astype(np.float32))
+                                                for k, u in delta.items()}))
+
+    random.seed(7)
+    ledger = tmp_path / "retrain.sqlite"
+    strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=ledger, keep_signs=True)
+    result = strategy.start(grid=LocalGrid({n: nodes for n in range(1, NODES + 1)}), initial_arrays=initial_arrays(),
+                            num_rounds=ROUNDS)
+    rows = {r.round: r for r in read_ledger(ledger).rewards if r.participant == pid(retrainer)}
+    assert sorted(rows) == [4, 12, 20, 23]
+    # every sign as round 4's (what rule 10 took for a replay), and never a resubmission
+    assert {r.sign_sha256 for r in rows.values()} == {rows[4].sign_sha256}
+    assert all(r.duplicate_group is None for r in rows.values())
+    assert all(result.train_metrics_clientapp[t]["kfca.own-resubmissions"] == 0 for t in strategy.rewards)
+    assert all(result.train_metrics_clientapp[t]["kfca.charged-back"] == 0 for t in strategy.rewards)
+    assert all(strategy.reports[t].peers[pid(retrainer)] != list(set(strategy.reports[t].rewards) - {pid(retrainer)})
+               for t in (12, 20, 23))  # pool peers beside its in-round one
+    assert main(["verify", str(ledger)]) == 0
+    again = resumed_pool(ledger, strategy.settings, strategy.run_id, ROUNDS, strategy.pool.settings)
+    names = [name for name, _ in strategy.pool.sketches()]
+    assert names == [name for name, _ in again.sketches()]
+    assert all(np.array_equal(strategy.pool.values_of(name), again.values_of(name)) for name in names)
+    assert strategy.pool.values_of(f"{pid(retrainer)}@4").shape == (2, sum(np.prod(s) for s in SHAPES.values()))
 
 
 def test_a_resumed_run_keeps_the_undetermined_rounds_waiting_to_be_settled(pooled):
