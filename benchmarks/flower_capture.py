@@ -1,8 +1,8 @@
 """Capture a Flower run's scored rounds and pay them again under another pool setting.
 
 ``flower_few_peers.py --capture run.npz`` saves what ``KFCAStrategy`` scored each round (the participants' packed
-sign words and value sketches, the task words, the public strata's planes, the seed, the pool's settings, each participant's
-partition). Under the strategy's default aggregation (``all``: every valid reply reaches FedAvg) the global model,
+sign words and value sketches, the task words, the public strata's planes, the seed, the pool's settings, each
+participant's partition). Under the strategy's default aggregation (``all``: every valid reply reaches FedAvg) the global model,
 and so every update, does not depend on the rewards: scoring the captured rounds again with another ranking is what
 the same Flower run would have paid under it, on the same nodes and draws. Comparing rules on captured runs takes
 seconds a run instead of minutes, and every rule meets the same pairs.
