@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from kfca_llm.report import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,11 +122,12 @@ def build_assets(root: Path, rows: int = 400) -> tuple[Path, Path]:
 
 
 SERVER_WRAP = '''
-    # KFCA: pay every reply (identities declared by the ClientApp); kfca.own-replay-limit < 0: the default
+    # KFCA: pay every reply (identities declared by the ClientApp); kfca.own-replay-limit < 0: the default; the
+    # signs and value sketches kept, so that `kfca-llm verify` recomputes the run
     from kfca_llm.flower import KFCAStrategy
 
     limit = context.run_config["kfca.own-replay-limit"]
-    strategy = KFCAStrategy(strategy, ledger=context.run_config["kfca.ledger"], identity="declared",
+    strategy = KFCAStrategy(strategy, ledger=context.run_config["kfca.ledger"], identity="declared", keep_signs=True,
                             **({} if limit < 0 else {"own_replay_limit": limit}))
 
     # Start strategy, run FedAvg for `num_rounds`'''
@@ -206,6 +209,32 @@ def identical_signs(rows) -> list[tuple[int, list[int]]]:
     return sorted((partition(w), t) for (w, _), t in seen.items() if len(t) > 1)
 
 
+def own_pairs(contents, read, flipper: int = FLIPPER) -> dict:
+    """Every two participations of one honest node (``contents``: the ledger's, ``read(sha, size=)``: its kept files):
+    how many repeat every sign (equal ``sign_sha256``), how many repeat every sampled value within the rounding slack
+    (pool rule 11's replay, from the value sketches the ledger kept; None where it kept none), and the smallest share
+    of sampled values apart beyond the slack."""
+    from kfca_llm.flower.pool_replay import recorded_values
+
+    rows: dict[int, list] = {}
+    for row in contents.rewards:
+        rows.setdefault(row.round, []).append(row)
+    sketches = {}
+    for round_row in contents.rounds:
+        participants = [r.participant for r in rows.get(round_row.round, [])]
+        sketches.update({(p, round_row.round): v for p, v in recorded_values(round_row, participants, read).items()})
+    mine: dict[str, list] = {}
+    for row in sorted(contents.rewards, key=lambda r: r.round):
+        if partition(row.participant) != flipper:
+            mine.setdefault(row.participant, []).append((row.sign_sha256, sketches.get((row.participant, row.round))))
+    pairs = [(a, b) for history in mine.values() for k, b in enumerate(history) for a in history[:k]]
+    apart = [float(np.mean(np.abs(a[1][0] - b[1][0]) > a[1][1] + b[1][1])) for a, b in pairs
+             if a[1] is not None and b[1] is not None]
+    return {"honest_own_pairs": len(pairs), "honest_own_pairs_same_signs": sum(a[0] == b[0] for a, b in pairs),
+            "honest_own_pairs_same_values": sum(v == 0 for v in apart) if apart else None,
+            "honest_own_pairs_least_apart": min(apart) if apart else None}
+
+
 def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
     """The figures of a run (``rounds`` as ``rounds_from_ledger`` gives them, ``log`` the ServerApp's)."""
     honest = [(r["round"], int(p), v) for r in rounds for p, v in r["rewards"].items() if int(p) != flipper]
@@ -238,13 +267,17 @@ def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
 def table(runs: list[dict]) -> str:
     """The runs as the markdown table of benchmarks/ROBUSTNESS.md."""
     lines = ["| rule | run | honest participations | taken for own resubmissions | charged back | honest signs "
-             "identical to an own earlier update | paid < 0 | at 0 | flipper's partners right | flipper below every "
-             "honest node | wall | UTC | load (start -> end) |", "|---" * 13 + "|"]
+             "identical to an own earlier update | honest own pairs repeating every sampled value (least share apart) | "
+             "paid < 0 | at 0 | flipper's partners right | flipper below every honest node | wall | UTC | "
+             "load (start -> end) |", "|---" * 14 + "|"]
     for run in runs:
         f = run["figures"]
+        same = f.get("honest_own_pairs_same_values")  # None, or missing: no value sketches kept (before rule 11)
+        values = "-" if same is None else (f"{same} of {f['honest_own_pairs']} "
+                                           f"({f['honest_own_pairs_least_apart']:.2f})")
         lines.append(f"| {run['rule']} | {run['name']} | {f['honest_participations']} | "
                      f"{f['honest_taken_for_own_resubmissions']} | {f['honest_charged_back']} | "
-                     f"{sum(len(t) - 1 for p, t in f['sign_identical'] if p != FLIPPER)} | "
+                     f"{sum(len(t) - 1 for p, t in f['sign_identical'] if p != FLIPPER)} | {values} | "
                      f"{f['honest_paid_below_0']} | {f['honest_nodes_at_0']} of {f['honest_nodes']} | "
                      f"{f['flipper_partners_right']} of {len(f['flipper_meetings'])} | "
                      f"{'yes' if f['flipper_below_every_honest'] else 'no'} | {run['wall_s']:.0f} s | "
@@ -291,9 +324,16 @@ def count(work: Path) -> tuple[list[dict], dict]:
     """The rounds and the figures of a finished run in ``work`` (its ledger and its ServerApp's log)."""
     from kfca_llm.flower import read_ledger
 
+    from kfca_llm.flower.ledger import signs_path
+
     contents, log = read_ledger(work / "rewards.sqlite"), (work / "run.log").read_text(encoding="utf-8")
     rounds = rounds_from_ledger(contents, log)
-    return rounds, {**figures(rounds, log), "sign_identical": identical_signs(contents.rewards)}
+
+    def read(sha: str, rows: int = 1, size: int | None = None) -> np.ndarray:  # the run's own kept files
+        return np.frombuffer(signs_path(work / "rewards.sqlite", sha).read_bytes(), dtype="<i4")
+
+    return rounds, {**figures(rounds, log), "sign_identical": identical_signs(contents.rewards),
+                    **own_pairs(contents, read)}
 
 
 def recount(paths: list[Path]) -> int:

@@ -55,8 +55,10 @@ def test_figures_count_honest_participations_resubmissions_and_the_flippers_meet
     assert not app.figures(rounds, LOG)["flipper_below_every_honest"]
     f["sign_identical"] = [(0, [7, 9]), (3, [7, 10]), (5, [2, 4, 9])]   # the flipper's left out: 1 + 2
     run = {"rule": "3 (0.02)", "name": "r", "figures": f, "wall_s": 61.2, "utc": "2026-11-28 17:00", "load": "1 2 3"}
-    row = "| 3 (0.02) | r | 7 | 2 | 1 | 3 | 1 | 2 of 4 | 1 of 3 | yes | 61 s | 2026-11-28 17:00 | ? -> 1 2 3 |"
-    assert app.table([run]).splitlines()[2] == row
+    row = "| 3 (0.02) | r | 7 | 2 | 1 | 3 | - | 1 | 2 of 4 | 1 of 3 | yes | 61 s | 2026-11-28 17:00 | ? -> 1 2 3 |"
+    assert app.table([run]).splitlines()[2] == row  # a run without value sketches (before pool rule 11)
+    f.update(honest_own_pairs=40, honest_own_pairs_same_values=0, honest_own_pairs_least_apart=0.96)
+    assert app.table([run]).splitlines()[2] == row.replace("| - |", "| 0 of 40 (0.96) |")
 
 
 def test_identical_signs_names_each_participant_whose_packed_signs_repeat():
@@ -141,3 +143,27 @@ def test_build_assets_writes_a_tiny_llama_tokenizer_and_data_set_the_app_can_loa
     for row in app.alpaca_rows(400):
         ids = tokenizer.encode(app.prompt(row))[:64]
         assert any(ids[i:i + len(template)] == template for i in range(len(ids))), row
+
+
+def test_own_pairs_counts_honest_repeats_of_every_sign_and_of_every_sampled_value():
+    """From a ledger's rows and kept value sketches: partition 3 repeats every sign with other values (a retrain),
+    partition 4 every sign and value (a replay), the flipper is left out, and a round without sketches counts none."""
+    import numpy as np
+
+    from kfca_llm.fl.pool_values import sketches_bytes
+
+    layout = (("w", (3, 4)),)
+    values = {t: {f"name:partition-{p}": np.array([np.arange(12.0) * (1 + t * (p == 3)), np.full(12, 1e-9)])
+                  for p in (0, 3, 4)} for t in (1, 2)}
+    store = {f"v{t}": sketches_bytes(values[t]) for t in (1, 2)}
+    rounds = [SimpleNamespace(round=t, values_sha256=f"v{t}", layout=layout, valid_replies=3) for t in (1, 2)]
+    rows = [SimpleNamespace(participant=p, round=t, sign_sha256=f"s{p[-1]}") for t in (1, 2) for p in values[t]]
+
+    def read(sha, rows=1, size=None):
+        return np.frombuffer(store[sha], dtype="<i4")
+
+    figures = app.own_pairs(SimpleNamespace(rewards=rows, rounds=rounds), read)
+    assert figures == {"honest_own_pairs": 2, "honest_own_pairs_same_signs": 2, "honest_own_pairs_same_values": 1,
+                       "honest_own_pairs_least_apart": 0.0}
+    rounds[1].values_sha256 = None
+    assert app.own_pairs(SimpleNamespace(rewards=rows, rounds=rounds), read)["honest_own_pairs_same_values"] is None
