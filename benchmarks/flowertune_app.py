@@ -212,15 +212,15 @@ def identical_signs(rows) -> list[tuple[int, list[int]]]:
 def own_pairs(contents, read, flipper: int = FLIPPER) -> dict:
     """Every two participations of one honest node (``contents``: the ledger's, ``read(sha, size=)``: its kept files):
     how many repeat every sign (equal ``sign_sha256``), how many repeat every sampled value within the rounding slack
-    (pool rule 11's replay, from the value sketches the ledger kept; None where it kept none), and the smallest share
-    of sampled values apart beyond the slack."""
+    (pool rule 11's replay, from the value sketches the ledger kept: None where it kept none, a run without
+    ``keep_signs`` records their digests only), and the smallest share of sampled values apart beyond the slack."""
     from kfca_llm.flower.pool_replay import recorded_values
 
     rows: dict[int, list] = {}
     for row in contents.rewards:
         rows.setdefault(row.round, []).append(row)
     sketches = {}
-    for round_row in contents.rounds:
+    for round_row in filter(lambda r: r.signs_kept, contents.rounds):
         participants = [r.participant for r in rows.get(round_row.round, [])]
         sketches.update({(p, round_row.round): v for p, v in recorded_values(round_row, participants, read).items()})
     mine: dict[str, list] = {}

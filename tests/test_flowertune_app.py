@@ -156,7 +156,8 @@ def test_own_pairs_counts_honest_repeats_of_every_sign_and_of_every_sampled_valu
     values = {t: {f"name:partition-{p}": np.array([np.arange(12.0) * (1 + t * (p == 3)), np.full(12, 1e-9)])
                   for p in (0, 3, 4)} for t in (1, 2)}
     store = {f"v{t}": sketches_bytes(values[t]) for t in (1, 2)}
-    rounds = [SimpleNamespace(round=t, values_sha256=f"v{t}", layout=layout, valid_replies=3) for t in (1, 2)]
+    rounds = [SimpleNamespace(round=t, values_sha256=f"v{t}", layout=layout, valid_replies=3, signs_kept=True)
+              for t in (1, 2)]
     rows = [SimpleNamespace(participant=p, round=t, sign_sha256=f"s{p[-1]}") for t in (1, 2) for p in values[t]]
 
     def read(sha, rows=1, size=None):
@@ -166,4 +167,6 @@ def test_own_pairs_counts_honest_repeats_of_every_sign_and_of_every_sampled_valu
     assert figures == {"honest_own_pairs": 2, "honest_own_pairs_same_signs": 2, "honest_own_pairs_same_values": 1,
                        "honest_own_pairs_least_apart": 0.0}
     rounds[1].values_sha256 = None
+    assert app.own_pairs(SimpleNamespace(rewards=rows, rounds=rounds), read)["honest_own_pairs_same_values"] is None
+    rounds[1].values_sha256, rounds[1].signs_kept = "v2", False  # a digest recorded, the file not kept
     assert app.own_pairs(SimpleNamespace(rewards=rows, rounds=rounds), read)["honest_own_pairs_same_values"] is None
