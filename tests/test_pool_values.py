@@ -46,27 +46,31 @@ def test_a_torch_update_sketches_as_its_numpy_values(dtype):
 
 
 def round_trip(update: dict[str, np.ndarray], seed: int):
-    """(update the server recovers, sketch) when a client returns ``global + update`` for a random float32 global."""
+    """(update the server recovers, sketch) when a client returns ``global + update`` for a random global of the
+    update's dtype."""
     rng = np.random.default_rng(seed)
-    sent = {k: rng.uniform(-0.5, 0.5, u.shape).astype(np.float32) for k, u in update.items()}
+    sent = {k: rng.uniform(-0.5, 0.5, u.shape).astype(u.dtype) for k, u in update.items()}
     returned = {k: sent[k] + update[k] for k in update}
     recovered = {k: returned[k] - sent[k] for k in update}
     return recovered, value_sketch(recovered, Layout.from_shapes(SHAPES), sent, returned)
 
 
-def test_a_replay_through_two_round_trips_matches_a_retrain_with_the_same_signs_does_not():
-    update = random_update(5)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_a_replay_through_two_round_trips_matches_a_retrain_with_the_same_signs_does_not(dtype):
+    update = random_update(5, dtype)
     first, earlier = round_trip(update, 1)
     again, replay = round_trip(update, 2)
     # the round trip changed the bytes (another global rounds otherwise), so a byte digest would miss the replay
     assert any(not np.array_equal(first[k], again[k]) for k in update)
     assert replays_values(replay, earlier)
-    # an honest retrain: the same signs, values 0.1% apart
+    # an honest retrain: the same signs, values 1% apart (Flower's app: 13%, the learning rates' ratio). Where the
+    # adapter travels in float16, an update of a few of the global's spacings is rounded away by the round trip: the
+    # retrain reads as a replay there (docs/few-peers.md, "Where its guarantees stop")
     rng = np.random.default_rng(9)
-    retrained = {k: u * rng.uniform(0.999, 1.001, u.shape).astype(np.float32) for k, u in update.items()}
+    retrained = {k: u * rng.uniform(0.99, 1.01, u.shape).astype(dtype) for k, u in update.items()}
     _, retrain = round_trip(retrained, 2)
     assert all(np.array_equal(np.signbit(retrained[k]), np.signbit(update[k])) for k in update)
-    assert not replays_values(retrain, earlier)
+    assert replays_values(retrain, earlier) == (dtype == np.float16)
     # the slack is a few spacings of the global: a value moved by 3 of them at one sampled coordinate is no replay
     nudged = replay.copy()
     nudged[0, 10] += 3 * (replay[1, 10] + earlier[1, 10])
