@@ -214,6 +214,7 @@ def own_pairs(contents, read, flipper: int = FLIPPER) -> dict:
     how many repeat every sign (equal ``sign_sha256``), how many repeat every sampled value within the rounding slack
     (pool rule 11's replay, from the value sketches the ledger kept: None where it kept none, a run without
     ``keep_signs`` records their digests only), and the smallest share of sampled values apart beyond the slack."""
+    from kfca_llm.fl.pool_values import share_apart
     from kfca_llm.flower.pool_replay import recorded_values
 
     rows: dict[int, list] = {}
@@ -228,8 +229,7 @@ def own_pairs(contents, read, flipper: int = FLIPPER) -> dict:
         if partition(row.participant) != flipper:
             mine.setdefault(row.participant, []).append((row.sign_sha256, sketches.get((row.participant, row.round))))
     pairs = [(a, b) for history in mine.values() for k, b in enumerate(history) for a in history[:k]]
-    apart = [float(np.mean(np.abs(a[1][0] - b[1][0]) > a[1][1] + b[1][1])) for a, b in pairs
-             if a[1] is not None and b[1] is not None]
+    apart = [share_apart(a[1], b[1]) for a, b in pairs if a[1] is not None and b[1] is not None]
     return {"honest_own_pairs": len(pairs), "honest_own_pairs_same_signs": sum(a[0] == b[0] for a, b in pairs),
             "honest_own_pairs_same_values": sum(v == 0 for v in apart) if apart else None,
             "honest_own_pairs_least_apart": min(apart) if apart else None}

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_few_peers import DATA_ORDERS, capture, synthetic  # noqa: E402
 
 from kfca_llm.api import pack_updates  # noqa: E402
-from kfca_llm.fl.pool_values import value_sketch  # noqa: E402
+from kfca_llm.fl.pool_values import share_apart, value_sketch  # noqa: E402
 from kfca_llm.fl.reference import REFERENCE  # noqa: E402
 from kfca_llm.fl.seeds import KFCA, derive_seed  # noqa: E402
 
@@ -52,9 +52,9 @@ def own_disagreements(updates) -> list[tuple[int, int, float, float]]:
                 packer = pack_updates({"newer": newer, "older": older})
                 signs, task = packer.words()
                 tasks = popcount(task)
-                values = [value_sketch(u, packer.layout)[0] for u in (newer, older)]
+                sketches = [value_sketch(u, packer.layout) for u in (newer, older)]
                 out.append((t - s, t, popcount((signs[0] ^ signs[1]) & task) / tasks if tasks else 0.0,
-                            float(np.mean(values[0] != values[1]))))
+                            share_apart(*sketches)))
     return out
 
 

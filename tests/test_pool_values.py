@@ -105,3 +105,11 @@ def test_the_sketches_survive_a_pools_and_a_pending_rounds_arrays():
     arrays, records = pending_to_arrays(pool)
     (back,) = pending_from_arrays(arrays, records).values()
     assert all(np.array_equal(back.values[c], values[c]) for c in values)
+
+
+def test_sketches_are_judged_only_under_the_static_orders_limit_with_the_pool_on():
+    from kfca_llm.fl.pool_store import PoolSettings
+
+    assert PoolSettings().judges_values
+    assert not PoolSettings(own_replay_limit=0.02).judges_values  # a dynamic order: 2% of the signs decide
+    assert not PoolSettings(min_peers=0).judges_values  # no pool

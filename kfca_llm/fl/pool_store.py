@@ -74,6 +74,12 @@ class PoolSettings:
     def enabled(self) -> bool:
         return self.min_peers > 0
 
+    @property
+    def judges_values(self) -> bool:
+        """Whether an own match on every sign must repeat the values too (pool rule 11: a limit of 0), so that the
+        submissions' value sketches (``fl.pool_values``) are worth computing and keeping."""
+        return self.enabled and self.own_replay_limit == 0
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -75,15 +75,19 @@ def value_sketch(update: Mapping[str, object], layout: Layout, sent: Mapping[str
     return np.stack([np.concatenate(values), np.concatenate(slack)])
 
 
+def share_apart(mine: np.ndarray, earlier: np.ndarray) -> float:
+    """The fraction of the sampled coordinates at which two sketches of one layout differ by more than their two
+    slacks (a round trip rounds each side by at most half its slack)."""
+    return float(np.mean(~(np.abs(mine[0] - earlier[0]) <= mine[1] + earlier[1])))
+
+
 def replays_values(mine: np.ndarray | None, earlier: np.ndarray | None) -> bool:
-    """Whether a submission of sketch ``mine`` may be a replay of an earlier one of sketch ``earlier``: every sampled
-    value equal up to the two slacks (a round trip rounds each side by at most half its slack). A sketch missing on
-    either side (a caller that gave none: the signs decide alone, as under pool rule 10): True."""
+    """Whether a submission of sketch ``mine`` may be a replay of an earlier one of sketch ``earlier``: no sampled
+    value apart (``share_apart``). A sketch missing on either side (a caller that gave none: the signs decide alone, as
+    under pool rule 10): True; sketches of another layout: False."""
     if mine is None or earlier is None:
         return True
-    if mine.shape != earlier.shape:
-        return False
-    return bool(np.all(np.abs(mine[0] - earlier[0]) <= mine[1] + earlier[1]))
+    return mine.shape == earlier.shape and share_apart(mine, earlier) == 0
 
 
 def sketches_bytes(values: Mapping[str, np.ndarray]) -> bytes:

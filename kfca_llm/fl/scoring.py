@@ -156,7 +156,8 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     wait_for_device(packer.buffers.device)
     pack_s = time.perf_counter() - started
     signs = None if reference is None or not kfca.reference_weight else reference_signs(packer, reference)
-    values = {c: value_sketch(update, packer.layout) for c, update in updates.items()} if pool is not None else {}
+    values = ({c: value_sketch(update, packer.layout) for c, update in updates.items()}
+              if pool is not None and pool.settings.judges_values else {})
     try:
         pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
                                  bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,

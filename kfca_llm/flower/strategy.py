@@ -309,7 +309,7 @@ class KFCAStrategy(Strategy):
             # packed as one batch.
             update = {name: returned[name] - sent[name] for name in shapes}
             packer.add_many(participant, update)
-            if self.pool.settings.enabled:  # what tells an own replay from a retrain (pool rule 11)
+            if self.pool.settings.judges_values:  # what tells an own replay from a retrain (pool rule 11)
                 values[participant] = value_sketch(update, packer.layout, sent, returned)
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
         reference = None

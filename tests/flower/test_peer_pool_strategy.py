@@ -142,21 +142,30 @@ def test_the_log_says_why_a_round_is_undetermined_and_what_to_change(caplog):
     assert "round 1 is undetermined" in text and "min_peers=2" in text and "fraction_train" in text
 
 
+def resending(resender: int, scale=lambda t: 1.0):
+    """The pooled run's nodes, but ``resender`` sends the update of the first round it was sampled in again, times
+    ``scale(round)``, on top of the global it is sent (as a Flower client returns ``global + update``)."""
+    first = {}
+
+    def nodes(message):
+        n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
+        if n != resender:
+            return node(message)
+        sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
+        delta = first.setdefault(n, update(n, t))
+        return reply_with(message, ArrayRecord({k: Array(sent[k] + (u * scale(t)).astype(np.float32))
+                                                for k, u in delta.items()}))
+
+    return nodes
+
+
 def test_a_stale_node_is_an_own_resubmission_charged_back_verified_and_logged(tmp_path, caplog):
     """Node 4 resubmits the update it trained the first time it was sampled (round 4, paid > 0): from then on a copy of
     its own pool entry, scored without the pool (its one in-round peer, the pool's term at 0) and paid at most 0; its
     first resubmission is charged what round 4 paid, once. Never a pool entry, reported in the ledger, the metrics and
     the log, and `kfca-llm verify` recomputes it (the rebuilt pool must know what round 4 paid)."""
-    stale, first = 4, {}
-
-    def nodes(message):
-        n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
-        if n != stale:
-            return node(message)
-        sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
-        delta = first.setdefault(n, update(n, t))
-        return reply_with(message, ArrayRecord({k: Array(sent[k] + u) for k, u in delta.items()}))
-
+    stale = 4
+    nodes = resending(stale)
     random.seed(7)
     ledger = tmp_path / "stale.sqlite"
     strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=ledger, keep_signs=True)
@@ -201,18 +210,8 @@ def test_a_retrain_repeating_every_sign_with_other_values_is_no_resubmission(tmp
     sketches, `kfca-llm verify` judges on them too, and a resumed run's pool holds them."""
     from kfca_llm.flower.round_scoring import resumed_pool
 
-    retrainer, first = 4, {}
-
-    def nodes(message):
-        n, t = message.metadata.dst_node_id, int(message.content["config"]["server-round"])
-        if n != retrainer:
-            return node(message)
-        sent = {k: a.numpy() for k, a in message.content["arrays"].items()}
-        delta = first.setdefault(n, update(n, t))
-        scale = np.random.default_rng(t).uniform(0.7, 1.3)
-        return reply_with(message, ArrayRecord({k: Array(sent[k] + (u * scale).astype(np.float32))
-                                                for k, u in delta.items()}))
-
+    retrainer = 4
+    nodes = resending(retrainer, lambda t: np.random.default_rng(t).uniform(0.7, 1.3))
     random.seed(7)
     ledger = tmp_path / "retrain.sqlite"
     strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=ledger, keep_signs=True)
