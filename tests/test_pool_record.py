@@ -1,5 +1,6 @@
 """A participant's record (``fl.pool_policy.record``), which settles who deviated in a disagreeing pair beside the
-round's verdicts: the lower of its window's and its run's; or its reputation (``fl.pool_policy.reputation``,
+round's verdicts: a Beta reputation of how often its run's submissions were scored > 0 (pool rule 12); or its
+reputation (``fl.pool_policy.reputation``,
 ``rank_by="reputation"``), built from the pool's verdicts alone."""
 
 import numpy as np
@@ -12,21 +13,28 @@ from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, recorded_pool_settings
 from kfca_llm.fl.pool_policy import record, reputation
 
 
+def forgery(scored: dict) -> dict[str, float]:
+    """Forged scores of a round's ``scored`` participants: the flipper c03 paid +1 (a sleeper honest so far) and the
+    honest c01 -1 (unlucky so far), so that their records outvote the verdicts of round 8, where the two meet."""
+    return {c: score for c, score in (("c03", 1.0), ("c01", -1.0)) if c in scored}
+
+
 def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():
-    """The rank is the round's verdict plus the participant's record (the mean score of its entries in the window).
-    The flipper c03's entries of rounds 1 and 6 scored < 0; recorded as +1 instead (a forged record), c03 outranks its
-    honest partner c01 in round 8, and the disagreement is read back for c03 and fined on c01."""
+    """The rank is the round's verdict plus the participant's record. The flipper c03's entries of rounds 1 and 6
+    scored < 0; recorded as +1 instead, and c01's as -1 (``forgery``), c03 outranks its honest partner c01 in round 8,
+    and the disagreement is read back for c03 and fined on c01."""
     def pool_before_8(forged: bool) -> PeerPool:
         pool = PeerPool()
         for t in range(1, 8):
             scored = run_rounds({t: SCHEDULE[t]}, deviations={3: "flip"})[t]
             packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))
-            scores = dict(scored.report.unadjusted_rewards) | ({"c03": 1.0} if forged and "c03" in scored.report.rewards else {})
+            scores = dict(scored.report.unadjusted_rewards) | (forgery(scored.report.rewards) if forged else {})
             pool.add_round(t, dict(zip(packer.clients, packer.words()[0])), scores)
         return pool
 
     honest_record, forged = pool_before_8(False), pool_before_8(True)
-    assert record(honest_record, "c03", 8) < 0 < record(honest_record, "c01", 8) and record(forged, "c03", 8) == 1.0
+    assert record(honest_record, "c03", 8) < 0 < record(honest_record, "c01", 8)
+    assert record(forged, "c03", 8) == 0.25  # two good submissions: (2 + 1) / (2 + 2) - 1/2
     assert record(honest_record, "c11", 8) is None  # never trained
     packer = pack_updates(round_updates(8, (1, 3), {3: "flip"}))
     right = score_with_pool(packer, honest_record, 8, seed=8).report.rewards
@@ -34,51 +42,54 @@ def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair
     assert right["c01"] > 0 > right["c03"] and wrong["c03"] > 0 > wrong["c01"]
 
 
-def test_a_record_is_the_lower_of_the_windows_and_the_runs():
-    """A flipper back after the window (late in training, when a round's verdicts fade) is still ranked by its run, and
-    so is one whose window holds a read-back it was paid by mistake; one that turned deviator is ranked by its recent
-    record while its run's is still good; an honest participant with one noisy round in the window keeps its run's
-    weight only as far as the window allows (the lower of the two)."""
+def test_a_record_counts_how_often_a_participant_was_paid_not_how_much():
+    """Pool rule 12. An on-off attacker paid well early in training (+0.5, when rounds pay five to ten times late ones)
+    and fined a little late (-0.05 twice) has a mean score above an honest participant's paid a little late (+0.01
+    three times), and the mean would rank it above; its record, counting submissions, ranks it below. A submission
+    scored <= 0 weighs twice one scored > 0: one of each is a record below 0. Every submission of the run counts,
+    however old (the window does not bound it), never the round ranked itself, and a resumed run keeps them."""
     pool, words = PeerPool(PoolSettings(window=3)), np.zeros(4, np.int32)
-    scores = {"flipper": {1: -0.2, 2: -0.1}, "turncoat": {1: 0.3, 2: 0.3, 3: 0.3, 14: -0.1},
-              "honest": {1: 0.2, 14: -0.01}, "misranked": {1: -0.2, 2: -0.2, 3: -0.2, 14: 0.1}}
+    scores = {"on-off": {1: 0.5, 12: -0.05, 14: -0.05}, "honest": {11: 0.01, 13: 0.01, 15: 0.01},
+              "even": {2: 0.2, 14: -0.2}, "flipper": {1: -0.2, 2: -0.1}}
     for t in range(1, 16):
         pool.add_round(t, {who: words for who, s in scores.items() if t in s} | {"other": words},
                        {who: s[t] for who, s in scores.items() if t in s})
-    assert record(pool, "flipper", 16) == pytest.approx(-0.15)  # nothing in the window: its run's
-    assert record(pool, "turncoat", 16) == pytest.approx(-0.1)  # its window's, below its run's +0.2
-    assert record(pool, "honest", 16) == pytest.approx(-0.01)
-    # a flipper paid the read-back once by mistake (recent +0.1) is ranked by its run: the mistake does not repeat
-    assert record(pool, "misranked", 16) == pytest.approx(-0.125)
-    assert record(pool, "flipper", 2) == -0.2 and record(pool, "flipper", 2, horizon=15) == -0.2  # never its own round
+    assert sum(scores["on-off"].values()) / 3 > sum(scores["honest"].values()) / 3
+    assert record(pool, "on-off", 16) == pytest.approx(2 / 7 - 0.5) and record(pool, "honest", 16) == pytest.approx(0.3)
+    assert record(pool, "even", 16) == pytest.approx(2 / 5 - 0.5)  # one of each: below 0
+    assert record(pool, "flipper", 16) == pytest.approx(1 / 6 - 0.5)  # nothing in the window: its run's all the same
+    assert record(pool, "flipper", 2) == pytest.approx(1 / 4 - 0.5)  # never its own round
+    assert record(pool, "flipper", 2, horizon=15) == record(pool, "flipper", 2)
+    assert record(pool, "honest", 13) == pytest.approx(2 / 3 - 0.5)  # round 11's alone
+    assert record(pool, "honest", 13, horizon=15) == pytest.approx(3 / 4 - 0.5)  # settling: rounds 11 and 15
     assert record(pool, "other", 16) is None  # never recorded
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
-    assert record(again, "flipper", 16) == record(pool, "flipper", 16)  # a resumed run keeps the run's scores
+    assert record(again, "on-off", 16) == record(pool, "on-off", 16)  # a resumed run keeps the run's scores
 
 
 def test_a_record_leaves_out_what_was_charged_back():
     """Pool rule 10: a sleeper's honest submissions forfeited at its turn (charged back, ``mark_charged``) vouch for
-    nothing after it, in its window's record and its run's, and a rebuilt pool says the same; a participant with
+    nothing after it, and a rebuilt pool says the same; a participant with
     nothing left but charged submissions has no record, and another's record is untouched."""
     pool, words = PeerPool(PoolSettings(window=3)), np.zeros(4, np.int32)
     scores = {"sleeper": {1: 0.3, 5: 0.2, 7: 0.1, 8: -0.07}, "stale": {2: 0.25}, "honest": {3: 0.2, 7: 0.1}}
     for t in range(1, 9):
         pool.add_round(t, {who: words for who, s in scores.items() if t in s} | {"other": words},
                        {who: s[t] for who, s in scores.items() if t in s})
-    assert record(pool, "sleeper", 9) == pytest.approx(min(0.23 / 3, 0.53 / 4))  # its turn in the window
-    assert record(pool, "stale", 9) == pytest.approx(0.25)
+    assert record(pool, "sleeper", 9) == pytest.approx(4 / 7 - 0.5)  # three good, its turn bad
+    assert record(pool, "stale", 9) == pytest.approx(2 / 3 - 0.5)
     pool.mark_charged(["sleeper@1", "sleeper@5", "sleeper@7", "stale@2"])
-    assert record(pool, "sleeper", 9) == pytest.approx(-0.07)  # the turned submission's alone, window and run
+    assert record(pool, "sleeper", 9) == pytest.approx(1 / 4 - 0.5)  # the turned submission's alone
     assert record(pool, "sleeper", 7) is None  # before its turn: all of it charged since
     assert record(pool, "stale", 9) is None
-    assert record(pool, "honest", 9) == pytest.approx(0.1) and record(pool, "honest", 4) == pytest.approx(0.2)
+    assert record(pool, "honest", 9) == pytest.approx(0.25) and record(pool, "honest", 4) == pytest.approx(2 / 3 - 0.5)
     again = PeerPool.from_arrays(pool.settings, *pool.to_arrays())
-    assert record(again, "sleeper", 9) == pytest.approx(-0.07) and record(again, "stale", 9) is None
+    assert record(again, "sleeper", 9) == pytest.approx(-0.25) and record(again, "stale", 9) is None
 
 
 @pytest.mark.parametrize("rank_by", ["record", "verdict-first", "reputation"])
 def test_a_record_cannot_outvote_a_clear_verdict_when_verdicts_come_first(rank_by):
-    """The flipper c03 of round 8 with a record of +1 (honest so far: a sleeper that just turned). Ranked by verdict
+    """The flipper c03 of round 8 with a forged record (``forgery``: a sleeper that just turned). Ranked by verdict
     plus record, its record outvotes the round's verdicts and its honest partner c01 is fined; with
     ``rank_by="verdict-first"`` the two verdicts, far apart against their standard errors, settle the pair alone; with
     ``"reputation"`` the scores recorded count for nothing (a reputation is built from verdicts only, none recorded
@@ -90,7 +101,7 @@ def test_a_record_cannot_outvote_a_clear_verdict_when_verdicts_come_first(rank_b
     for t in range(1, 8):
         scored = run_rounds({t: SCHEDULE[t]}, deviations={3: "flip"})[t]
         packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))
-        scores = dict(scored.report.unadjusted_rewards) | ({"c03": 1.0} if "c03" in scored.report.rewards else {})
+        scores = dict(scored.report.unadjusted_rewards) | forgery(scored.report.rewards)
         pool.add_round(t, dict(zip(packer.clients, packer.words()[0])), scores)
     rewards = score_with_pool(pack_updates(round_updates(8, (1, 3), {3: "flip"})), pool, 8, seed=8).report.rewards
     if rank_by == "record":

@@ -8,7 +8,8 @@ their round's score; sign words kept for the window and one round more), the sig
 the in-round peer read the way verdict plus record say (or, with ``rank_by="verdict-first"``, by the verdicts alone
 where they differ by more than two standard errors; with ``"reputation"``, by the mean of tanh(verdict / its standard
 error), this round's and the participant's earlier ones, 0.8 times the weight a participation older, a negative one
-twice as much), the record (the lower of the window's and the run's mean score, submissions charged back left out),
+twice as much), the record (a Beta reputation of the run's scores: (good + 1) / (good + 2 bad + 2) - 1/2, a score
+<= 0 bad, submissions charged back left out),
 public strata (each round's pairs scored within its strata, a disagreeing pair ranked on the lower of the verdicts
 within and without them, or on the verdicts without them alone where the lower of those is below 0 and they differ by
 more than two standard errors; else, where one of the two has turned by its own lineage and the other has not, the
@@ -251,11 +252,10 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             chosen.append(e)
     peers = chosen[:pool_peers]
 
-    def record(c: str) -> float | None:
-        recent = [e.score for e in rows if e.client == c and not e.charged]
-        whole = [e.score for e in history if e.client == c and e.round != t and e.round <= high and not e.charged]
-        means = [sum(s) / len(s) for s in (recent, whole) if s]
-        return min(means) if means else None
+    def record(c: str) -> float | None:  # a Beta reputation of the run's scores, one <= 0 weighing two
+        scores = [e.score for e in history if e.client == c and e.round != t and e.round <= high and not e.charged]
+        good, bad = sum(s > 0 for s in scores), sum(s <= 0 for s in scores)
+        return (good + 1) / (good + 2 * bad + 2) - 0.5 if scores else None
 
     def verdicts(payment, weight_of: dict[int, float]) -> dict[str, tuple[float, float]]:
         """Scorer -> (the weighted mean of its pool payments, its standard error)."""

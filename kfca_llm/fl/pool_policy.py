@@ -21,13 +21,11 @@ class PoolRecords(Protocol):
 
     def run_evidence(self, participant: str) -> dict[int, float]: ...
 
-    def charged(self, name: str) -> bool: ...
-
 REPUTATION_FORGETTING = 0.8
 """``rank_by="reputation"``: the weight of a participant's evidence one participation older than the next."""
 BAD_EVIDENCE_WEIGHT = 2.0
-"""``rank_by="reputation"``: the weight of negative evidence against positive evidence's 1 (bad evidence
-weighs more, so a participant that turns deviator loses its reputation faster than it built it)."""
+"""The weight of bad evidence against good evidence's 1, in a ``record`` (a submission scored <= 0) and a
+``reputation`` (a negative verdict): a participant that turns deviator loses either faster than it built it."""
 
 
 def eligible(pool: PoolRecords, before_round: int, participant: str, exclude: Sequence[str],
@@ -44,21 +42,25 @@ def eligible(pool: PoolRecords, before_round: int, participant: str, exclude: Se
 
 
 def record(pool: PoolRecords, participant: str, before_round: int, horizon: int | None = None) -> float | None:
-    """``participant``'s record, which settles who deviated in a disagreeing pair with its current verdict: the lower
-    of its recent record (the mean score of its entries of the window and the round before it; with a ``horizon``,
-    the rounds after ``before_round`` up to it too) and its run's (the mean score of every submission of the run
-    but ``before_round``'s), or the one it has; None: nothing of it was scored. Late in training a round's verdicts
-    fade while a persistent deviator's run record does not; a participant that turns deviator is caught by its
-    recent record before its run record has moved. Submissions charged back (``PeerPool.mark_charged``: resubmitted,
-    or forfeited by a turn) count in neither (pool rule 10): a sleeper's honest record, taken back at its turn, does
-    not rank it above its honest partners after it."""
-    recent = [pool.score_of(e.name) for e in pool.entries(before_round, extra=1, horizon=horizon)
-              if e.participant == participant and not pool.charged(e.name)]
-    whole = [score for t, score in pool.run_scores(participant).items()
-             if t != before_round and t <= (before_round - 1 if horizon is None else horizon)]
-    means = [sum(found) / len(found) for found in ([s for s in recent if s is not None],
-                                                   [s for s in whole if s is not None]) if found]
-    return min(means) if means else None
+    """``participant``'s record, which settles who deviated in a disagreeing pair with its current verdict (pool rule
+    12): a Beta reputation of its run's submissions, ``(good + 1) / (good + BAD_EVIDENCE_WEIGHT * bad + 2) - 1/2``,
+    ``good`` the submissions their rounds scored > 0 and ``bad`` those scored <= 0, every submission of the run but
+    ``before_round``'s (up to ``horizon``, with one: settling sees both sides); None: nothing of it was scored, which
+    ranks as a record of 0 (the prior, ``Beta(1, 1)``'s mean less 1/2).
+
+    It counts how often a participant was paid, not how much. A mean score is dominated by the rounds early in
+    training, which pay five to ten times late ones: an on-off attacker's or a sleeper's early honest rounds, or a
+    flipper's one early agreement with another flipped update, outvoted years of verdicts late in the run
+    (benchmarks/ROBUSTNESS.md, pool rule 12). A submission scored <= 0 weighs twice one scored > 0, so a participant
+    that turns deviator loses its record faster than it built it. Submissions charged back (``PeerPool.mark_charged``:
+    resubmitted, or forfeited by a turn) count for nothing (pool rule 10): a sleeper's honest record, taken back at its
+    turn, does not rank it above its honest partners after it."""
+    scores = [score for t, score in pool.run_scores(participant).items()
+              if score is not None and t != before_round and t <= (before_round - 1 if horizon is None else horizon)]
+    if not scores:
+        return None
+    good = sum(score > 0 for score in scores)
+    return (good + 1) / (good + BAD_EVIDENCE_WEIGHT * (len(scores) - good) + 2) - 0.5
 
 
 def reputation(pool: PoolRecords, participant: str, before_round: int, now: float, horizon: int | None = None) -> float:

@@ -87,6 +87,9 @@ POOL_RULES = {
     11: "as 10, under an own-replay limit of 0 an own resubmission repeats the values as well as every sign: its value "
         "sketch equals the earlier submission's up to their rounding slack (fl.pool_values); an honest retrain whose "
         "signs all repeat an earlier update's is scored as a fresh submission",
+    12: "as 11, a participant's record (fl.pool_policy.record) is a Beta reputation of its run's submissions, how "
+        "often they were scored > 0 (one scored <= 0 weighing two), no longer the lower of its window's and its run's "
+        "mean score: early rounds, which pay five to ten times late ones, no longer outvote the rest",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
