@@ -21,8 +21,8 @@ also against ``pool_peers`` pool entries:
   from the pool alone, no ground truth, robust to a minority of deviators in it. The weighted mean of a
   participant's pool payments is the pool's verdict on it, which weighs ``weight`` against an in-round peer's 1;
   the in-round peer is read the way the verdicts say (``fl.pool_weights``: a disagreeing pair is the fault of the
-  one ranked lower, its verdict plus its record, ``fl.pool_policy.record``: the lower of its window's and its
-  run's);
+  one ranked lower, its verdict plus its record, ``fl.pool_policy.record``: a Beta reputation of how often its
+  run's submissions were scored > 0);
 * **copies** (``fl.pool_copies``): a participant whose signs are identical or near-identical (``DuplicateRule.max_disagreement``)
   to any pool entry in the window, or, on a fixed 4,096-bit sketch of its signs, to any earlier submission of
   the run, is a copy and is not added to the pool. A copy of another participant's entry (or of several
