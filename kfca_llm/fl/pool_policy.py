@@ -50,7 +50,7 @@ def record(pool: PoolRecords, participant: str, before_round: int, horizon: int 
 
     It counts how often a participant was paid, not how much. A mean score is dominated by the rounds early in
     training, which pay five to ten times late ones: an on-off attacker's or a sleeper's early honest rounds, or a
-    flipper's one early agreement with another flipped update, outvoted years of verdicts late in the run
+    flipper's one early agreement with another flipped update, outvoted every verdict late in the run
     (benchmarks/ROBUSTNESS.md, pool rule 12). A submission scored <= 0 weighs twice one scored > 0, so a participant
     that turns deviator loses its record faster than it built it. Submissions charged back (``PeerPool.mark_charged``:
     resubmitted, or forfeited by a turn) count for nothing (pool rule 10): a sleeper's honest record, taken back at its
