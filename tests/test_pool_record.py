@@ -1,7 +1,6 @@
 """A participant's record (``fl.pool_policy.record``), which settles who deviated in a disagreeing pair beside the
 round's verdicts: a Beta reputation of how often its run's submissions were scored > 0 (pool rule 12); or its
-reputation (``fl.pool_policy.reputation``,
-``rank_by="reputation"``), built from the pool's verdicts alone."""
+reputation (``fl.pool_policy.reputation``, ``rank_by="reputation"``), built from the pool's verdicts alone."""
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ def forgery(scored: dict) -> dict[str, float]:
     return {c: score for c, score in (("c03", 1.0), ("c01", -1.0)) if c in scored}
 
 
-def test_a_participants_recent_record_settles_who_deviated_in_a_disagreeing_pair():
+def test_a_participants_record_settles_who_deviated_in_a_disagreeing_pair():
     """The rank is the round's verdict plus the participant's record. The flipper c03's entries of rounds 1 and 6
     scored < 0; recorded as +1 instead, and c01's as -1 (``forgery``), c03 outranks its honest partner c01 in round 8,
     and the disagreement is read back for c03 and fined on c01."""
