@@ -206,9 +206,10 @@ def auroc(deviators, honest) -> float:
 
 
 def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, rounds: int,
-            deviators: set[str] | None = None, resubmitted: dict[int, set[str]] | None = None) -> dict:
-    """The figures of one (deviation, setting); ``resubmitted``: round -> participants taken for resubmitting an update
-    of their own (charged back), of which the honest ones are counted."""
+            deviators: set[str] | None = None, charged_back: dict[int, set[str]] | None = None) -> dict:
+    """The figures of one (deviation, setting); ``charged_back``: round -> participants charged back what earlier
+    submissions of theirs were paid (taken for resubmitting one, or forfeiting them by a turn), of which the honest
+    ones are counted."""
     deviators = {client_id(i) for i in DEVIATORS} if deviators is None else deviators
     honest_fine = deviator_fine = 0.0
     honest_paid, partners = [], []
@@ -228,7 +229,7 @@ def measure(rounds_rewards: dict[int, dict[str, float]], undetermined: int, roun
         means = {c: s / n for c, (s, n) in sums.items()}
         curve[t] = auroc([m for c, m in means.items() if c in deviators], [m for c, m in means.items() if c not in deviators])
     separated = next((t for t in curve if all(curve[u] == 1.0 for u in curve if u >= t)), None)
-    charged = None if resubmitted is None else sum(len(who - deviators) for who in resubmitted.values())
+    charged = None if charged_back is None else sum(len(who - deviators) for who in charged_back.values())
     return {"partner_fine_ratio": honest_fine / deviator_fine if deviator_fine > 1e-12 else None,
             "honest_charged_back": charged,
             "partners_paid_more": (sum(partners), len(partners)),
@@ -248,20 +249,20 @@ def run(updates, full: bool, deviations=DEVIATIONS, own_replay_limit: float = 0.
                 rows.append({"deviation": deviation, "setting": name, **measure(trust, 0, len(updates))})
                 continue
             pool = None if settings is None else pool_class(settings)
-            rewards, unsure, resubmitted = {}, {}, {}
+            rewards, unsure, charged_back = {}, {}, {}
             for t, packer in packers.items():
                 reference = reference_signs(packer, updates[t][REFERENCE]) if name == REFERENCE_SETTING else None
                 seed = derive_seed(0, KFCA, t)
                 scored = score_with_pool(packer, pool, t, seed=seed, reference=reference,
                                          reference_weight=DEFAULT_REFERENCE_WEIGHT)
                 rewards[t], unsure[t] = dict(scored.report.rewards), set(scored.undetermined)
-                resubmitted[t] = set(scored.resubmitted)
+                charged_back[t] = set(scored.resubmitted) | set(scored.forfeited)
                 for done in [] if pool is None else close_defaults(pool, packer, t, scored, seed):
                     rewards[done.round][done.participant] = done.reward  # paid in its round from then on
                     unsure[done.round].discard(done.participant)
             rows.append({"deviation": deviation, "setting": name,
                          **measure(rewards, sum(bool(u) for u in unsure.values()), len(updates),
-                                   resubmitted=resubmitted)})
+                                   charged_back=charged_back)})
     return rows
 
 

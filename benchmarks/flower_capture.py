@@ -79,7 +79,7 @@ def replay(path: Path, overrides: dict) -> dict:
     # The rule this version computes, whichever the capture was scored under.
     settings = {**{k: v for k, v in meta["settings"].items() if k != "rule"}, **overrides}
     pool = PeerPool(PoolSettings(**settings))
-    rewards, undetermined, resubmitted, settlements = {}, {}, {}, []
+    rewards, undetermined, resubmitted, forfeited, settlements = {}, {}, {}, {}, []
     for k, r in enumerate(meta["rounds"]):
         words = {c: data[f"{k}.signs.{c}"] for c in r["clients"]}
         packer = SignPacker.from_words({n: tuple(s) for n, s in r["shapes"]}, words, data[f"{k}.task"])
@@ -96,8 +96,9 @@ def replay(path: Path, overrides: dict) -> dict:
         rewards[t] = dict(pooled.report.rewards)
         undetermined[t] = tuple(pooled.undetermined)
         resubmitted[t] = tuple(pooled.resubmitted)
+        forfeited[t] = tuple(pooled.forfeited)
     partition_of = {int(t): who for t, who in meta["partition_of"].items()}
-    rounds = rounds_by_partition(rewards, settlements, undetermined, resubmitted, partition_of)
+    rounds = rounds_by_partition(rewards, settlements, undetermined, resubmitted, forfeited, partition_of)
     return {"args": {"capture": str(path), **{k: str(v) for k, v in overrides.items()}}, "attacks": meta["attacks"],
             "rounds": rounds}
 

@@ -129,11 +129,13 @@ def main(argv=None) -> int:
             self.pool = PeerPool(dataclasses.replace(self.pool.settings, rank_by=args.rank_by))
             self.partition_of: dict[str, int] = {}
             self.resubmitted: dict[int, dict[str, tuple[str, ...]]] = {}
+            self.forfeited: dict[int, dict[str, tuple[str, ...]]] = {}
 
         def _record(self, server_round, paid, identities, scored, failures, arrays):
             super()._record(server_round, paid, identities, scored, failures, arrays)
             if scored is not None:
                 self.resubmitted[server_round] = dict(scored.pooled.resubmitted)
+                self.forfeited[server_round] = dict(scored.pooled.forfeited)
 
         def aggregate_train(self, server_round, replies):
             replies = list(replies)
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
     partition_of = {t: {who: strategy.partition_of[n] for who, n in nodes.items()}
                     for t, nodes in strategy.node_ids.items()}
     rounds = rounds_by_partition(strategy.rewards, [s for ss in strategy.settlements.values() for s in ss],
-                                 strategy.undetermined, strategy.resubmitted, partition_of)
+                                 strategy.undetermined, strategy.resubmitted, strategy.forfeited, partition_of)
     if capture is not None:
         capture.save(args.capture, partition_of, attacks)
     print(summarise(rounds, attack_of, args, wall))
@@ -169,7 +171,7 @@ def main(argv=None) -> int:
 
     figures = measure({r["round"]: r["rewards"] for r in rounds}, sum(bool(r["undetermined"]) for r in rounds),
                       len(rounds), deviators={str(p) for p in attack_of},
-                      resubmitted={r["round"]: {str(p) for p in r["resubmitted"]} for r in rounds})
+                      charged_back={r["round"]: {str(p) for p in r["resubmitted"] + r["forfeited"]} for r in rounds})
     print(markdown([{"deviation": ", ".join(sorted(attacks.values())), "setting": "today (min_peers 0)"
                      if args.min_peers == 0 else "pool (defaults)" if args.min_peers is None
                      else f"min_peers {args.min_peers}", **figures}]))
@@ -179,10 +181,11 @@ def main(argv=None) -> int:
     return 0
 
 
-def rounds_by_partition(rewards, settlements, undetermined, resubmitted, partition_of) -> list[dict]:
+def rounds_by_partition(rewards, settlements, undetermined, resubmitted, forfeited, partition_of) -> list[dict]:
     """The rounds as ``--out`` writes them, by partition: ``rewards`` round -> participant -> reward, each settlement
     paid in its round and listed with the round that settled it; undetermined and never settled: not paid (listed);
-    ``undetermined`` / ``resubmitted`` round -> participants; ``partition_of`` round -> participant -> partition."""
+    ``undetermined`` / ``resubmitted`` / ``forfeited`` round -> participants; ``partition_of`` round -> participant ->
+    partition."""
     paid, settled = {t: dict(r) for t, r in rewards.items()}, {}
     for settlement in settlements:
         paid[settlement.round][settlement.participant] = settlement.reward
@@ -194,7 +197,8 @@ def rounds_by_partition(rewards, settlements, undetermined, resubmitted, partiti
                                                                               by_participant.items())},
                        "undetermined": [part[w] for w in undetermined.get(t, ()) if (t, w) not in settled],
                        "settled": {str(part[w]): settled[(t, w)] for w in by_participant if (t, w) in settled},
-                       "resubmitted": [part[w] for w in resubmitted.get(t, ())]})
+                       "resubmitted": [part[w] for w in resubmitted.get(t, ())],
+                       "forfeited": [part[w] for w in forfeited.get(t, ())]})
     return rounds
 
 
@@ -222,8 +226,10 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
     means = {p: sum(v) / len(v) for p, v in sorted(paid.items())}
     honest_paid = [v for p, values in paid.items() if p not in attack_of for v in values]
     honest_taken = sum(p not in attack_of for r in rounds for p in r.get("resubmitted", []))
+    honest_forfeits = sum(p not in attack_of for r in rounds for p in r.get("forfeited", []))
     lines.append(f"honest participations taken for own resubmissions (charged back): {honest_taken} of "
-                 f"{len(honest_paid)}; honest paid < 0: {sum(v < 0 for v in honest_paid)} "
+                 f"{len(honest_paid)}; honest participations forfeiting earlier ones as turned (charged back): "
+                 f"{honest_forfeits}; honest paid < 0: {sum(v < 0 for v in honest_paid)} "
                  f"({sum(v < 0 for v in honest_paid) / max(len(honest_paid), 1):.0%}); honest nodes whose mean is "
                  f"exactly 0: {sum(m == 0 for p, m in means.items() if p not in attack_of)} of "
                  f"{sum(p not in attack_of for p in means)}")

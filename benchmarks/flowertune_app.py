@@ -170,6 +170,8 @@ def patch_app(app: Path, dest: Path, model_dir: Path, data_dir: Path) -> Path:
 RESUBMITTED = re.compile(r"KFCA: round (\d+): (\S+) resubmitted an earlier update of their own \((?:own resubmission|"
                          r"(.*?)\): a copy, .*?(?:charged back (\d+\.\d+)|nothing to charge back))")
 """KFCA's warnings (``kfca_llm.flower.round_scoring.score_round``) of an own resubmission."""
+FORFEITED = re.compile(r"KFCA: round (\d+): (\S+)'s update turned against its own earlier ones")
+"""And of a forfeit (pool rule 8): what earlier submissions were paid, charged back."""
 
 
 def resubmissions(log: str) -> dict[int, dict[str, float | None]]:
@@ -182,6 +184,14 @@ def resubmissions(log: str) -> dict[int, dict[str, float | None]]:
     return out
 
 
+def forfeits(log: str) -> dict[int, set[str]]:
+    """Round -> the participants whose update KFCA took for a turn, charged back what earlier ones were paid."""
+    out: dict[int, set[str]] = {}
+    for m in FORFEITED.finditer(log):
+        out.setdefault(int(m.group(1)), set()).add(m.group(2))
+    return out
+
+
 def partition(participant: str) -> int:
     """The partition of a declared participant (``name:partition-3`` -> 3)."""
     return int(participant.rsplit("-", 1)[1])
@@ -190,14 +200,14 @@ def partition(participant: str) -> int:
 def rounds_from_ledger(contents, log: str) -> list[dict]:
     """The run's rounds by partition (``flower_few_peers.rounds_by_partition``): rewards, settlements and
     undetermined rounds from the ledger's ``contents`` (``kfca_llm.flower.read_ledger``), resubmissions (taken for a
-    copy of an own earlier update) from the log."""
+    copy of an own earlier update) and forfeits from the log."""
     rewards: dict[int, dict[str, float]] = {}
     for row in contents.rewards:
         rewards.setdefault(row.round, {})[row.participant] = row.reward
     undetermined = {r.round: tuple(r.undetermined or ()) for r in contents.rounds}
     taken = {t: {w for w, charged in who.items() if charged is not None} for t, who in resubmissions(log).items()}
     partition_of = {t: {w: partition(w) for w in paid} for t, paid in rewards.items()}
-    return rounds_by_partition(rewards, contents.settlements, undetermined, taken, partition_of)
+    return rounds_by_partition(rewards, contents.settlements, undetermined, taken, forfeits(log), partition_of)
 
 
 def identical_signs(rows) -> list[tuple[int, list[int]]]:
@@ -253,6 +263,7 @@ def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
             "honest_taken_for_own_resubmissions": len(charged),
             "honest_charged_back": sum(c > 0 for _, _, c in charged),
             "honest_charged_back_sum": sum(c for _, _, c in charged),
+            "honest_forfeits": sum(p != flipper for r in rounds for p in r.get("forfeited", ())),
             "honest_paid_below_0": sum(v < 0 for *_, v in honest),
             "honest_nodes_at_0": sum(sum(paid[p]) == 0 for p in paid if p != flipper),
             "honest_nodes": len(honest_means),
@@ -266,10 +277,10 @@ def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
 
 def table(runs: list[dict]) -> str:
     """The runs as the markdown table of benchmarks/ROBUSTNESS.md."""
-    lines = ["| rule | run | honest participations | taken for own resubmissions | charged back | honest signs "
-             "identical to an own earlier update | honest own pairs repeating every sampled value (least share apart) | "
-             "paid < 0 | at 0 | flipper's partners right | flipper below every honest node | wall | UTC | "
-             "load (start -> end) |", "|---" * 14 + "|"]
+    lines = ["| rule | run | honest participations | taken for own resubmissions | charged back | forfeits | "
+             "honest signs identical to an own earlier update | honest own pairs repeating every sampled value (least "
+             "share apart) | paid < 0 | at 0 | flipper's partners right | flipper below every honest node | wall | UTC | "
+             "load (start -> end) |", "|---" * 15 + "|"]
     for run in runs:
         f = run["figures"]
         same = f.get("honest_own_pairs_same_values")  # None, or missing: no value sketches kept (before rule 11)
@@ -277,6 +288,7 @@ def table(runs: list[dict]) -> str:
                                            f"({f['honest_own_pairs_least_apart']:.2f})")
         lines.append(f"| {run['rule']} | {run['name']} | {f['honest_participations']} | "
                      f"{f['honest_taken_for_own_resubmissions']} | {f['honest_charged_back']} | "
+                     f"{f.get('honest_forfeits', '-')} | "
                      f"{sum(len(t) - 1 for p, t in f['sign_identical'] if p != FLIPPER)} | {values} | "
                      f"{f['honest_paid_below_0']} | {f['honest_nodes_at_0']} of {f['honest_nodes']} | "
                      f"{f['flipper_partners_right']} of {len(f['flipper_meetings'])} | "

@@ -24,7 +24,10 @@ LOG = (f"{W}7: name:partition-3 resubmitted an earlier update of their own (name
        "charged back 0.1000, what that update was paid\n"
        f"{W}11: name:partition-12 resubmitted an earlier update of their own (own resubmission: scored without the "
        "pool, on this round's peers, the pool's term counted as 0)\n"
-       f"{W}12 is undetermined for name:partition-1: fewer than min_peers=2 distinct peers\n")
+       f"{W}12 is undetermined for name:partition-1: fewer than min_peers=2 distinct peers\n"
+       f"{W}13: name:partition-4's update turned against its own earlier ones (it reverses name:partition-4@8, which "
+       "its rounds judged honest): paid at most 0 (-0.0100); forfeited 0.0300, what name:partition-4@8 had been paid "
+       "(pool rule 8)\n")
 
 
 def test_resubmissions_reads_each_form_of_kfcas_warning():
@@ -32,6 +35,7 @@ def test_resubmissions_reads_each_form_of_kfcas_warning():
                                       9: {"name:partition-5": 0.0, "name:partition-0": 0.1},
                                       11: {"name:partition-12": None}}
     assert app.partition("name:partition-12") == 12
+    assert app.forfeits(LOG) == {13: {"name:partition-4"}}
 
 
 def test_figures_count_honest_participations_resubmissions_and_the_flippers_meetings():
@@ -39,12 +43,13 @@ def test_figures_count_honest_participations_resubmissions_and_the_flippers_meet
               {"round": 7, "rewards": {"0": -0.3, "3": 0.2}, "undetermined": []},     # right
               {"round": 8, "rewards": {"0": 0.1, "2": -0.05}, "undetermined": []},    # wrong, honest < 0
               {"round": 9, "rewards": {"0": -0.1, "5": 0.0}, "undetermined": []},     # wrong: partner not > 0
-              {"round": 10, "rewards": {"3": 0.1, "5": 0.0}, "undetermined": []}]
+              {"round": 10, "rewards": {"3": 0.1, "5": 0.0}, "undetermined": [], "forfeited": [3]}]
     f = app.figures(rounds, LOG)
     assert f["honest_participations"] == 7
     assert f["honest_taken_for_own_resubmissions"] == 2           # partitions 3 and 5, not the flipper, not round 11's
     assert f["honest_charged_back"] == 1 and f["honest_charged_back_sum"] == pytest.approx(0.0456)
     assert f["honest_paid_below_0"] == 1
+    assert f["honest_forfeits"] == 1                                # round 10's (a round without the key: none)
     assert f["honest_nodes_at_0"] == 2 and f["honest_nodes"] == 4   # 1 and 5 total 0; 2 totals -0.05
     assert [(m["round"], m["right"]) for m in f["flipper_meetings"]] == [(7, True), (8, False), (9, False)]
     assert f["flipper_partners_right"] == 1
@@ -55,7 +60,7 @@ def test_figures_count_honest_participations_resubmissions_and_the_flippers_meet
     assert not app.figures(rounds, LOG)["flipper_below_every_honest"]
     f["sign_identical"] = [(0, [7, 9]), (3, [7, 10]), (5, [2, 4, 9])]   # the flipper's left out: 1 + 2
     run = {"rule": "3 (0.02)", "name": "r", "figures": f, "wall_s": 61.2, "utc": "2026-11-28 17:00", "load": "1 2 3"}
-    row = "| 3 (0.02) | r | 7 | 2 | 1 | 3 | - | 1 | 2 of 4 | 1 of 3 | yes | 61 s | 2026-11-28 17:00 | ? -> 1 2 3 |"
+    row = "| 3 (0.02) | r | 7 | 2 | 1 | 1 | 3 | - | 1 | 2 of 4 | 1 of 3 | yes | 61 s | 2026-11-28 17:00 | ? -> 1 2 3 |"
     assert app.table([run]).splitlines()[2] == row  # a run without value sketches (before pool rule 11)
     f.update(honest_own_pairs=40, honest_own_pairs_same_values=0, honest_own_pairs_least_apart=0.96)
     assert app.table([run]).splitlines()[2] == row.replace("| - |", "| 0 of 40 (0.96) |")

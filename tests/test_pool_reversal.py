@@ -19,13 +19,19 @@ def words(update: np.ndarray) -> np.ndarray:
     return np.packbits(update < 0, bitorder="little").view(np.int32).copy()
 
 
+WARM_UP = 4
+"""Rounds of other participants (G-J) before A-F's: a relation needs pairs of others starting in
+``MIN_BASELINE_ROUNDS`` rounds, so A-F's rounds 1-8 of the story below are rounds 5-12."""
+
+
 @pytest.fixture
 def run():
-    """Rounds 1-8, two participants a round from A-F; D flips its update from its third participation on (a sleeper),
-    E every other one (on-off). Returns (sketches, scores, a function drawing one more update)."""
+    """Rounds 1-4, two of G-J a round; rounds 5-12, two participants a round from A-F; D flips its update from its third
+    participation on (a sleeper), E every other one (on-off). Returns (sketches, scores, a function drawing one more
+    update)."""
     rng = np.random.default_rng(7)
-    own = {c: rng.standard_normal(COORDS) for c in "ABCDEF"}
-    seen = {c: 0 for c in "ABCDEF"}
+    own = {c: rng.standard_normal(COORDS) for c in "ABCDEFGHIJ"}
+    seen = {c: 0 for c in own}
 
     def update(c: str, t: int, trajectory: np.ndarray) -> np.ndarray:
         u = trajectory + 1.5 * own[c] + rng.standard_normal(COORDS)
@@ -35,12 +41,12 @@ def run():
 
     sketches, scores = [], {}
     trajectory = rng.standard_normal(COORDS)
-    for t, pair in enumerate(["AB", "CD", "EF", "AD", "BE", "CF", "DE", "AB"], start=1):
+    for t, pair in enumerate(["GH", "IJ", "GI", "HJ", "AB", "CD", "EF", "AD", "BE", "CF", "DE", "AB"], start=1):
         trajectory = 0.6 * trajectory + rng.standard_normal(COORDS)
         for c in pair:
             u = update(c, t, trajectory)
             sketches.append((f"{c}@{t}", words(u)))
-            scores[f"{c}@{t}"] = -0.1 if (c == "D" and t == 7) or (c == "E" and t == 5) else 0.1
+            scores[f"{c}@{t}"] = -0.1 if (c == "D" and t == 11) or (c == "E" and t == 9) else 0.1
     return sketches, scores, lambda c, t: words(update(c, t, 0.6 * trajectory + rng.standard_normal(COORDS)))
 
 
@@ -58,42 +64,58 @@ def test_agreement_counts_the_task_bits_only():
 
 def test_an_honest_update_follows_its_own_previous_one_and_has_not_turned(run):
     sketches, scores, draw = run
-    mine = draw("A", 9)
-    relation = own_relation(sketches, "A", 9, mine, MASK)
-    assert relation is not None and relation.previous == "A@8" and not relation.reverses
-    assert not has_turned(sketches, scores.get, "A", 9, mine, MASK)
+    mine = draw("A", 13)
+    relation = own_relation(sketches, "A", 13, mine, MASK)
+    assert relation is not None and relation.previous == "A@12" and not relation.reverses
+    assert not has_turned(sketches, scores.get, "A", 13, mine, MASK)
 
 
 def test_a_sleeper_s_turn_reverses_its_honest_update_and_every_later_flip_follows_the_turn(run):
     sketches, scores, _ = run
     by_name = dict(sketches)
     # D: honest in rounds 2 and 4, flipped in round 7 (its round scored it -0.1: a fine, caught)
-    turn = own_relation(sketches, "D", 7, by_name["D@7"], MASK)
-    assert turn is not None and turn.previous == "D@4" and turn.reverses
-    assert has_turned(sketches, scores.get, "D", 7, by_name["D@7"], MASK)
+    turn = own_relation(sketches, "D", 11, by_name["D@11"], MASK)
+    assert turn is not None and turn.previous == "D@8" and turn.reverses
+    assert has_turned(sketches, scores.get, "D", 11, by_name["D@11"], MASK)
     # a flip after the turn follows it: turned by its lineage; the turn's negation (D honest again) reverses a turned
     # update: not turned
-    assert has_turned(sketches, scores.get, "D", 9, by_name["D@7"], MASK)
-    assert not has_turned(sketches, scores.get, "D", 9, ~by_name["D@7"], MASK)
+    assert has_turned(sketches, scores.get, "D", 13, by_name["D@11"], MASK)
+    assert not has_turned(sketches, scores.get, "D", 13, ~by_name["D@11"], MASK)
 
 
 def test_a_reversal_of_an_update_its_round_fined_has_not_turned(run):
     sketches, scores, _ = run
     by_name = dict(sketches)
     # E: honest in round 3, flipped in round 5 (scored -0.1), honest again in round 7: reverses a fined update
-    back = own_relation(sketches, "E", 7, by_name["E@7"], MASK)
-    assert back is not None and back.reverses and back.previous == "E@5"
-    assert not has_turned(sketches, scores.get, "E", 7, by_name["E@7"], MASK)
+    back = own_relation(sketches, "E", 11, by_name["E@11"], MASK)
+    assert back is not None and back.reverses and back.previous == "E@9"
+    assert not has_turned(sketches, scores.get, "E", 11, by_name["E@11"], MASK)
     # the same flip in round 5 reversed E's round-3 update, which its round scored > 0: turned
-    assert has_turned(sketches, scores.get, "E", 5, by_name["E@5"], MASK)
+    assert has_turned(sketches, scores.get, "E", 9, by_name["E@9"], MASK)
     # had round 3 scored E's update <= 0, the flip would be no evidence of a turn
-    assert not has_turned(sketches, {**scores, "E@3": 0.0}.get, "E", 5, by_name["E@5"], MASK)
+    assert not has_turned(sketches, {**scores, "E@7": 0.0}.get, "E", 9, by_name["E@9"], MASK)
 
 
 def test_no_relation_without_a_previous_update_or_enough_pairs_to_judge_by(run):
     sketches, scores, draw = run
-    assert own_relation(sketches, "G", 9, draw("A", 9), MASK) is None  # G never submitted
-    assert own_relation(sketches[:4], "A", 4, by_first(sketches, "A@1"), MASK) is None  # no pair of others 3 rounds apart
+    assert own_relation(sketches, "G", 13, draw("A", 13), MASK) is None  # G never submitted
+    # no pair of others 3 rounds apart
+    assert own_relation(sketches[:4], "G", 4, by_first(sketches, "G@1"), MASK) is None
+
+
+def test_no_relation_where_the_pairs_of_others_start_in_too_few_rounds(run, monkeypatch):
+    """A's flip in round 6 reverses its round-5 update against the pairs of others one round apart, which start in
+    rounds 1-4; without round 1's submissions they start in three rounds, too few to judge by, though two pairs would
+    do (``MIN_BASELINE_PAIRS``)."""
+    sketches, _, draw = run
+    before = [(name, words) for name, words in sketches if int(name.split("@")[1]) <= 5]
+    flip = ~draw("A", 6)
+    relation = own_relation(before, "A", 6, flip, MASK)
+    assert relation is not None and relation.reverses and relation.previous == "A@5"
+    later = [(name, words) for name, words in before if not name.endswith("@1")]
+    assert own_relation(later, "A", 6, flip, MASK) is None
+    monkeypatch.setattr(pool_reversal, "MIN_BASELINE_ROUNDS", 3)
+    assert own_relation(later, "A", 6, flip, MASK).reverses
 
 
 def by_first(sketches, name):
@@ -108,14 +130,16 @@ def test_a_reversal_needs_its_margin_of_the_signs_where_the_others_agree_alike()
     def packed(bits):
         return np.packbits(bits, bitorder="little").view(np.int32).copy()
 
-    sketches = [("A@2", packed(zeros)), ("X@1", packed(zeros)), ("Y@1", packed(zeros)),
-                ("Z@2", packed(half)), ("W@2", packed(half))]
+    # rounds 1-5: two others a round, all zeros in odd rounds and half set in even ones (every pair one round apart
+    # agrees on half); A's round-5 update all zeros
+    sketches = [("A@5", packed(zeros))] + [(f"{c}{t}@{t}", packed(zeros if t % 2 else half)) for t in range(1, 6)
+                                            for c in "XY"]
 
-    def own_update(differing: int) -> np.ndarray:  # A's round-3 update: agrees with A@2 on all but ``differing`` signs
+    def own_update(differing: int) -> np.ndarray:  # A's round-6 update: agrees with A@5 on all but ``differing`` signs
         return packed(np.arange(COORDS) < differing)
 
-    assert own_relation(sketches, "A", 3, own_update(COORDS // 2 + COORDS // 100), MASK) is None
-    relation = own_relation(sketches, "A", 3, own_update(COORDS // 2 + COORDS // 10), MASK)
+    assert own_relation(sketches, "A", 6, own_update(COORDS // 2 + COORDS // 100), MASK) is None
+    relation = own_relation(sketches, "A", 6, own_update(COORDS // 2 + COORDS // 10), MASK)
     assert relation is not None and relation.reverses
 
 
@@ -124,48 +148,49 @@ def test_a_reversed_update_judged_about_0_is_credited_with_the_updates_it_follow
     which its round scored > 0: the turn is caught by the credit of D@2; had D@2 scored 0 too, no turn."""
     sketches, scores, _ = run
     by_name = dict(sketches)
-    follows = own_relation(sketches, "D", 4, by_name["D@4"], MASK)
-    assert follows is not None and follows.previous == "D@2" and not follows.reverses
-    assert credit(sketches, {**scores, "D@4": 0.0}.get, "D", "D@4", MASK) == pytest.approx(0.1)
-    assert has_turned(sketches, {**scores, "D@4": 0.0}.get, "D", 7, by_name["D@7"], MASK)
-    assert not has_turned(sketches, {**scores, "D@4": 0.0, "D@2": 0.0}.get, "D", 7, by_name["D@7"], MASK)
+    follows = own_relation(sketches, "D", 8, by_name["D@8"], MASK)
+    assert follows is not None and follows.previous == "D@6" and not follows.reverses
+    assert credit(sketches, {**scores, "D@8": 0.0}.get, "D", "D@8", MASK) == pytest.approx(0.1)
+    assert has_turned(sketches, {**scores, "D@8": 0.0}.get, "D", 11, by_name["D@11"], MASK)
+    assert not has_turned(sketches, {**scores, "D@8": 0.0, "D@6": 0.0}.get, "D", 11, by_name["D@11"], MASK)
     # credit stops at a reversal: E@7 reverses E@5, so E@7's credit is its own score alone
-    assert credit(sketches, scores.get, "E", "E@7", MASK) == scores["E@7"]
+    assert credit(sketches, scores.get, "E", "E@11", MASK) == scores["E@11"]
 
 
 def test_a_turn_forfeits_the_submissions_since_the_last_turn(run, monkeypatch):
     sketches, scores, draw = run
     by_name = dict(sketches)
     # the sleeper's turn forfeits both honest submissions before it; a flip following the turn forfeits nothing
-    assert forfeited(sketches, scores.get, "D", 7, by_name["D@7"], MASK) == ("D@4", "D@2")
-    assert forfeited(sketches, scores.get, "D", 9, by_name["D@7"], MASK) == ()
+    assert forfeited(sketches, scores.get, "D", 11, by_name["D@11"], MASK) == ("D@8", "D@6")
+    assert forfeited(sketches, scores.get, "D", 13, by_name["D@11"], MASK) == ()
     # the on-off attacker's flip in round 5 forfeits its round-3 update; its return in round 7 (not turned) nothing
-    assert forfeited(sketches, scores.get, "E", 5, by_name["E@5"], MASK) == ("E@3",)
-    assert forfeited(sketches, scores.get, "E", 7, by_name["E@7"], MASK) == ()
+    assert forfeited(sketches, scores.get, "E", 9, by_name["E@9"], MASK) == ("E@7",)
+    assert forfeited(sketches, scores.get, "E", 11, by_name["E@11"], MASK) == ()
     # its next flip forfeits its return, and stops at the turned flip before it
-    assert forfeited(sketches, scores.get, "E", 9, ~by_name["E@7"], MASK) == ("E@7",)
+    assert forfeited(sketches, scores.get, "E", 13, ~by_name["E@11"], MASK) == ("E@11",)
     # an honest update forfeits nothing; a turn of A (three honest submissions) forfeits at most FORFEIT_SUBMISSIONS
-    honest = draw("A", 9)
-    assert forfeited(sketches, scores.get, "A", 9, honest, MASK) == ()
-    assert forfeited(sketches, scores.get, "A", 9, ~honest, MASK) == ("A@8", "A@4", "A@1")
+    honest = draw("A", 13)
+    assert forfeited(sketches, scores.get, "A", 13, honest, MASK) == ()
+    assert forfeited(sketches, scores.get, "A", 13, ~honest, MASK) == ("A@12", "A@8", "A@5")
     monkeypatch.setattr(pool_reversal, "FORFEIT_SUBMISSIONS", 2)
-    assert forfeited(sketches, scores.get, "A", 9, ~honest, MASK) == ("A@8", "A@4")
+    assert forfeited(sketches, scores.get, "A", 13, ~honest, MASK) == ("A@12", "A@8")
 
 
 def test_the_baseline_pairs_two_different_participants_never_one_with_itself():
-    """P, Q and R submit the same signs in rounds 1 and 2 (each agrees with itself wholly, with the others on half):
+    """P, Q and R submit the same signs in rounds 1 to 5 (each agrees with itself wholly, with the others on half):
     a participant's two submissions are no pair of others. Counted, their agreement of 1 would spread the baseline
-    (0.24) and hide A's reversal of 10% of the signs; the six pairs of two different participants agree on exactly
-    half (spread floored), against which it reverses."""
+    (0.24) and hide A's reversal of 10% of the signs; the pairs of two different participants agree on exactly half
+    (spread floored), against which it reverses."""
     idx = np.arange(COORDS)
 
     def packed(bits):
         return np.packbits(bits, bitorder="little").view(np.int32).copy()
 
     signs = {"P": idx < 0, "Q": idx < COORDS // 2, "R": idx % 2 == 0}
-    sketches = [(f"{c}@{t}", packed(bits)) for t in (1, 2) for c, bits in signs.items()] + [("A@2", packed(idx < 0))]
-    relation = own_relation(sketches, "A", 3, packed(idx < COORDS // 2 + COORDS // 10), MASK)
-    assert relation is not None and relation.reverses and relation.previous == "A@2"
+    sketches = [(f"{c}@{t}", packed(bits)) for t in range(1, 6) for c, bits in signs.items()]
+    sketches.append(("A@5", packed(idx < 0)))
+    relation = own_relation(sketches, "A", 6, packed(idx < COORDS // 2 + COORDS // 10), MASK)
+    assert relation is not None and relation.reverses and relation.previous == "A@5"
 
 
 def test_an_agreement_is_read_back_only_where_the_peer_turned_and_the_scorer_ran_against_the_trajectory():

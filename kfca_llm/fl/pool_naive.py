@@ -316,9 +316,10 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         def agree(x: list[bool], y: list[bool]) -> float:
             return sum(x[k] == y[k] for k in sketch) / len(sketch)
 
-        baseline = [agree(u.negative, v.negative) for u in earlier for v in earlier
-                    if v.round - u.round == r - previous.round and c not in (u.client, v.client) and u.client != v.client]
-        if len(baseline) < 2:
+        pairs = [(u, v) for u in earlier for v in earlier
+                 if v.round - u.round == r - previous.round and c not in (u.client, v.client) and u.client != v.client]
+        baseline = [agree(u.negative, v.negative) for u, v in pairs]
+        if len(baseline) < 2 or len({u.round for u, _ in pairs}) < 4:  # at least 2 pairs, starting in 4 rounds
             return None
         spread = max(pstdev(baseline), 1e-3)
         excess = agree(mine, previous.negative) - median(baseline)

@@ -7,7 +7,10 @@ agrees with its previous one far *less* than they do: of two consecutive submiss
 each other, one is flipped. Measured on 24 captured Flower runs at 20 x 0.1 (benchmarks/ROBUSTNESS.md, "Own
 reversals"): an honest update's agreement with its own previous one never fell more than 2.1 spreads below the other
 participants' at that lag (1,250 updates, both data orders, whole updates), a reversal mostly 3-40 below; on the
-4,096-bit sketches three honest ones at long lags fell further, by at most 1.4% of the signs (hence the margin).
+4,096-bit sketches three honest ones at long lags fell further, by at most 1.4% of the signs (hence the margin). On 72
+runs, three more honest updates early in a per-round run fell 4.4-30 spreads (3.5-4.3% of the signs) below pairs of
+others starting in one to three rounds, whose spread understates how far two updates differ (hence
+``MIN_BASELINE_ROUNDS``).
 
 Which of the two is flipped, the participant's **lineage** says: an update that reverses its previous one has turned
 when that previous one had not turned and is credited > 0 (``credit``: its round's score plus those of the updates it
@@ -47,6 +50,11 @@ REVERSAL_MARGIN = 0.03
 """And by how much of the signs at least, to reverse it: a spread of a handful of pairs can be tiny."""
 MIN_BASELINE_PAIRS = 2
 """Pairs of other participants' submissions at the lag needed to judge a relation at all."""
+MIN_BASELINE_ROUNDS = 4
+"""And the rounds those pairs must start in, at least: pairs of a handful of rounds share their submissions, so their
+spread understates how far two updates that far apart differ. Early in a run with the per-round data order three
+honest updates fell 4.4 to 30 spreads below such a baseline, of pairs starting in 1 or 3 rounds, and forfeited what
+their previous submissions were paid (benchmarks/ROBUSTNESS.md, "Own reversals")."""
 SPREAD_FLOOR = 1e-3
 FORFEIT_SUBMISSIONS = 3
 """Submissions at most a turned update forfeits (a vesting period: an older payment is its participant's to keep).
@@ -84,9 +92,10 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     for (who, r), words in earlier:
         if who != participant:
             others.setdefault(r, []).append((who, words))
-    baseline = [agreement(u, v, mask, bits) for r, older in others.items() for a, u in older
-                for b, v in others.get(r + lag, ()) if a != b]
-    if len(baseline) < MIN_BASELINE_PAIRS:
+    paired = {r: [agreement(u, v, mask, bits) for a, u in older for b, v in others.get(r + lag, ()) if a != b]
+              for r, older in others.items()}
+    baseline = [value for values in paired.values() for value in values]
+    if len(baseline) < MIN_BASELINE_PAIRS or sum(bool(values) for values in paired.values()) < MIN_BASELINE_ROUNDS:
         return None
     centre, spread = statistics.median(baseline), max(statistics.pstdev(baseline), SPREAD_FLOOR)
     excess = agreement(mine, theirs, mask, bits) - centre
@@ -189,5 +198,5 @@ def round_forfeits(pool: PeerPool, round_: int, candidates: Iterable[tuple[str, 
     return {c: names for c, names in found.items() if names}
 
 
-__all__ = ["FORFEIT_SUBMISSIONS", "MIN_BASELINE_PAIRS", "REVERSAL_MARGIN", "REVERSAL_Z", "OwnRelation", "agreement",
-           "credit", "forfeited", "has_turned", "own_relation", "round_forfeits"]
+__all__ = ["FORFEIT_SUBMISSIONS", "MIN_BASELINE_PAIRS", "MIN_BASELINE_ROUNDS", "REVERSAL_MARGIN", "REVERSAL_Z",
+           "OwnRelation", "agreement", "credit", "forfeited", "has_turned", "own_relation", "round_forfeits"]

@@ -90,6 +90,9 @@ POOL_RULES = {
     12: "as 11, a participant's record (fl.pool_policy.record) is a Beta reputation of its run's submissions, how "
         "often they were scored > 0 (one scored <= 0 weighing two), no longer the lower of its window's and its run's "
         "mean score: early rounds, which pay five to ten times late ones, no longer outvote the rest",
+    13: "as 12, an update's relation to its participant's previous one (fl.pool_reversal) is judged only against pairs "
+        "of others starting in at least MIN_BASELINE_ROUNDS (4) rounds: early in a run, a baseline of a round or three "
+        "took honest updates for turns and charged back what their previous submissions were paid",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
