@@ -228,3 +228,27 @@ def test_one_sign_on_every_task_is_no_report():
     assert one_sign(np.array([0, -0x0F0F0F10, 5], np.int32), task)  # bits only outside the tasks: none on them
     assert not one_sign(np.array([1, 0, 0], np.int32), task)
     assert not one_sign(task ^ np.array([0, 1, 0], np.int32), task)
+
+
+def test_a_turn_is_judged_against_the_two_updates_before_it_where_those_are_alike(monkeypatch):
+    """Pool rule 14: A submitted in rounds 3 and 6 and is judged in round 8. Its update's standing against A@6 (lag 2)
+    is combined with its standing against A@3 (lag 5) where A@6 was alike A@3 (lag 3: above the median of others'
+    pairs): spreads summed over the square root of two, shares of the signs averaged. Each standing is stubbed
+    (``_standing``: by lag), so each case is the rule's arithmetic alone."""
+    sketches = [("A@3", MASK.copy()), ("A@6", MASK.copy()), ("X@1", MASK.copy()), ("Y@2", MASK.copy())]
+
+    def relation(by_lag):
+        monkeypatch.setattr(pool_reversal, "_standing", lambda others, lag, *rest: by_lag[lag])
+        return own_relation(sketches, "A", 8, MASK.copy(), MASK)
+
+    turn = relation({2: (-2.0, -0.06), 3: (0.5, 0.01), 5: (-2.0, -0.05)})  # -4 / sqrt(2) = -2.83 spreads
+    assert turn is not None and turn.reverses and turn.previous == "A@6"
+    assert relation({2: (-2.0, -0.06), 3: (-0.5, -0.01), 5: (-2.0, -0.05)}) is None  # A@6 not alike A@3: -2 alone
+    assert relation({2: (-2.0, -0.06), 3: (0.5, 0.01), 5: None}) is None  # A@3 not judged: -2 alone
+    assert relation({2: (-2.0, -0.06), 3: None, 5: (-2.0, -0.05)}) is None  # their likeness not judged
+    assert relation({2: (-2.0, -0.06), 3: (0.5, 0.01), 5: (-2.0, 0.0)}) is None  # shares average -0.03: no margin
+    assert relation({2: (-2.6, -0.04), 3: (0.5, 0.01), 5: (1.0, 0.01)}) is None  # A@3 alike, the update not against it
+    assert relation({2: (-2.6, -0.04), 3: (-0.5, -0.01), 5: (1.0, 0.01)}).reverses  # alone, as before rule 14
+    follows = relation({2: (2.6, 0.05), 3: (0.5, 0.01), 5: (-9.0, -0.2)})  # a follow is judged on A@6 alone
+    assert follows is not None and not follows.reverses
+    assert relation({2: None, 3: (0.5, 0.01), 5: (-9.0, -0.2)}) is None  # nothing without the previous one

@@ -305,27 +305,42 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         return min(z, z_) < 0 and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
 
     # Pool rule 7: how an update relates to its participant's previous submission, on the round's sketched tasks,
-    # against the pairs of two other participants' earlier submissions as many rounds apart.
+    # against the pairs of two other participants' earlier submissions as many rounds apart (rule 13: at least 2,
+    # starting in 4 rounds); rule 14: where the previous one was alike the one before it, against both.
     def relation(c: str, r: int, mine: list[bool]) -> tuple[Entry, bool] | None:
         earlier = [e for e in history if e.round < r]
-        mine_before = [e for e in earlier if e.client == c]
+        mine_before = sorted((e for e in earlier if e.client == c), key=lambda e: -e.round)
         if not mine_before or not sketch:
             return None
-        previous = max(mine_before, key=lambda e: e.round)
 
         def agree(x: list[bool], y: list[bool]) -> float:
             return sum(x[k] == y[k] for k in sketch) / len(sketch)
 
-        pairs = [(u, v) for u in earlier for v in earlier
-                 if v.round - u.round == r - previous.round and c not in (u.client, v.client) and u.client != v.client]
-        baseline = [agree(u.negative, v.negative) for u, v in pairs]
-        if len(baseline) < 2 or len({u.round for u, _ in pairs}) < 4:  # at least 2 pairs, starting in 4 rounds
+        def standing(x: list[bool], y: Entry, lag: int) -> tuple[float, float] | None:  # (spreads, share) above others
+            pairs = [(u, v) for u in earlier for v in earlier
+                     if v.round - u.round == lag and c not in (u.client, v.client) and u.client != v.client]
+            baseline = [agree(u.negative, v.negative) for u, v in pairs]
+            if len(baseline) < 2 or len({u.round for u, _ in pairs}) < 4:
+                return None
+            excess = agree(x, y.negative) - median(baseline)
+            return excess / max(pstdev(baseline), 1e-3), excess
+
+        previous = mine_before[0]
+        first = standing(mine, previous, r - previous.round)
+        if first is None:
             return None
-        spread = max(pstdev(baseline), 1e-3)
-        excess = agree(mine, previous.negative) - median(baseline)
-        if excess < -2.5 * spread and excess < -0.03:
-            return previous, True  # reverses it
-        return (previous, False) if excess > 2.5 * spread else None  # follows it, or neither
+        if first[0] > 2.5:
+            return previous, False  # follows it
+        found = [first]
+        if len(mine_before) > 1:
+            older = mine_before[1]
+            alike = standing(previous.negative, older, previous.round - older.round)
+            second = standing(mine, older, r - older.round) if alike is not None and alike[1] > 0 else None
+            if second is not None:
+                found.append(second)
+        if sum(z for z, _ in found) / len(found) ** 0.5 < -2.5 and sum(e for _, e in found) / len(found) < -0.03:
+            return previous, True  # reverses it (and the one before it, where alike)
+        return None  # neither
 
     def credit(e: Entry) -> float:  # its round's score and those of the updates it follows, back along its lineage
         found = relation(e.client, e.round, e.negative)

@@ -79,19 +79,46 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
                  mask: np.ndarray) -> OwnRelation | None:
     """How ``mine`` (the sketch of ``participant``'s submission in ``round_``) relates to the participant's previous
     submission among ``sketches`` (pool name -> sketch words), on the task bits of ``mask`` (this round's sketched
-    task words): judged against every pair of two other participants' earlier submissions as many rounds apart."""
+    task words): judged against every pair of two other participants' earlier submissions as many rounds apart. It
+    follows the previous one when more than ``REVERSAL_Z`` spreads above those pairs. It reverses it when more than
+    ``REVERSAL_Z`` spreads and ``REVERSAL_MARGIN`` below, where the previous one was alike the one before it (agreed
+    with it above the median of pairs as far apart) the evidence against both combined (pool rule 14: their spreads
+    summed over the square root of two, their shares of the signs averaged): a turn runs against the participant's
+    recent updates, not only its last one."""
     bits = set_bits(mask)
     earlier = [(entry, words) for name, words in sketches
                if (entry := parse_pool_name(name)) is not None and entry[1] < round_]
-    own = [(entry[1], words) for entry, words in earlier if entry[0] == participant]
+    own = sorted(((entry[1], words) for entry, words in earlier if entry[0] == participant),
+                 key=lambda found: -found[0])
     if not own or bits == 0:
         return None
-    previous, theirs = max(own, key=lambda found: found[0])
-    lag = round_ - previous
     others: dict[int, list[tuple[str, np.ndarray]]] = {}
     for (who, r), words in earlier:
         if who != participant:
             others.setdefault(r, []).append((who, words))
+    (previous, theirs), before = own[0], own[1:2]
+    first = _standing(others, round_ - previous, mine, theirs, mask, bits)
+    if first is None:
+        return None
+    name = f"{participant}@{previous}"
+    if first[0] > REVERSAL_Z:
+        return OwnRelation(name, False)
+    found = [first]
+    for older, words in before:
+        alike = _standing(others, previous - older, theirs, words, mask, bits)
+        second = _standing(others, round_ - older, mine, words, mask, bits) if alike and alike[1] > 0 else None
+        found += [second] if second is not None else []
+    spreads = sum(z for z, _ in found) / len(found) ** 0.5
+    if spreads < -REVERSAL_Z and sum(share for _, share in found) / len(found) < -REVERSAL_MARGIN:
+        return OwnRelation(name, True)
+    return None
+
+
+def _standing(others: dict[int, list[tuple[str, np.ndarray]]], lag: int, mine: np.ndarray, theirs: np.ndarray,
+              mask: np.ndarray, bits: int) -> tuple[float, float] | None:
+    """(spreads, share of the signs) by which ``mine``'s agreement with ``theirs``, ``lag`` rounds older, stands above
+    the median agreement of two different participants' submissions of ``others`` (round -> (participant, words))
+    ``lag`` rounds apart; None: too few such pairs, or pairs starting in too few rounds, to judge by."""
     paired = {r: [agreement(u, v, mask, bits) for a, u in older for b, v in others.get(r + lag, ()) if a != b]
               for r, older in others.items()}
     baseline = [value for values in paired.values() for value in values]
@@ -99,12 +126,7 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
         return None
     centre, spread = statistics.median(baseline), max(statistics.pstdev(baseline), SPREAD_FLOOR)
     excess = agreement(mine, theirs, mask, bits) - centre
-    name = f"{participant}@{previous}"
-    if excess < -REVERSAL_Z * spread and excess < -REVERSAL_MARGIN:
-        return OwnRelation(name, True)
-    if excess > REVERSAL_Z * spread:
-        return OwnRelation(name, False)
-    return None
+    return excess / spread, excess
 
 
 class _Lineage:
