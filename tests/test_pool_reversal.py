@@ -247,8 +247,9 @@ def test_a_turn_is_judged_against_the_two_updates_before_it_where_those_are_alik
     assert relation({2: (-2.0, -0.06), 3: (0.5, 0.01), 5: None}) is None  # A@3 not judged: -2 alone
     assert relation({2: (-2.0, -0.06), 3: None, 5: (-2.0, -0.05)}) is None  # their likeness not judged
     assert relation({2: (-2.0, -0.06), 3: (0.5, 0.01), 5: (-2.0, 0.0)}) is None  # shares average -0.03: no margin
-    assert relation({2: (-2.6, -0.04), 3: (0.5, 0.01), 5: (1.0, 0.01)}) is None  # A@3 alike, the update not against it
+    assert relation({2: (-2.0, -0.06), 3: (0.5, 0.01), 5: (1.0, 0.01)}) is None  # A@3 alike, the update not against it
     assert relation({2: (-2.6, -0.04), 3: (-0.5, -0.01), 5: (1.0, 0.01)}).reverses  # alone, as before rule 14
+    assert relation({2: (-2.6, -0.04), 3: (0.5, 0.01), 5: (1.0, 0.01)}).reverses  # alone, though combined it would not
     follows = relation({2: (2.6, 0.05), 3: (0.5, 0.01), 5: (-9.0, -0.2)})  # a follow is judged on A@6 alone
     assert follows is not None and not follows.reverses
     assert relation({2: None, 3: (0.5, 0.01), 5: (-9.0, -0.2)}) is None  # nothing without the previous one

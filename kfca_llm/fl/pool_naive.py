@@ -338,8 +338,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             second = standing(mine, older, r - older.round) if alike is not None and alike[1] > 0 else None
             if second is not None:
                 found.append(second)
-        if sum(z for z, _ in found) / len(found) ** 0.5 < -2.5 and sum(e for _, e in found) / len(found) < -0.03:
-            return previous, True  # reverses it (and the one before it, where alike)
+        both = (sum(z for z, _ in found) / len(found) ** 0.5, sum(e for _, e in found) / len(found))
+        if (first[0] < -2.5 and first[1] < -0.03) or (both[0] < -2.5 and both[1] < -0.03):
+            return previous, True  # reverses it, alone or with the one before it (where alike)
         return None  # neither
 
     def credit(e: Entry) -> float:  # its round's score and those of the updates it follows, back along its lineage

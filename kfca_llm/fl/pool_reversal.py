@@ -81,10 +81,10 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     submission among ``sketches`` (pool name -> sketch words), on the task bits of ``mask`` (this round's sketched
     task words): judged against every pair of two other participants' earlier submissions as many rounds apart. It
     follows the previous one when more than ``REVERSAL_Z`` spreads above those pairs. It reverses it when more than
-    ``REVERSAL_Z`` spreads and ``REVERSAL_MARGIN`` below, where the previous one was alike the one before it (agreed
-    with it above the median of pairs as far apart) the evidence against both combined (pool rule 14: their spreads
-    summed over the square root of two, their shares of the signs averaged): a turn runs against the participant's
-    recent updates, not only its last one."""
+    ``REVERSAL_Z`` spreads and ``REVERSAL_MARGIN`` below; or, where the previous one was alike the one before it
+    (agreed with it above the median of pairs as far apart), when the evidence against both combined is (pool rule 14:
+    their spreads summed over the square root of two, their shares of the signs averaged): a turn runs against the
+    participant's recent updates, not only its last one."""
     bits = set_bits(mask)
     earlier = [(entry, words) for name, words in sketches
                if (entry := parse_pool_name(name)) is not None and entry[1] < round_]
@@ -108,8 +108,8 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
         alike = _standing(others, previous - older, theirs, words, mask, bits)
         second = _standing(others, round_ - older, mine, words, mask, bits) if alike and alike[1] > 0 else None
         found += [second] if second is not None else []
-    spreads = sum(z for z, _ in found) / len(found) ** 0.5
-    if spreads < -REVERSAL_Z and sum(share for _, share in found) / len(found) < -REVERSAL_MARGIN:
+    combined = (sum(z for z, _ in found) / len(found) ** 0.5, sum(share for _, share in found) / len(found))
+    if any(z < -REVERSAL_Z and share < -REVERSAL_MARGIN for z, share in (first, combined)):
         return OwnRelation(name, True)
     return None
 

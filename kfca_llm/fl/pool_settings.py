@@ -93,7 +93,7 @@ POOL_RULES = {
     13: "as 12, an update's relation to its participant's previous one (fl.pool_reversal) is judged only against pairs "
         "of others starting in at least MIN_BASELINE_ROUNDS (4) rounds: early in a run, a baseline of a round or three "
         "took honest updates for turns and charged back what their previous submissions were paid",
-    14: "as 13, an update reverses its participant's previous one on the evidence against that one and, where that one "
+    14: "as 13, an update reverses its participant's previous one on the evidence against that one or, where that one "
         "was alike the one before it, against both combined (fl.pool_reversal.own_relation): a sleeper's turn within "
         "noise of its last honest update is caught against its last two",
 }
