@@ -54,7 +54,7 @@ MIN_BASELINE_ROUNDS = 4
 """And the rounds those pairs must start in, at least: pairs of a handful of rounds share their submissions, so their
 spread understates how far two updates that far apart differ. Early in a run with the per-round data order three
 honest updates fell 4.4 to 30 spreads below such a baseline, of pairs starting in 1 or 3 rounds, and forfeited what
-their previous submissions were paid (benchmarks/ROBUSTNESS.md, "Own reversals")."""
+their previous submissions were paid (benchmarks/ROBUSTNESS.md, "Pool rules 13 and 14")."""
 SPREAD_FLOOR = 1e-3
 FORFEIT_SUBMISSIONS = 3
 """Submissions at most a turned update forfeits (a vesting period: an older payment is its participant's to keep).
@@ -96,7 +96,7 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     for (who, r), words in earlier:
         if who != participant:
             others.setdefault(r, []).append((who, words))
-    (previous, theirs), before = own[0], own[1:2]
+    previous, theirs = own[0]
     first = _standing(others, round_ - previous, mine, theirs, mask, bits)
     if first is None:
         return None
@@ -104,7 +104,8 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     if first[0] > REVERSAL_Z:
         return OwnRelation(name, False)
     found = [first]
-    for older, words in before:
+    if len(own) > 1:
+        older, words = own[1]
         alike = _standing(others, previous - older, theirs, words, mask, bits)
         second = _standing(others, round_ - older, mine, words, mask, bits) if alike and alike[1] > 0 else None
         found += [second] if second is not None else []
