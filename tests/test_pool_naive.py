@@ -222,7 +222,7 @@ CONDITIONED_CASES = ((0, 0), (1, 0), (2, 0), (3, 0), (13, 0), (13, 3))
 settle (pool rule 6); with the flipper meeting the on-off client every third round, an agreeing pair read back for the
 flipper, whose peer (the on-off client's flip) has turned (pool rule 9). A lineage judges a relation only on pairs of
 others starting in 4 rounds (pool rule 13), which left the random federations of 18 rounds without such a pair (seeds
-0-400 searched)."""
+0-300 searched)."""
 
 
 @pytest.mark.parametrize("rank_by", ["record", "verdict", "verdict-first", "reputation"])
