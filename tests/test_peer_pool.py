@@ -13,6 +13,11 @@ from kfca_llm.recipe import KfcaConfig
 from pool_updates import PERSISTENT, SCHEDULE, SHAPE, honest, round_updates
 
 
+IN_ROUND = PoolSettings(next_round=False)
+"""The ranking a disagreeing pair gets in its round (pool rule 14's; under rule 15 a pair nothing else settles waits
+for the round after it, and gets this ranking where that round cannot settle it): ``tests/test_pool_next.py``."""
+
+
 def run_rounds(schedule, settings=PoolSettings(), deviations=None):
     """Score ``schedule`` (round -> clients) in order, keeping the pool; round -> PooledRound."""
     pool, out = PeerPool(settings), {}
@@ -32,7 +37,7 @@ def test_without_the_pool_the_honest_partner_of_a_flipper_is_paid_what_the_flipp
 
 
 def test_with_the_pool_the_honest_partner_is_paid_more_than_zero_and_more_than_the_flipper():
-    scored = run_rounds(SCHEDULE, deviations={3: "flip"})
+    scored = run_rounds(SCHEDULE, IN_ROUND, deviations={3: "flip"})
     for t, partner in ((8, "c01"), (11, "c06"), (14, "c09")):
         rewards = scored[t].report.rewards
         assert rewards[partner] > 0 > rewards["c03"], (t, rewards)
@@ -205,7 +210,7 @@ def test_the_pool_verdict_weighs_pool_weight_and_a_disagreeing_peer_the_pool_ran
     weighted mean of pool payments) weighs ``weight`` against the in-round peer's 1. The pair disagrees and the pool
     ranks c03 lower: c03 is fined the disagreement, c01 is paid it read back (as if c03 had reported the opposite)."""
     for weight in (0.25, 2.0):
-        pooled = run_rounds(SCHEDULE, PoolSettings(weight=weight), deviations={3: "flip"})[8]
+        pooled = run_rounds(SCHEDULE, PoolSettings(weight=weight, next_round=False), deviations={3: "flip"})[8]
         report, pays = pooled.report, pooled.report.pairwise
         assert max(abs(w) for w in pooled.lag_weights.values()) == 1.0 and pooled.lag_weights[1] > 0
         mine, theirs = pool_verdict(pooled, 8, "c01"), pool_verdict(pooled, 8, "c03")
@@ -220,7 +225,7 @@ def test_the_cautious_reward_weighs_the_in_round_payment_as_it_is_beside_the_poo
     back); its cautious reward carries the disagreement."""
     from kfca_llm.fl.pool_weights import CAUTIOUS_POOL_WEIGHT
 
-    pooled = run_rounds(SCHEDULE, deviations={3: "flip"})[8]
+    pooled = run_rounds(SCHEDULE, IN_ROUND, deviations={3: "flip"})[8]
     pays, weights = pooled.report.pairwise, pooled.lag_weights
     for client, peer in (("c01", "c03"), ("c03", "c01")):
         pool = [(CAUTIOUS_POOL_WEIGHT * weights[8 - parse_pool_name(p)[1]], v) for (c, p), v in pays.items()
@@ -277,7 +282,7 @@ def test_a_lag_that_anti_agrees_gets_a_negative_weight_and_still_pays_the_honest
     def turning(client, t):
         return {"w": ((-1) ** t * 0.9 * PERSISTENT + np.random.default_rng(7919 * client + t).standard_normal(SHAPE))
                 .astype(np.float32)}
-    scored = run_rounds(SCHEDULE, deviations={c: (lambda t, c=c: turning(c, t)) for c in range(10) if c != 3}
+    scored = run_rounds(SCHEDULE, IN_ROUND, deviations={c: (lambda t, c=c: turning(c, t)) for c in range(10) if c != 3}
                         | {3: lambda t: {"w": -turning(3, t)["w"]}})
     assert scored[8].lag_weights[1] < 0 < scored[8].lag_weights[2]
     for t, partner in ((8, "c01"), (11, "c06"), (14, "c09")):
@@ -318,7 +323,7 @@ def test_a_pooled_round_reports_its_in_round_rewards_and_whether_the_pool_is_sti
     from kfca_llm.fl.aggregate import aggregation_weights
 
     for pool_peers, warming_at_8 in ((8, ()), (9, ("c01", "c03"))):
-        scored = run_rounds(SCHEDULE, PoolSettings(pool_peers=pool_peers), deviations={3: "flip"})
+        scored = run_rounds(SCHEDULE, PoolSettings(pool_peers=pool_peers, next_round=False), deviations={3: "flip"})
         for t, s in scored.items():
             alone = score_updates(round_updates(t, SCHEDULE[t], {3: "flip"}), seed=t).rewards
             assert s.in_round_rewards == alone and s.short == tuple(sorted(alone))

@@ -164,7 +164,8 @@ def federation_of(seed: int, settings: dict) -> Federation:
 def naive_of(fed: Federation, settings: dict, rank_by: str = "record", strata=None) -> list[dict[str, float]]:
     return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
                      own_replay_limit=settings["own_replay_limit"], owners=fed.owners, references=fed.references,
-                     reference_weight=settings["reference_weight"], strata=strata)
+                     reference_weight=settings["reference_weight"], strata=strata,
+                     next_round=settings.get("next_round", True))
 
 
 @pytest.fixture(scope="module")
@@ -183,15 +184,18 @@ def unconditioned_naive(runs: dict, seed: int, long: bool, rank_by: str) -> list
 
 
 def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicConditioning = OFF,
-                 naive_runs: dict | None = None, meetings: int = 0, sleeper: bool = False) -> None:
-    settings = {**case(seed, long), "meetings": meetings, "sleeper": sleeper}
+                 naive_runs: dict | None = None, meetings: int = 0, sleeper: bool = False,
+                 next_round: bool = True) -> None:
+    settings = {**case(seed, long), "meetings": meetings, "sleeper": sleeper, "next_round": next_round}
     fed = federation_of(seed, settings)
     paid, strata = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"],
-                                              rank_by=rank_by, own_replay_limit=settings["own_replay_limit"]),
+                                              rank_by=rank_by, own_replay_limit=settings["own_replay_limit"],
+                                              next_round=next_round),
                             settings["reference_weight"], conditioning)
     assert any(strata) == conditioning.enabled
     # Without conditioning every round's strata are None, the naive reference's default
-    expected = (naive_of(fed, settings, rank_by, strata) if conditioning.enabled or naive_runs is None
+    fresh = conditioning.enabled or naive_runs is None or not next_round
+    expected = (naive_of(fed, settings, rank_by, strata) if fresh
                 else unconditioned_naive(naive_runs, seed, long, rank_by))
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
     for t, (got, want) in enumerate(zip(paid, expected), start=1):
@@ -215,6 +219,12 @@ def test_the_pool_pays_what_the_naive_reference_pays_with_a_sleeper():
     two updates before it (pool rule 14: the previous one alone is within noise); of seeds 0-59, the one where that
     changes a reward."""
     assert_equal(41, True, "record", sleeper=True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pool_pays_what_the_naive_reference_pays_without_waiting_for_the_round_after(seed):
+    """``PoolSettings.next_round=False``: a disagreeing pair nothing else settles is ranked in its round (rule 14)."""
+    assert_equal(seed, False, "record", next_round=False)
 
 
 CONDITIONED_CASES = ((0, 0), (1, 0), (2, 0), (3, 0), (13, 0), (13, 3))
@@ -257,6 +267,8 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("the lineage ranks a pair" for c in result.by_lineage)
         seen.update("a turn forfeits what was paid" for e in result.forfeited if e.paid > 0 and not e.charged)
         seen.update("an agreement with a turned peer read back" for c in result.agreement_read_back)
+        seen.update("a disagreeing pair waits for the round after" for c in result.held)
+        seen.update("the round after overturns a ranking" for c in result.by_next_round)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
@@ -309,7 +321,9 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", f"c{RESCALER} left out",
             "an own repeat of every sign, not of the values, scored fresh", "in-round copy", "undetermined", "settled",
             "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair",
-            "a turn forfeits what was paid", "an agreement with a turned peer read back", "owned own resubmission", "owned undetermined", "owned settled",
+            "a turn forfeits what was paid", "an agreement with a turned peer read back",
+            "a disagreeing pair waits for the round after", "the round after overturns a ranking", "owned own resubmission",
+            "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",
             "a reference determines a round", "a reference changes a reward"} <= seen, seen

@@ -21,9 +21,10 @@ def forgery(scored: dict) -> dict[str, float]:
 def test_a_participants_record_settles_who_deviated_in_a_disagreeing_pair():
     """The rank is the round's verdict plus the participant's record. The flipper c03's entries of rounds 1 and 6
     scored < 0; recorded as +1 instead, and c01's as -1 (``forgery``), c03 outranks its honest partner c01 in round 8,
-    and the disagreement is read back for c03 and fined on c01."""
+    and the disagreement is read back for c03 and fined on c01. Ranked in its round (``next_round=False``: under pool
+    rule 15 such a pair waits for the round after it, and is ranked so where that round cannot settle it)."""
     def pool_before_8(forged: bool) -> PeerPool:
-        pool = PeerPool()
+        pool = PeerPool(PoolSettings(next_round=False))
         for t in range(1, 8):
             scored = run_rounds({t: SCHEDULE[t]}, deviations={3: "flip"})[t]
             packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))
@@ -92,11 +93,11 @@ def test_a_record_cannot_outvote_a_clear_verdict_when_verdicts_come_first(rank_b
     plus record, its record outvotes the round's verdicts and its honest partner c01 is fined; with
     ``rank_by="verdict-first"`` the two verdicts, far apart against their standard errors, settle the pair alone; with
     ``"reputation"`` the scores recorded count for nothing (a reputation is built from verdicts only, none recorded
-    here), and the round's verdicts rank the pair."""
+    here), and the round's verdicts rank the pair. Ranked in its round (``next_round=False``), as in the test above."""
     from kfca_llm.fl.pool_store import VERDICT_GATE
     from kfca_llm.fl.pool_weights import verdict_settles
 
-    pool = PeerPool(PoolSettings(rank_by=rank_by))
+    pool = PeerPool(PoolSettings(rank_by=rank_by, next_round=False))
     for t in range(1, 8):
         scored = run_rounds({t: SCHEDULE[t]}, deviations={3: "flip"})[t]
         packer = pack_updates(round_updates(t, SCHEDULE[t], {3: "flip"}))

@@ -21,10 +21,11 @@ from ..errors import InputError
 from ..packer import SignPacker
 from ..report import Pair, RewardReport
 from .pool_copies import pool_copies_of, sketch, sketch_copies_of
+from .pool_next import next_round_ranks, one_sign, open_pairs
 from .pool_reversal import has_turned, round_forfeits
 from .pool_store import VERDICT_GATE, PeerPool, PoolEntry, parse_pool_name
 from .pool_values import replays_values
-from .pool_weights import pool_lag_weights, pool_scores, public_blind_verdicts, verdict_errors
+from .pool_weights import lower_verdicts, pool_lag_weights, pool_scores, public_blind_verdicts, verdict_errors
 from .reference import REFERENCE
 
 OWN_RESUBMISSION = "own resubmission: scored without the pool"
@@ -97,6 +98,12 @@ class PoolEvidence:
     constant: frozenset[str]
     """The round's submissions that report one sign on every task (a zero update): no in-round peer's agreement with
     them is evidence (pool rule 10)."""
+    held: frozenset[Pair] = frozenset()
+    """The disagreeing in-round pairs nothing else settles (``fl.pool_next.open_pairs``, pool rule 15): their
+    participants are held undetermined as the round is scored, and settled by the round after it."""
+    next_round: dict[Pair, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """Held pair -> its two ranks by the round after it (``fl.pool_next.next_round_ranks``), where a settlement
+    reaches a round after it that settles the pair."""
 
     @property
     def keys(self) -> list[Pair]:
@@ -193,16 +200,20 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
         pool, round_, [(c, signs[k]) for k, c in enumerate(packer.clients)
                        if c in chosen and c in real and c not in copied], task)
     constant = frozenset(c for k, c in enumerate(packer.clients) if one_sign(signs[k], task))
+    errors = verdict_errors(terms_of, verdict)
+    # Pool rule 15: a disagreeing pair of real participants nothing else settles is held, and settled by the round
+    # after it (never with a trusted reference: it tells who deviated).
+    judged_pairs = (real & set(verdict)) - own - constant
+    candidates = [(c, p) for c, p in in_round_keys if pay[(c, p)] < 0 and {c, p} <= judged_pairs]
+    held = frozenset() if reference is not None or pool is None or not pool.settings.next_round else open_pairs(
+        candidates, lower_verdicts({c: (z, errors[c]) for c, (z, _) in verdict.items()}, blind), blind, turned,
+        pool.settings.rank_by == "verdict-first", VERDICT_GATE)
+    next_round = {} if scoring.horizon is None or not held else next_round_ranks(
+        held, round_, list(rows.values()), {c: signs[k] for k, c in enumerate(packer.clients)}, owner, task)
     return PoolEvidence(round_, round_report, chosen, frozenset(real), counts, pool_copies, frozenset(own),
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
-                        penalty_agreement, verdict, verdict_errors(terms_of, verdict), blind, own_pool, resubmitted,
-                        turned, forfeits, constant)
-
-
-def one_sign(words: np.ndarray, task: np.ndarray) -> bool:
-    """Whether packed sign words report the same sign on every task of ``task`` (all set or none)."""
-    on = np.bitwise_and(words, task)
-    return not on.any() or bool(np.array_equal(on, task))
+                        penalty_agreement, verdict, errors, blind, own_pool, resubmitted, turned, forfeits, constant,
+                        held, next_round)
 
 
 def against_trajectory(blind: tuple[float, float] | None) -> bool:

@@ -16,10 +16,12 @@ more than two standard errors; else, where one of the two has turned by its own 
 turned one lower; a participant that turned by reversing its previous submission paid at most 0, what its last three
 submissions since its last turn were paid charged back once; an agreeing pair read back for a scorer whose verdict
 without the strata is more than two standard errors below 0 where its peer has turned), undetermined participants (paid
-0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0), their settlement by a
-later round (the pool on both sides, once warm or at the window's last round; a settled entry rescored), in-round
-copies (the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of
-another participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
+0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0, or a disagreeing pair
+nothing above settles, which waits for the round after it), their settlement by a later round (the pool on both
+sides, once warm or at the window's last round; a settled entry rescored; a waiting pair ranked on each one's mean
+agreement with the next round's other participants where two or more of them agree with each other), in-round copies
+(the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of another
+participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
 sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of the signs, and under a limit of 0
 the same value at each of the 1,024 sampled coordinates too: scored without the pool, paid at most 0, what the earlier
 submission was paid charged back once), the trusted reference (a peer of every
@@ -81,14 +83,16 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
               pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02, rank_by: str = "record",
               own_replay_limit: float = 0.0, owners: list[dict[str, str]] | None = None,
               references: list[list[float] | None] | None = None, reference_weight: float = 4.0,
-              strata: list[list[int] | None] | None = None) -> list[dict[str, float]]:
+              strata: list[list[int] | None] | None = None, next_round: bool = True) -> list[dict[str, float]]:
     """What each scorer of each round (round t = index + 1, seeded ``seeds[t - 1]``) is paid for it, in its round or,
     undetermined there, by the later round that settled it. ``owners[t - 1]``: the round's attack-analysis scorers
     (-> the participant each is a side-by-side submission of; the round's other two submitters are its participants);
     ``references[t - 1]``: the round's trusted reference update (None: none); ``strata[t - 1]``: each coordinate's
-    public stratum in round t (None: the round is not conditioned)."""
+    public stratum in round t (None: the round is not conditioned); ``next_round``: ``PoolSettings.next_round`` (rule
+    15)."""
     rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy,
-                 rank_by=rank_by, own_replay_limit=own_replay_limit, reference_weight=reference_weight)
+                 rank_by=rank_by, own_replay_limit=own_replay_limit, reference_weight=reference_weight,
+                 next_round=next_round)
 
     def round_of(r: int):
         submissions, reference = rounds[r - 1], (references or [None] * r)[r - 1]
@@ -159,10 +163,14 @@ class Scored:
     agreement_read_back: set[str] = field(default_factory=set)
     """Scorers of an agreeing pair fined the agreement: its peer turned, the scorer ran against the trajectory (pool
     rule 9)."""
+    held: set[str] = field(default_factory=set)
+    """Scorers of a disagreeing pair nothing settles as the round is scored: they wait for the round after (rule 15)."""
+    by_next_round: set[str] = field(default_factory=set)
+    """Scorers of a waiting pair that the round after it ranked otherwise than the verdicts and records (rule 15)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
-          min_peers, max_copy, rank_by, own_replay_limit, reference_weight, values):
+          min_peers, max_copy, rank_by, own_replay_limit, reference_weight, values, next_round):
     """Round ``t`` (``negative``: scorer -> its reports; ``owners``: the owned scorers' participants; ``strata``: each
     coordinate's public stratum, or None; ``values``: scorer -> its ``sampled`` values) on the pool of ``history``, or,
     settling it at ``horizon``, the pool on both sides of it."""
@@ -373,7 +381,22 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
 
     forfeit = {c: [] if c in twins | own | other_copy else forfeits(c) for c in (a, b)}
     ref = reference_weight if reference is not None else 0.0
+
+    # Pool rule 15: the round after a pair nothing above settles, where its other participants (two or more, none
+    # reporting one sign) agree with each other on half the tasks or more: each one's mean agreement with them.
+    def after(c: str, p: str) -> tuple[float, float] | None:
+        def agree(x: list[bool], y: list[bool]) -> float:
+            return sum(x[k] == y[k] for k in tasks) / len(tasks)
+
+        others = [e.negative for e in rows if e.round == t + 1 and e.client not in (owner[c], owner[p])
+                  and len({e.negative[k] for k in tasks}) > 1]
+        if len(others) < 2 or any(agree(x, y) < 0.5 for i, x in enumerate(others) for y in others[i + 1:]):
+            return None
+        return (sum(agree(negative[c], x) for x in others) / len(others),
+                sum(agree(negative[p], x) for x in others) / len(others))
+
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
+    held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew
     agreement_read_back = set()
     for c in scorers:
         p = peer_of[c]
@@ -394,6 +417,14 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             mine, theirs = ((blind[c][0], blind[p][0]) if against_trajectory(c, p) else
                             ((-1.0, 0.0) if has_turned[c] else (0.0, -1.0)) if has_turned[c] != has_turned[p] else
                             (ranked[c][0], ranked[p][0]) if clear(c, p) else (rank[c], rank[p]))
+            if next_round and not ref and {c, p} == {a, b} and not against_trajectory(c, p) \
+                    and has_turned[c] == has_turned[p] and not clear(c, p) and len({negative[c][k] for k in tasks}) > 1:
+                if horizon is None:
+                    held.add(c)
+                elif after(c, p) is not None:
+                    if (after(c, p)[1] < after(c, p)[0]) != (theirs < mine):
+                        by_next_round.add(c)  # it ranks the pair otherwise than the records would
+                    mine, theirs = after(c, p)
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
@@ -408,9 +439,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in matches[c] if not e.charged)
         elif forfeit.get(c):  # and so is one that turned, what it forfeits
             reward = min(reward, 0.0) - sum(max(e.paid, 0.0) for e in forfeit[c] if not e.charged)
-        elif not ref and len(distinct) < min_peers:
-            reward = 0.0  # undetermined: no majority that could outvote a deviator (a trusted reference tells)
-            unsure.add(c)
+        elif c in held or not ref and len(distinct) < min_peers:
+            reward = 0.0  # undetermined: no majority that could outvote a deviator (a trusted reference tells), or
+            unsure.add(c)  # waiting for the round after it (rule 15)
         elif not ref and strata is not None and not peer_sign and c in verdict \
                 and not abs(verdict[c]) > 2.0 * conditioned[c][1]:
             reward = 0.0  # undetermined too within strata: the pool alone, its verdict within two standard errors of 0
@@ -424,4 +455,5 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
-                  by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]], agreement_read_back)
+                  by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]], agreement_read_back, held,
+                  by_next_round)

@@ -82,6 +82,9 @@ def rank_pairs(ev: PoolEvidence, pool: PeerPool | None, horizon: int | None) -> 
     blind = ev.blind
     rank_of |= {(c, p): (blind[c][0], blind[p][0]) for c, p in rank_of if c in blind and p in blind
                 and p not in ev.own and trajectory_settles(blind[c], blind[p], VERDICT_GATE)}
+    # A held pair that the round after it settles (pool rule 15, settling only) is ranked on that round alone: the one
+    # that agrees less with the next round's participants deviated, whatever the records.
+    rank_of |= ev.next_round
     return rank_of, {c: t for c, t in evidence.items() if c in ev.real and rank_by == "reputation"}
 
 
@@ -133,9 +136,12 @@ def hold_unsure(ev: PoolEvidence, weights: Sequence[float], paid: Mapping[str, f
     # errors of 0: there an honest update's verdict across rounds can be as weak as noise, and a payment of noise is no
     # evidence (the in-round peer an own resubmission or a constant report, say).
     counted = {c for (c, _), weight in zip(ev.in_round_keys, weights) if weight != 0.0}
+    # Pool rule 15: as the round is scored, a scorer whose disagreeing pair nothing else settles waits for the round
+    # after it (fl.pool_next).
+    held = {c for c, _ in ev.held} if scoring.horizon is None else set()
     unsure = set() if scoring.reference is not None else {
         c for c in ev.chosen if c not in ev.resubmitted and c not in ev.forfeited and (
-            len(weighted.get(c, ())) < pool.settings.min_peers or (
+            c in held or len(weighted.get(c, ())) < pool.settings.min_peers or (
                 scoring.planes is not None and c in ev.verdict and c not in counted
                 and not abs(ev.verdict[c][0]) > VERDICT_GATE * ev.errors[c]))}
     return paid | {c: 0.0 for c in unsure}, unsure

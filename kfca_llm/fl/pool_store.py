@@ -56,6 +56,11 @@ class PoolSettings:
     ``"record"``; ``"reputation"``, by each one's reputation (``fl.pool_policy.reputation``): what the pool's verdicts
     told of it, this round's and its earlier submissions', never its in-round payments, which the ranking itself
     decides."""
+    next_round: bool = True
+    """Whether a disagreeing pair that no other evidence settles waits for the round after it, which then ranks it
+    (pool rule 15, ``fl.pool_next``): its two participants are paid a round later. False: such a pair is ranked in its
+    round on the verdicts and records, as under rule 14 (tests of that ranking; a settled pair the round after cannot
+    settle is ranked so too)."""
     rule: int = POOL_RULE
     """The pooled-scoring rule these settings were recorded under (``POOL_RULE``: the one this version computes;
     a ledger of an earlier rule is not rescored with this one)."""
@@ -68,6 +73,8 @@ class PoolSettings:
         if (isinstance(self.own_replay_limit, bool) or not isinstance(self.own_replay_limit, (int, float))
                 or not 0 <= self.own_replay_limit < 0.5):
             raise InputError(f"peer pool: own_replay_limit must be a fraction in [0, 0.5), got {self.own_replay_limit!r}")
+        if not isinstance(self.next_round, bool):
+            raise InputError(f"peer pool: next_round must be true or false, got {repr(self.next_round)[:40]}")
         check_pool_rule(self.rule)
 
     @property

@@ -1,0 +1,75 @@
+"""Pool rule 15: the round after a disagreeing pair tells which of the two deviated.
+
+At two participants per round a pair that disagrees is ranked on the pool's verdicts plus the participants' records
+(``fl.pool_reward.rank_pairs``). Late in training the verdicts stand within noise of each other, and the record
+decides. A record is the pool's own earlier decisions: a deviator that won a meeting on it raised it and won the next
+(a sleeper whose turn the lineage missed won five meetings in a row; ``benchmarks/ROBUSTNESS.md``, pool rule 15).
+
+The round after the pair holds evidence no record does. FedAvg of an honest update and a flipped one nearly cancels,
+so the next round's participants start from about where the pair did, and their updates point the way the honest one
+did. On 90 captured Flower runs, wherever the next round's two other participants agreed with each other, the honest
+update of a pair with a flipping one agreed more with them in 470 of 470 meetings. Where they disagree, one of them
+deviated, and their mean says nothing.
+
+So a disagreeing pair that neither the trajectory (pool rule 6) nor a lineage (pool rule 7) settles, nor the verdicts
+alone under ``rank_by="verdict-first"``, is **open**. Both its participants are held (undetermined, ``hold_unsure``)
+and settled once the round after it is in the pool (``fl.pool_settle``). If that round's entries of other participants
+are at least ``NEXT_ROUND_MIN``, none reports one sign on every task, and every two of them agree on at least half the
+tasks, the one of the pair that agrees less with them on average ranks lower. Otherwise the pair is ranked as any
+settled pair is, on the pool of both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ..report import Pair
+from .pool_copies import set_bits
+from .pool_reversal import agreement
+from .pool_store import PoolEntry
+from .pool_weights import trajectory_settles, verdict_settles
+
+NEXT_ROUND_MIN = 2
+"""Entries of other participants the round after an open pair must hold to settle it: one alone may be a deviator's."""
+
+
+def open_pairs(disagreeing: Iterable[Pair], ranked: Mapping[str, tuple[float, float]],
+               blind: Mapping[str, tuple[float, float]], turned: frozenset[str], verdict_first: bool,
+               gate: float) -> frozenset[Pair]:
+    """The ``disagreeing`` in-round pairs (both real participants with verdicts, neither an own resubmission nor a
+    constant report) that no other evidence settles: neither the verdicts without the public strata (``blind``,
+    ``trajectory_settles``), nor one participant's lineage (``turned``), nor under ``verdict_first`` the ranked
+    verdicts (``ranked``: (verdict, standard error), ``verdict_settles``)."""
+    return frozenset(
+        (c, p) for c, p in disagreeing
+        if (c in turned) == (p in turned)
+        and not (c in blind and p in blind and trajectory_settles(blind[c], blind[p], gate))
+        and not (verdict_first and verdict_settles(ranked[c], ranked[p], gate)))
+
+
+def next_round_ranks(pairs: Iterable[Pair], round_: int, rows: Sequence[PoolEntry], signs: Mapping[str, np.ndarray],
+                     owner: Mapping[str, str], task: np.ndarray) -> dict[Pair, tuple[float, float]]:
+    """Open pair (scorer, peer) -> (the scorer's mean agreement with the next round's entries of other participants,
+    the peer's), where that round settles it (see the module docstring); ``rows``: the pool entries in reach,
+    ``signs``: scorer -> its sign words, ``owner``: scorer -> its participant, ``task``: this round's task words."""
+    bits = set_bits(task)
+    if not bits:
+        return {}
+    after = sorted((e for e in rows if e.round == round_ + 1), key=lambda e: e.participant)
+    out = {}
+    for c, p in pairs:
+        others = [e.signs for e in after if e.participant not in (owner[c], owner[p]) and not one_sign(e.signs, task)]
+        coherent = len(others) >= NEXT_ROUND_MIN and all(
+            agreement(x, y, task, bits) >= 0.5 for k, x in enumerate(others) for y in others[k + 1:])
+        if coherent:
+            out[(c, p)] = (sum(agreement(signs[c], e, task, bits) for e in others) / len(others),
+                           sum(agreement(signs[p], e, task, bits) for e in others) / len(others))
+    return out
+
+
+def one_sign(words: np.ndarray, task: np.ndarray) -> bool:
+    """Whether packed sign words report the same sign on every task of ``task`` (all set or none)."""
+    on = np.bitwise_and(words, task)
+    return not on.any() or bool(np.array_equal(on, task))

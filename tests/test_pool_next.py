@@ -1,0 +1,154 @@
+"""``fl.pool_next`` (pool rule 15): which disagreeing pairs wait for the round after them, and how that round ranks
+them. The whole rule, held and settled through ``score_with_pool`` and ``close_round``, is compared with the naive
+reference in ``tests/test_pool_naive.py``; the federation below shows what it changes."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kfca_llm.fl.pool_next import NEXT_ROUND_MIN, next_round_ranks, open_pairs
+from kfca_llm.fl.pool_store import VERDICT_GATE, PoolEntry
+
+COORDS = 4096
+
+
+def words(update: np.ndarray) -> np.ndarray:
+    return np.packbits(update < 0, bitorder="little").view(np.int32).copy()
+
+
+TASK = np.full(COORDS // 32, -1, dtype=np.int32)
+
+
+@pytest.fixture
+def round_after():
+    """Round 5: honest H and flipping F, each a noisy copy of the direction ``d`` (F negated); round 6: P and Q, honest
+    (noisy copies of ``d``, agreeing with each other), and R, which flips."""
+    rng = np.random.default_rng(3)
+    d = rng.standard_normal(COORDS)
+
+    def honest() -> np.ndarray:
+        return d + 1.5 * rng.standard_normal(COORDS)
+
+    signs = {"H": words(honest()), "F": words(-honest())}
+    rows = [PoolEntry(6, "P", words(honest())), PoolEntry(6, "Q", words(honest())), PoolEntry(6, "R", words(-honest())),
+            PoolEntry(4, "S", words(honest())), PoolEntry(7, "T", words(-honest()))]
+    return signs, rows
+
+
+def agree(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.mean(np.unpackbits(a.view(np.uint8)) == np.unpackbits(b.view(np.uint8))))
+
+
+def test_the_round_after_ranks_the_one_that_agrees_less_with_it_lower(round_after):
+    signs, rows = round_after
+    coherent = [e for e in rows if e.participant != "R"]  # P and Q agree with each other
+    ranks = next_round_ranks([("H", "F"), ("F", "H")], 5, coherent, signs, {"H": "H", "F": "F"}, TASK)
+    p, q = (e.signs for e in coherent[:2])
+    h = (agree(signs["H"], p) + agree(signs["H"], q)) / 2
+    f = (agree(signs["F"], p) + agree(signs["F"], q)) / 2
+    assert ranks == {("H", "F"): pytest.approx((h, f), abs=1e-12), ("F", "H"): pytest.approx((f, h), abs=1e-12)}
+    assert h > 0.5 > f  # only round 6 counts: S (round 4) and T (round 7) are not the round after
+
+
+def test_a_round_after_whose_participants_disagree_settles_nothing(round_after):
+    signs, rows = round_after
+    assert next_round_ranks([("H", "F")], 5, rows, signs, {"H": "H", "F": "F"}, TASK) == {}  # R flips: no majority
+
+
+def test_the_round_after_needs_enough_participants_other_than_the_pair_and_none_of_one_sign(round_after):
+    signs, rows = round_after
+    one = [rows[0]]
+    assert NEXT_ROUND_MIN == 2
+    assert next_round_ranks([("H", "F")], 5, one, signs, {"H": "H", "F": "F"}, TASK) == {}
+    # the pair's own participants in the round after are not its judges
+    own = [rows[0], PoolEntry(6, "H", signs["H"])]
+    assert next_round_ranks([("H", "F")], 5, own, signs, {"H": "H", "F": "F"}, TASK) == {}
+    # an owned scorer is judged against the others of its participant's round
+    assert next_round_ranks([("H:copy", "F")], 5, own, {"H:copy": signs["H"], "F": signs["F"]},
+                            {"H:copy": "H", "F": "F"}, TASK) == {}
+    zero = [rows[0], PoolEntry(6, "Z", np.zeros(COORDS // 32, dtype=np.int32))]
+    assert next_round_ranks([("H", "F")], 5, zero, signs, {"H": "H", "F": "F"}, TASK) == {}
+    assert next_round_ranks([("H", "F")], 5, rows[:2], signs, {"H": "H", "F": "F"}, TASK) != {}
+
+
+def test_only_the_task_bits_count(round_after):
+    signs, rows = round_after
+    half = TASK.copy()
+    half[: COORDS // 64] = 0
+    ranks = next_round_ranks([("H", "F")], 5, rows[:2], signs, {"H": "H", "F": "F"}, half)
+    on = np.unpackbits(half.view(np.uint8)).astype(bool)
+
+    def agree_on(a, b):
+        return float(np.mean((np.unpackbits(a.view(np.uint8)) == np.unpackbits(b.view(np.uint8)))[on]))
+
+    p, q = rows[0].signs, rows[1].signs
+    assert ranks[("H", "F")][0] == pytest.approx((agree_on(signs["H"], p) + agree_on(signs["H"], q)) / 2, abs=1e-12)
+
+
+def test_a_pair_another_rule_settles_does_not_wait():
+    pairs = [("A", "B"), ("B", "A")]
+    weak = {"A": (0.01, 0.02), "B": (-0.01, 0.02)}
+    assert open_pairs(pairs, weak, weak, frozenset(), False, VERDICT_GATE) == frozenset(pairs)
+    # a lineage tells them apart (pool rule 7)
+    assert open_pairs(pairs, weak, weak, frozenset({"B"}), False, VERDICT_GATE) == frozenset()
+    # ... but not where both turned
+    assert open_pairs(pairs, weak, weak, frozenset({"A", "B"}), False, VERDICT_GATE) == frozenset(pairs)
+    # the trajectory settles it (pool rule 6): the lower below 0, more than two standard errors apart
+    against = {"A": (0.05, 0.01), "B": (-0.05, 0.01)}
+    assert open_pairs(pairs, weak, against, frozenset(), False, VERDICT_GATE) == frozenset()
+    # the verdicts settle it under verdict-first only
+    clear = {"A": (0.2, 0.01), "B": (-0.2, 0.01)}
+    assert open_pairs(pairs, clear, weak, frozenset(), True, VERDICT_GATE) == frozenset()
+    assert open_pairs(pairs, clear, weak, frozenset(), False, VERDICT_GATE) == frozenset(pairs)
+    assert open_pairs(pairs, weak, weak, frozenset(), True, VERDICT_GATE) == frozenset(pairs)
+
+
+
+def run_closed(settings, forged: bool = False) -> tuple[dict, dict]:
+    """``pool_updates``' federation (client 3 flips in rounds 8, 11 and 14) scored and closed round by round, as a run
+    is (``forged``: c03 recorded as paid +1 and its partner c01 as -1 up to round 7, a sleeper's record:
+    ``tests/test_pool_record.py``'s forgery). Returns (round -> what it paid as it was scored, (round, scorer) -> the
+    settlement that paid it later)."""
+    from pool_updates import SCHEDULE, round_updates
+
+    from kfca_llm.api import pack_updates
+    from kfca_llm.engine.duplicates import DuplicateRule
+    from kfca_llm.fl.peer_pool import PeerPool, score_with_pool
+    from kfca_llm.fl.pool_close import ClosingRound, close_round
+
+    pool, paid, settled = PeerPool(settings), {}, {}
+    for t, clients in SCHEDULE.items():
+        packer = pack_updates(round_updates(t, clients, {3: "flip"}))
+        scored = score_with_pool(packer, pool, t, seed=t)
+        paid[t] = dict(scored.report.rewards)
+        closing = ClosingRound.scored(packer, t, scored, words=packer.words(), participants=packer.clients, seed=t,
+                                      penalty="expected", bonus_fraction=0.5, duplicates="zero",
+                                      duplicate_rule=DuplicateRule())
+        if forged and t < 8:
+            scores = {c: {"c03": 1.0, "c01": -1.0}.get(c, s) for c, s in closing.unadjusted_rewards.items()}
+            closing = dataclasses.replace(closing, unadjusted_rewards=scores)
+        for settlement in close_round(pool, closing):
+            settled[(settlement.round, settlement.participant)] = settlement
+    return paid, settled
+
+
+@pytest.mark.parametrize("forged", [False, True])
+def test_a_meeting_with_the_flipper_waits_for_the_round_after_which_pays_the_honest_partner(forged):
+    """Each meeting of the flipper c03 with an honest partner is held as it is scored (both paid 0), and settled by the
+    round after it: the partner paid > 0 and more than c03, whose record (forged: a sleeper's) counts for nothing there.
+    Ranked in its round (``next_round=False``, pool rule 14), the forged record wins round 8 for the flipper."""
+    from kfca_llm.fl.pool_store import PoolSettings
+
+    paid, settled = run_closed(PoolSettings(), forged)
+    for t, partner in ((8, "c01"), (11, "c06"), (14, "c09")):
+        assert paid[t] == {partner: 0.0, "c03": 0.0}, t
+        if t < 14:  # the run's last round has no round after it: it waits
+            # paid once the pool is warm behind them (fl.pool_settle), ranked by round t + 1 whenever that is
+            assert settled[(t, partner)].settled_in > t and settled[(t, "c03")].settled_in > t
+            assert settled[(t, partner)].reward > 0 > settled[(t, "c03")].reward, t
+    in_round, _ = run_closed(PoolSettings(next_round=False), forged)
+    if forged:
+        assert in_round[8]["c03"] > 0 > in_round[8]["c01"]
+    else:
+        assert in_round[8]["c01"] > 0 > in_round[8]["c03"]
