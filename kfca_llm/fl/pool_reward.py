@@ -8,8 +8,9 @@ rule is what it is):
 2. **rank** (``rank_pairs``): each in-round pair's two ranks: the verdict (within public strata the lower of the one
    within and the one without them) plus the record, or the reputation, or the verdict alone, as ``rank_by`` says; a
    pair the verdicts settle (``"verdict-first"``) is ranked on those; a pair of which one participant has turned by
-   its lineage and the other not, the turned one lower; and within public strata a pair the trajectory settles on the
-   verdicts without the strata, whatever came before;
+   its lineage and the other not, the turned one lower; within public strata a pair the trajectory settles on the
+   verdicts without the strata, whatever came before; and, settling a held pair (below), on the round after it where
+   that round settles it (``fl.pool_next``, pool rule 15);
 3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say (an agreeing pair
    as it is, unless pool rule 9 reads it back: ``agreement_read_back``; a peer reporting one sign on every task
    weighs 0, pool rule 10), a pool peer at its lag's weight over the verdict's, the trusted reference at its weight;
@@ -18,7 +19,8 @@ rule is what it is):
 5. **hold the unsure** (``hold_unsure``): a short scorer with fewer than ``min_peers`` distinct weighted peers, or
    within public strata paid on a pool verdict alone that stands within ``VERDICT_GATE`` standard errors of 0, is
    paid 0 (``unpaid``; a real participant undetermined), never with a trusted reference, never one step 6 charges
-   (its reward is known);
+   (its reward is known); and so, as its round is scored, is a scorer of a disagreeing pair that nothing of step 2
+   settles (**held**: it waits for the round after it, pool rule 15);
 6. **charge back** (``charge_back``): a participant that resubmitted its own earlier entries (none under the duplicate
    policy ``flag``), or whose update turned against its own earlier ones (pool rule 8, ``fl.pool_reversal``), is paid
    at most 0, less what those entries were paid (once);
