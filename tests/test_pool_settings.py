@@ -56,3 +56,16 @@ def test_one_registry_of_rules_names_what_an_earlier_rule_was():
         PoolSettings(rule=5)
     with pytest.raises(InputError, match=r"rule 99 \(no such rule\)"):
         check_pool_rule(99)
+
+
+@pytest.mark.parametrize("value", ["true", 1, None, 0.0])
+def test_waiting_for_the_round_after_is_true_or_false_and_a_ledgers_other_value_is_refused(value):
+    """``next_round`` (pool rule 15) is a bool: a ledger's settings naming anything else are refused, briefly."""
+    from kfca_llm.fl.pool_store import recorded_pool_settings
+
+    assert PoolSettings().next_round is True and PoolSettings(next_round=False).next_round is False
+    with pytest.raises(InputError, match="next_round must be true or false"):
+        PoolSettings(next_round=value)
+    with pytest.raises(InputError, match="next_round must be true or false, got 'xxxxx"):
+        recorded_pool_settings({**PoolSettings().to_dict(), "next_round": "x" * 1000})
+    assert recorded_pool_settings({**PoolSettings().to_dict(), "next_round": False}).next_round is False
