@@ -12,8 +12,8 @@ update of a pair with a flipping one agreed more with them in 470 of 470 meeting
 deviated, and their mean says nothing.
 
 So a disagreeing pair that neither the trajectory (pool rule 6) nor a lineage (pool rule 7) settles, nor the verdicts
-alone under ``rank_by="verdict-first"``, is **open**. Both its participants are held (undetermined, ``hold_unsure``)
-and settled once the round after it is in the pool (``fl.pool_settle``). If that round's entries of other participants
+alone under ``rank_by="verdict-first"``, is **open**. Its scorers are held (undetermined, ``hold_unsure``) and
+settled once the round after it is in the pool (``fl.pool_settle``). If that round's entries of other participants
 are at least ``NEXT_ROUND_MIN``, none reports one sign on every task, and every two of them agree on at least half the
 tasks, the one of the pair that agrees less with them on average ranks lower. Otherwise the pair is ranked as any
 settled pair is, on the pool of both sides.
