@@ -1,0 +1,112 @@
+"""What the rounds around a disagreeing pair say about which of the two deviated, measured on captured Flower runs.
+
+Every pair of a round (``flower_few_peers.py --capture``) whose two sign vectors agree on less than half the tasks and
+of which exactly one participant is honest (by the capture's attack schedule: a flipping node while it flips, a free
+rider always) is compared with round t + k's other participants: does the honest one agree more with them, on average
+over them, than its partner? Those participants are the round's submissions that are not its pair's participants,
+not a constant report (a zero update: one sign on every task) and not a resubmission (within 2% of the signs of an
+earlier submission of the same partition); ``coherent`` asks two or more of them agreeing with each other on half the
+tasks or more, as pool rule 15 does (``fl.pool_next``); ``single`` takes rounds with one. Prints, per k and per kind of
+partner, the pairs measured and how many the honest one won (benchmarks/ROBUSTNESS.md, pool rule 15)::
+
+    .venv/bin/python benchmarks/flower_round_after.py run1.npz run2.npz ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from flower_few_peers import flips  # this folder: on the path as a script
+
+REPLAY_LIMIT = 0.02
+"""A submission within this share of the signs of an earlier one of the same partition is a resubmission."""
+
+
+def bits(words: np.ndarray) -> np.ndarray:
+    return np.unpackbits(np.asarray(words, dtype=np.int32).view(np.uint8)).astype(bool)
+
+
+def load(path: Path) -> tuple[dict[int, dict[int, np.ndarray]], dict[int, np.ndarray], dict[int, str]]:
+    """(round -> partition -> sign bits, round -> task bits, partition -> its attack)."""
+    data = np.load(path)
+    meta = json.loads(bytes(data["__meta__"]).decode())
+    partition_of = {int(t): {c: int(p) for c, p in who.items()} for t, who in meta["partition_of"].items()}
+    signs, tasks = {}, {}
+    for k, r in enumerate(meta["rounds"]):
+        t = r["round"]
+        tasks[t] = bits(data[f"{k}.task"])
+        signs[t] = {partition_of[t][c]: bits(data[f"{k}.signs.{c}"]) for c in r["clients"] if c in partition_of[t]}
+    return signs, tasks, {int(p): a for p, a in meta["attacks"].items()}
+
+
+def usable(signs, tasks) -> dict[int, list[int]]:
+    """Round -> its partitions that are neither a constant report nor a resubmission."""
+    seen: dict[int, list[np.ndarray]] = {}
+    out = {}
+    for t in sorted(signs):
+        on = tasks[t]
+        out[t] = []
+        for p, s in signs[t].items():
+            constant = s[on].all() or not s[on].any()
+            replay = any(np.mean(s[on] != e[on]) <= REPLAY_LIMIT for e in seen.get(p, ()))
+            if not constant and not replay:
+                out[t].append(p)
+        for p, s in signs[t].items():
+            seen.setdefault(p, []).append(s)
+    return out
+
+
+def measure(path: Path, lags, coherent: bool, counts: Counter) -> None:
+    signs, tasks, attacks = load(path)
+    ok = usable(signs, tasks)
+    participations = Counter()
+    for t in sorted(signs):
+        deviating = {p for p in signs[t] if p in attacks and (flips(attacks[p], participations[p])
+                                                               or attacks[p].startswith("free-ride"))}
+        participations.update(list(signs[t]))
+        honest = [p for p in signs[t] if p not in attacks]
+        if len(signs[t]) != 2 or len(honest) != 1 or not deviating:
+            continue
+        (h,), (d,) = honest, deviating
+        if np.mean(signs[t][h][tasks[t]] == signs[t][d][tasks[t]]) >= 0.5:
+            continue
+        kind = "flipping" if flips(attacks[d], participations[d] - 1) else attacks[d]
+        for k in lags:
+            others = [p for p in ok.get(t + k, ()) if p not in (h, d)]
+            on = tasks[t] & tasks.get(t + k, tasks[t])
+            if coherent and (len(others) < 2 or any(np.mean(signs[t + k][x][on] == signs[t + k][y][on]) < 0.5
+                                                    for i, x in enumerate(others) for y in others[i + 1:])):
+                continue
+            if not coherent and len(others) != 1:
+                continue
+            mean = {p: np.mean([np.mean(signs[t][p][on] == signs[t + k][o][on]) for o in others]) for p in (h, d)}
+            counts[(k, kind, "pairs")] += 1
+            counts[(k, kind, "honest agrees more")] += bool(mean[h] > mean[d])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("captures", nargs="+", type=Path)
+    parser.add_argument("--lags", type=lambda v: [int(k) for k in v.split(",")], default=[-2, -1, 1, 2, 3],
+                        help="the rounds t + k compared, comma-separated (default -2,-1,1,2,3)")
+    parser.add_argument("--single", action="store_true", help="rounds with one usable participant, not coherent ones")
+    args = parser.parse_args(argv)
+    counts: Counter = Counter()
+    for path in args.captures:
+        measure(path, args.lags, not args.single, counts)
+    print(f"{len(args.captures)} captures, round t + k {'with one usable participant' if args.single else 'coherent'}")
+    print("| k | partner | pairs | the honest one agrees more |")
+    print("|---|---|---|---|")
+    for k, kind in sorted({(k, kind) for k, kind, _ in counts}):
+        pairs, won = counts[(k, kind, "pairs")], counts[(k, kind, "honest agrees more")]
+        print(f"| {k:+d} | {kind} | {pairs} | {won} ({won / pairs:.0%}) |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
