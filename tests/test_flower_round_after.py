@@ -1,0 +1,76 @@
+"""``benchmarks/flower_round_after.py``: on a capture of known updates, which pairs it measures against which rounds,
+and what it counts."""
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from flower_round_after import main, measure  # noqa: E402
+
+COORDS = 2048
+
+
+def words(update: np.ndarray) -> np.ndarray:
+    return np.packbits(update < 0, bitorder="little").view(np.int32).copy()
+
+
+def capture(path: Path, rounds: list[dict[int, np.ndarray]], attacks: dict[int, str]) -> Path:
+    """A capture as ``flower_capture.Capture.save`` writes it, of rounds of partition -> float update (every
+    coordinate a task; client names ``c<partition>``)."""
+    arrays, meta = {}, {"rounds": [], "settings": {}, "attacks": {str(p): a for p, a in attacks.items()},
+                        "partition_of": {}}
+    for k, updates in enumerate(rounds):
+        arrays[f"{k}.task"] = np.full(COORDS // 32, -1, dtype=np.int32)
+        for p, u in updates.items():
+            arrays[f"{k}.signs.c{p}"] = words(u)
+        meta["rounds"].append({"round": k + 1, "clients": [f"c{p}" for p in updates]})
+        meta["partition_of"][str(k + 1)] = {f"c{p}": p for p in updates}
+    np.savez(path, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+    return path
+
+
+def test_a_flipping_pair_is_measured_against_the_rounds_around_it(tmp_path, capsys):
+    """Round 2: honest 1 and flipping 3. Round 3: honest 4 and 5 (coherent), round 4: honest 6 and the zero node 7 (one
+    usable participant), round 1: honest 8 and 9. Only pairs of one honest and one deviating node count."""
+    rng = np.random.default_rng(0)
+    d = rng.standard_normal(COORDS)
+
+    def honest():
+        return d + 0.8 * rng.standard_normal(COORDS)
+
+    rounds = [{8: honest(), 9: honest()}, {1: honest(), 3: -honest()}, {4: honest(), 5: honest()},
+              {6: honest(), 7: np.zeros(COORDS)}]
+    path = capture(tmp_path / "run.npz", rounds, {3: "flip", 7: "zero"})
+    coherent, single = Counter(), Counter()
+    measure(path, [-1, 1, 2], True, coherent)
+    measure(path, [-1, 1, 2], False, single)
+    assert coherent == Counter({(-1, "flipping", "pairs"): 1, (-1, "flipping", "honest agrees more"): 1,
+                                (1, "flipping", "pairs"): 1, (1, "flipping", "honest agrees more"): 1})
+    assert single == Counter({(2, "flipping", "pairs"): 1, (2, "flipping", "honest agrees more"): 1})
+    assert main([str(path), "--lags", "1"]) == 0
+    assert "| +1 | flipping | 1 | 1 (100%) |" in capsys.readouterr().out
+
+
+def test_a_resubmission_and_an_agreeing_pair_are_left_out(tmp_path):
+    """Round 3's node 4 resubmits its round-1 update: round 3 has one usable participant left. Node 3 (on-off) flips
+    in round 2 only, and round 4's pair is honest. Round 5's free rider 10 agrees with its honest partner: not measured,
+    though round 6 is coherent."""
+    rng = np.random.default_rng(1)
+    d = rng.standard_normal(COORDS)
+
+    def honest():
+        return d + 0.8 * rng.standard_normal(COORDS)
+
+    first = honest()
+    rounds = [{4: first, 3: honest()}, {1: honest(), 3: -honest()}, {4: first, 5: honest()}, {6: honest(), 3: honest()},
+              {2: honest(), 10: honest()}, {11: honest(), 12: honest()}]
+    path = capture(tmp_path / "run.npz", rounds, {3: "on-off", 10: "free-ride:1"})
+    coherent, single = Counter(), Counter()
+    measure(path, [1], True, coherent)
+    measure(path, [1], False, single)
+    assert coherent == Counter()
+    assert single == Counter({(1, "flipping", "pairs"): 1, (1, "flipping", "honest agrees more"): 1})
