@@ -25,6 +25,9 @@ a settled reward counts in its round). Deviations: the attack registry's flip, z
 honest update, resubmitted), sparse:0.5, copy:0 (the partner's update of the round) and copy-pool (another client's
 update from an earlier round: a copy of a pool member).
 
+The pool runs with pool rule 15 off (``few_peers_done_when.NEXT_ROUND``): it reads the round after a disagreeing pair,
+and every round after a deviation here is the honest federation's, which never aggregated it.
+
 The two settings that need a clean data set on the server use the same reference update each round: the tiny
 recipe's training from the round's global on ``REFERENCE_ROWS`` rows no client has (``kfca.reference-rows``).
 "reference" scores it as a peer of weight ``DEFAULT_REFERENCE_WEIGHT`` (no pool); "FLTrust trust score" pays
@@ -53,7 +56,7 @@ from kfca_llm.fl.rounds import attack_context
 from kfca_llm.fl.seeds import KFCA, client_id, derive_seed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from few_peers_done_when import DONE_WHEN, close_defaults, done_when_table  # noqa: E402
+from few_peers_done_when import DONE_WHEN, NEXT_ROUND, close_defaults, done_when_table  # noqa: E402
 
 DEVIATORS = (3, 7, 11)
 NOISY_STALE = "stale+noise"
@@ -178,13 +181,15 @@ def submissions(updates, deviation: str) -> dict[int, dict[str, dict[str, np.nda
 
 def settings_grid(full: bool, own_replay_limit: float) -> dict[str, tuple[type, PoolSettings | None]]:
     grid = {"round peers only (today)": (PeerPool, None),
-            "pool (defaults)": (PeerPool, PoolSettings(own_replay_limit=own_replay_limit)),
+            "pool (defaults)": (PeerPool, PoolSettings(own_replay_limit=own_replay_limit, next_round=NEXT_ROUND)),
             REFERENCE_SETTING: (PeerPool, None), FLTRUST_SETTING: (PeerPool, None)}
     if full:
         for window, peers, weight in itertools.product((5, 10, 20), (4, 8, 16), (0.5, 1.0, 2.0, 4.0)):
-            settings = PoolSettings(window=window, pool_peers=peers, weight=weight, own_replay_limit=own_replay_limit)
+            settings = PoolSettings(window=window, pool_peers=peers, weight=weight, own_replay_limit=own_replay_limit,
+                                    next_round=NEXT_ROUND)
             grid[f"pool W={window} K={peers} w={weight}"] = (PeerPool, settings)
-        grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings(own_replay_limit=own_replay_limit))
+        grid["pool random draw W=10 K=8 w=1"] = (RandomDrawPool, PoolSettings(own_replay_limit=own_replay_limit,
+                                                                                 next_round=NEXT_ROUND))
     return grid
 
 

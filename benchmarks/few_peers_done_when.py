@@ -29,6 +29,13 @@ DONE_WHEN = {3: "flip", 7: "zero", 11: "random", 15: "stale"}
 """The issue's done-when run: four deviating nodes of 20 (flower_few_peers.py's default attackers)."""
 
 
+NEXT_ROUND = False
+"""Pool rule 15 reads the round after a disagreeing pair, which FedAvg moved with the pair's updates. Here every
+round after a deviation is the honest federation's, which never aggregated it, so the replays run with that rule off
+(``PoolSettings.next_round``); the Flower benchmarks, whose FedAvg aggregates the deviations, measure it
+(benchmarks/ROBUSTNESS.md, pool rule 15)."""
+
+
 def done_when_replay(updates, seed: int, start: int, length: int, own_replay_limit: float = 0.0,
                      attackers: dict[int, str] = DONE_WHEN, rank_by: str = "record") -> dict:
     """One replay of the done-when run on captured honest updates: each round's updates go to two nodes drawn
@@ -40,7 +47,7 @@ def done_when_replay(updates, seed: int, start: int, length: int, own_replay_lim
     ids = [client_id(i) for i in range(20)]
     deviating = {client_id(i): spec for i, spec in attackers.items()}
     history: dict[str, list] = {c: [] for c in deviating}
-    pool = PeerPool(PoolSettings(own_replay_limit=own_replay_limit, rank_by=rank_by))
+    pool = PeerPool(PoolSettings(own_replay_limit=own_replay_limit, rank_by=rank_by, next_round=NEXT_ROUND))
     paid, meetings, unsure, settled = {}, [], {}, set()
     for t in range(1, length + 1):
         cached = [u for c, u in sorted(updates[start + t - 1].items()) if c != REFERENCE]

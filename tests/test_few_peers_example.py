@@ -17,6 +17,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from doc_pages import ROOT, markdown_table, one_block, page  # noqa: E402
 
+from kfca_llm import score_updates  # noqa: E402
 from kfca_llm.api import pack_updates  # noqa: E402
 from kfca_llm.engine.duplicates import DuplicateRule  # noqa: E402
 from kfca_llm.fl.peer_pool import PeerPool, PooledRound, PoolSettings, parse_pool_name, score_with_pool  # noqa: E402
@@ -74,11 +75,6 @@ def run() -> tuple[PooledRound, PooledRound, dict, list]:
     return held, settled_round, records, settlements
 
 
-def agreement(x: np.ndarray, y: np.ndarray) -> float:
-    """The fraction of coordinates on which two float updates have the same sign (every coordinate is a task here)."""
-    return float(np.mean((x < 0) == (y < 0)))
-
-
 def example_text() -> str:
     """The example as the page shows it: round 4's in-round payments and why it waits, round 5's ranking, and the
     settlement's pool peers, lag weights, verdicts and rewards, to 4 decimals."""
@@ -88,8 +84,9 @@ def example_text() -> str:
     weight = PoolSettings().weight
     a, b = ROUNDS[HELD - 1]
     i, j = ROUNDS[HELD]
-    after = {c: (agreement(updates[HELD - 1][c], updates[HELD][i]) + agreement(updates[HELD - 1][c], updates[HELD][j]))
-             / 2 for c in (a, b)}
+    entries = [f"{i}@{HELD + 1}", f"{j}@{HELD + 1}"]
+    after = {c: sum(report.pairwise[(c, e)] for e in entries) / 2 for c in (a, b)}
+    between = score_updates({c: {"w": updates[HELD][c]} for c in (i, j)}, seed=HELD).pairwise[(i, j)]
     lower = a if after[a] < after[b] else b
     higher = b if lower == a else a
     lines = [f"{MARKER}, round {t} (pool_weight {weight}, pool_peers {PoolSettings().pool_peers})", "",
@@ -98,8 +95,8 @@ def example_text() -> str:
              f"records: {a} {records[a]}, {b} {records[b]}; no lineage yet: nothing settles the pair in its round",
              f"round {t}: {a} {held.report.rewards[a]:+.4f}, {b} {held.report.rewards[b]:+.4f} (undetermined: both wait "
              f"for round {t + 1})", "",
-             f"round {t + 1}: {i} and {j} agree on {agreement(updates[HELD][i], updates[HELD][j]):.4f} of the tasks; "
-             f"{a} agrees with them on {after[a]:.4f}, {b} on {after[b]:.4f}",
+             f"round {t + 1}: {i} and {j} agree ({i} paid {between:+.4f} against {j} on round {t}'s tasks); against "
+             f"them {a} is paid {after[a]:+.4f} on average, {b} {after[b]:+.4f}",
              f"ranked lower: {lower} (s = +1: fined the disagreement); {higher}: s = -1 (read back)", "",
              f"settled at the end of round {t + 1}, the pool on both sides of round {t}:",
              "lag weights: " + ", ".join(f"lag {k}: {w:+.4f}" for k, w in sorted(scored.lag_weights.items())), "",
@@ -131,9 +128,9 @@ def test_the_page_shows_what_the_pool_computes():
 
 def test_the_rewards_are_the_rule_the_page_states():
     """Round 4's pair disagrees and nothing settles it as it is scored (no records, no lineage): both wait, paid 0
-    (pool rule 15). Round 5's I and J agree with each other, A agrees with them more than the flipper B does: settled at
-    the end of round 5, B is fined the disagreement and A paid it read back, reward = (pool_weight * z + s * in-round
-    payment) / (pool_weight + |s|), the settlement paying what the example computes."""
+    (pool rule 15). Round 5's I and J agree with each other, A is paid more against them than the flipper B is: settled
+    at the end of round 5, B is fined the disagreement and A paid it read back, reward = (pool_weight * z + s *
+    in-round payment) / (pool_weight + |s|), the settlement paying what the example computes."""
     held, scored, records, settlements = run()
     t, w = HELD, PoolSettings().weight
     a, b = ROUNDS[HELD - 1]
@@ -151,6 +148,11 @@ def test_the_rewards_are_the_rule_the_page_states():
     assert report.rewards[a] > 0 > report.rewards[b] and scored.undetermined == ()
     paid = {s.participant: s.reward for s in settlements if s.round == HELD}
     assert paid == {a: report.rewards[a], b: report.rewards[b]}
+    i, j = ROUNDS[HELD]
+    updates = federation()[HELD]
+    assert score_updates({c: {"w": updates[c]} for c in (i, j)}, seed=HELD).pairwise[(i, j)] >= 0
+    assert sum(report.pairwise[(a, f"{c}@{HELD + 1}")] for c in (i, j)) > sum(
+        report.pairwise[(b, f"{c}@{HELD + 1}")] for c in (i, j))
 
 
 if __name__ == "__main__":

@@ -36,54 +36,61 @@ def round_after():
     return signs, rows
 
 
-def agree(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.mean(np.unpackbits(a.view(np.uint8)) == np.unpackbits(b.view(np.uint8))))
+def agree(a: np.ndarray, b: np.ndarray, on: np.ndarray | None = None) -> float:
+    same = np.unpackbits(a.view(np.uint8)) == np.unpackbits(b.view(np.uint8))
+    return float(np.mean(same if on is None else same[on]))
 
 
-def test_the_round_after_ranks_the_one_that_agrees_less_with_it_lower(round_after):
+def ranks(pairs, rows, signs, owner, task=TASK):
+    """``next_round_ranks`` with a stand-in payment: agreement on the task bits less 1/2 (the pool passes KFCA's)."""
+    words = {**signs, **{e.name: e.signs for e in rows}}
+    on = np.unpackbits(task.view(np.uint8)).astype(bool)
+    return next_round_ranks(pairs, 5, rows, owner, task, lambda x, y: agree(words[x], words[y], on) - 0.5)
+
+
+def test_the_round_after_ranks_the_one_paid_less_against_it_lower(round_after):
     signs, rows = round_after
     coherent = [e for e in rows if e.participant != "R"]  # P and Q agree with each other
-    ranks = next_round_ranks([("H", "F"), ("F", "H")], 5, coherent, signs, {"H": "H", "F": "F"}, TASK)
+    got = ranks([("H", "F"), ("F", "H")], coherent, signs, {"H": "H", "F": "F"})
     p, q = (e.signs for e in coherent[:2])
-    h = (agree(signs["H"], p) + agree(signs["H"], q)) / 2
-    f = (agree(signs["F"], p) + agree(signs["F"], q)) / 2
-    assert ranks == {("H", "F"): pytest.approx((h, f), abs=1e-12), ("F", "H"): pytest.approx((f, h), abs=1e-12)}
-    assert h > 0.5 > f  # only round 6 counts: S (round 4) and T (round 7) are not the round after
+    h = (agree(signs["H"], p) + agree(signs["H"], q)) / 2 - 0.5
+    f = (agree(signs["F"], p) + agree(signs["F"], q)) / 2 - 0.5
+    assert got == {("H", "F"): pytest.approx((h, f), abs=1e-12), ("F", "H"): pytest.approx((f, h), abs=1e-12)}
+    assert h > 0 > f  # only round 6 counts: S (round 4) and T (round 7) are not the round after
 
 
 def test_a_round_after_whose_participants_disagree_settles_nothing(round_after):
     signs, rows = round_after
-    assert next_round_ranks([("H", "F")], 5, rows, signs, {"H": "H", "F": "F"}, TASK) == {}  # R flips: no majority
+    assert ranks([("H", "F")], rows, signs, {"H": "H", "F": "F"}) == {}  # R flips: no majority
 
 
 def test_the_round_after_needs_enough_participants_other_than_the_pair_and_none_of_one_sign(round_after):
     signs, rows = round_after
-    one = [rows[0]]
     assert NEXT_ROUND_MIN == 2
-    assert next_round_ranks([("H", "F")], 5, one, signs, {"H": "H", "F": "F"}, TASK) == {}
+    assert ranks([("H", "F")], [rows[0]], signs, {"H": "H", "F": "F"}) == {}
     # the pair's own participants in the round after are not its judges
     own = [rows[0], PoolEntry(6, "H", signs["H"])]
-    assert next_round_ranks([("H", "F")], 5, own, signs, {"H": "H", "F": "F"}, TASK) == {}
+    assert ranks([("H", "F")], own, signs, {"H": "H", "F": "F"}) == {}
     # an owned scorer is judged against the others of its participant's round
-    assert next_round_ranks([("H:copy", "F")], 5, own, {"H:copy": signs["H"], "F": signs["F"]},
-                            {"H:copy": "H", "F": "F"}, TASK) == {}
+    assert ranks([("H:copy", "F")], own, {"H:copy": signs["H"], "F": signs["F"]}, {"H:copy": "H", "F": "F"}) == {}
     zero = [rows[0], PoolEntry(6, "Z", np.zeros(COORDS // 32, dtype=np.int32))]
-    assert next_round_ranks([("H", "F")], 5, zero, signs, {"H": "H", "F": "F"}, TASK) == {}
-    assert next_round_ranks([("H", "F")], 5, rows[:2], signs, {"H": "H", "F": "F"}, TASK) != {}
+    assert ranks([("H", "F")], zero, signs, {"H": "H", "F": "F"}) == {}
+    assert ranks([("H", "F")], rows[:2], signs, {"H": "H", "F": "F"}) != {}
 
 
 def test_only_the_task_bits_count(round_after):
     signs, rows = round_after
     half = TASK.copy()
     half[: COORDS // 64] = 0
-    ranks = next_round_ranks([("H", "F")], 5, rows[:2], signs, {"H": "H", "F": "F"}, half)
     on = np.unpackbits(half.view(np.uint8)).astype(bool)
-
-    def agree_on(a, b):
-        return float(np.mean((np.unpackbits(a.view(np.uint8)) == np.unpackbits(b.view(np.uint8)))[on]))
-
+    got = ranks([("H", "F")], rows[:2], signs, {"H": "H", "F": "F"}, half)
     p, q = rows[0].signs, rows[1].signs
-    assert ranks[("H", "F")][0] == pytest.approx((agree_on(signs["H"], p) + agree_on(signs["H"], q)) / 2, abs=1e-12)
+    assert got[("H", "F")][0] == pytest.approx((agree(signs["H"], p, on) + agree(signs["H"], q, on)) / 2 - 0.5,
+                                               abs=1e-12)
+    # one sign on every task bit, noise outside the tasks: a constant report, no judge
+    noise = np.random.default_rng(9).integers(-2**31, 2**31, half.size).astype(np.int32)
+    ones = np.where(half != 0, np.int32(-1), noise)
+    assert ranks([("H", "F")], [rows[0], PoolEntry(6, "O", ones)], signs, {"H": "H", "F": "F"}, half) == {}
 
 
 def test_a_pair_another_rule_settles_does_not_wait():

@@ -69,3 +69,12 @@ def test_waiting_for_the_round_after_is_true_or_false_and_a_ledgers_other_value_
     with pytest.raises(InputError, match="next_round must be true or false, got 'xxxxx"):
         recorded_pool_settings({**PoolSettings().to_dict(), "next_round": "x" * 1000})
     assert recorded_pool_settings({**PoolSettings().to_dict(), "next_round": False}).next_round is False
+
+
+def test_the_round_after_is_read_only_where_the_model_aggregates_the_deviations():
+    """Pool rule 15 reads how the round after a disagreeing pair moved on from it: under ``kfca.aggregate = "honest"``
+    (the paper's setting, deviations never reach the model) the recipe's pool leaves it off; aggregating every
+    update, or by reward, it is on."""
+    assert pool_settings(load_recipe("tiny")).next_round is False
+    for aggregate in ("all", "exclude-negative", "reward-weighted"):
+        assert pool_settings(load_recipe("tiny", [f"kfca.aggregate={aggregate}"])).next_round is True

@@ -43,7 +43,7 @@ also against ``pool_peers`` pool entries:
   reward is not paid (0; the score stays in ``unadjusted_rewards``);
 * **the round after** (``fl.pool_next``, pool rule 15): a disagreeing pair that neither the trajectory nor a lineage
   settles is undetermined as well, and settled once the round after it is in the pool, which ranks it where its other
-  participants agree with each other (the one that agrees less with them deviated): late in training the verdicts
+  participants agree with each other (the one paid less against them deviated): late in training the verdicts
   stand within noise of each other, and the record that decided such a pair was the pool's own earlier decisions.
 
 A round in which every participant has ``min_peers`` in-round peers is scored exactly as without a pool

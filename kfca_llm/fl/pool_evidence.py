@@ -209,7 +209,8 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
         candidates, lower_verdicts({c: (z, errors[c]) for c, (z, _) in verdict.items()}, blind), blind, turned,
         pool.settings.rank_by == "verdict-first", VERDICT_GATE)
     next_round = {} if scoring.horizon is None or not held else next_round_ranks(
-        held, round_, list(rows.values()), {c: signs[k] for k, c in enumerate(packer.clients)}, owner, task)
+        held, round_, list(rows.values()), owner, task,
+        lambda x, y: float(pair_payments(counts, np.array([(index[x], index[y])], dtype=np.int64))[0][0]))
     return PoolEvidence(round_, round_report, chosen, frozenset(real), counts, pool_copies, frozenset(own),
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
                         penalty_agreement, verdict, errors, blind, own_pool, resubmitted, turned, forfeits, constant,

@@ -19,7 +19,7 @@ without the strata is more than two standard errors below 0 where its peer has t
 0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0, or a disagreeing pair
 nothing above settles, which waits for the round after it), their settlement by a later round (the pool on both
 sides, once warm or at the window's last round; a settled entry rescored; a waiting pair ranked on each one's mean
-agreement with the next round's other participants where two or more of them agree with each other), in-round copies
+payment against the next round's other participants where two or more of them agree with each other), in-round copies
 (the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of another
 participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
 sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of the signs, and under a limit of 0
@@ -383,17 +383,14 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     ref = reference_weight if reference is not None else 0.0
 
     # Pool rule 15: the round after a pair nothing above settles, where its other participants (two or more, none
-    # reporting one sign) agree with each other on half the tasks or more: each one's mean agreement with them.
+    # reporting one sign) agree with each other (paid >= 0, in client order): each one's mean payment against them.
     def after(c: str, p: str) -> tuple[float, float] | None:
-        def agree(x: list[bool], y: list[bool]) -> float:
-            return sum(x[k] == y[k] for k in tasks) / len(tasks)
-
         others = [e.negative for e in rows if e.round == t + 1 and e.client not in (owner[c], owner[p])
                   and len({e.negative[k] for k in tasks}) > 1]
-        if len(others) < 2 or any(agree(x, y) < 0.5 for i, x in enumerate(others) for y in others[i + 1:]):
+        if len(others) < 2 or any(pay(x, y) < 0 for i, x in enumerate(others) for y in others[i + 1:]):
             return None
-        return (sum(agree(negative[c], x) for x in others) / len(others),
-                sum(agree(negative[p], x) for x in others) / len(others))
+        return (sum(pay(negative[c], x) for x in others) / len(others),
+                sum(pay(negative[p], x) for x in others) / len(others))
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew

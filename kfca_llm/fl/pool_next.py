@@ -14,20 +14,18 @@ of 13 (``benchmarks/flower_round_after.py``). Where they disagree, one of them d
 So a disagreeing pair that neither the trajectory (pool rule 6) nor a lineage (pool rule 7) settles, nor the verdicts
 alone under ``rank_by="verdict-first"``, is **open**. Its scorers are held (undetermined, ``hold_unsure``) and
 settled once the round after it is in the pool (``fl.pool_settle``). If that round's entries of other participants
-are at least ``NEXT_ROUND_MIN``, none reports one sign on every task, and every two of them agree on at least half the
-tasks, the one of the pair that agrees less with them on average ranks lower. Otherwise the pair is ranked as any
-settled pair is, on the pool of both sides.
+are at least ``NEXT_ROUND_MIN``, none reports one sign on every task, and every two of them agree (KFCA's payment
+between them >= 0, within the round's public strata where it has them), the one of the pair paid less against them on
+average ranks lower. Otherwise the pair is ranked as any settled pair is, on the pool of both sides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from ..report import Pair
-from .pool_copies import set_bits
-from .pool_reversal import agreement
 from .pool_store import PoolEntry
 from .pool_weights import trajectory_settles, verdict_settles
 
@@ -49,23 +47,23 @@ def open_pairs(disagreeing: Iterable[Pair], ranked: Mapping[str, tuple[float, fl
         and not (verdict_first and verdict_settles(ranked[c], ranked[p], gate)))
 
 
-def next_round_ranks(pairs: Iterable[Pair], round_: int, rows: Sequence[PoolEntry], signs: Mapping[str, np.ndarray],
-                     owner: Mapping[str, str], task: np.ndarray) -> dict[Pair, tuple[float, float]]:
-    """Open pair (scorer, peer) -> (the scorer's mean agreement with the next round's entries of other participants,
+def next_round_ranks(pairs: Iterable[Pair], round_: int, rows: Sequence[PoolEntry], owner: Mapping[str, str],
+                     task: np.ndarray, payment: Callable[[str, str], float]) -> dict[Pair, tuple[float, float]]:
+    """Open pair (scorer, peer) -> (the scorer's mean payment against the next round's entries of other participants,
     the peer's), where that round settles it (see the module docstring); ``rows``: the pool entries in reach,
-    ``signs``: scorer -> its sign words, ``owner``: scorer -> its participant, ``task``: this round's task words."""
-    bits = set_bits(task)
-    if not bits:
-        return {}
+    ``owner``: scorer -> its participant, ``task``: this round's task words, ``payment(x, y)``: KFCA's payment to
+    scorer or entry ``x`` against ``y`` on this round's tasks (within its public strata, where it has them: a report
+    the public trajectory predicts earns nothing there, so a free rider replaying the global's change is no judge and
+    gains nothing from one)."""
     after = sorted((e for e in rows if e.round == round_ + 1), key=lambda e: e.participant)
     out = {}
     for c, p in pairs:
-        others = [e.signs for e in after if e.participant not in (owner[c], owner[p]) and not one_sign(e.signs, task)]
+        others = [e.name for e in after if e.participant not in (owner[c], owner[p]) and not one_sign(e.signs, task)]
         coherent = len(others) >= NEXT_ROUND_MIN and all(
-            agreement(x, y, task, bits) >= 0.5 for k, x in enumerate(others) for y in others[k + 1:])
+            payment(x, y) >= 0.0 for k, x in enumerate(others) for y in others[k + 1:])
         if coherent:
-            out[(c, p)] = (sum(agreement(signs[c], e, task, bits) for e in others) / len(others),
-                           sum(agreement(signs[p], e, task, bits) for e in others) / len(others))
+            out[(c, p)] = (sum(payment(c, e) for e in others) / len(others),
+                           sum(payment(p, e) for e in others) / len(others))
     return out
 
 

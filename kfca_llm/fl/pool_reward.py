@@ -85,7 +85,7 @@ def rank_pairs(ev: PoolEvidence, pool: PeerPool | None, horizon: int | None) -> 
     rank_of |= {(c, p): (blind[c][0], blind[p][0]) for c, p in rank_of if c in blind and p in blind
                 and p not in ev.own and trajectory_settles(blind[c], blind[p], VERDICT_GATE)}
     # A held pair that the round after it settles (pool rule 15, settling only) is ranked on that round alone: the one
-    # that agrees less with the next round's participants deviated, whatever the records.
+    # paid less against the next round's participants deviated, whatever the records.
     rank_of |= ev.next_round
     return rank_of, {c: t for c, t in evidence.items() if c in ev.real and rank_by == "reputation"}
 

@@ -104,10 +104,12 @@ def choose_peers(candidates: Sequence[str], count: int | None, seed: int) -> lis
 
 
 def pool_settings(recipe: Recipe) -> PoolSettings:
-    """The recipe's pool: its ``kfca.*`` keys (``fl.pool_settings.POOL_KEYS``), and the own-replay limit its clients'
-    data order allows."""
+    """The recipe's pool: its ``kfca.*`` keys (``fl.pool_settings.POOL_KEYS``), the own-replay limit its clients' data
+    order allows, and pool rule 15 unless ``kfca.aggregate = "honest"``: that rule reads the round after a disagreeing
+    pair, which FedAvg moved with the pair's updates, and an honest-only aggregation never moves the model with a
+    deviation (the round after then steps on from the honest update alone, and tells nothing of the pair)."""
     return PoolSettings(**{name: getattr(recipe.kfca, key.argument) for name, key in POOL_KEYS.items()},
-                        own_replay_limit=own_replay_limit(recipe))
+                        own_replay_limit=own_replay_limit(recipe), next_round=recipe.kfca.aggregate != "honest")
 
 
 def pool_arguments(settings: PoolSettings) -> dict[str, int | float]:

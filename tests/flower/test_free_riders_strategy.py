@@ -47,11 +47,21 @@ def run(ledger, **options) -> KFCAStrategy:
     return strategy
 
 
+def paid(strategy: KFCAStrategy) -> dict[int, dict[str, float]]:
+    """Round -> participant -> what it was paid for that round: in the round, or by the later round that settled it
+    (an undetermined round, or a disagreeing pair that waited for the round after it: pool rule 15)."""
+    out = {t: dict(r) for t, r in strategy.rewards.items()}
+    for settlements in strategy.settlements.values():
+        for settled in settlements:
+            out[settled.round][settled.participant] = settled.reward
+    return out
+
+
 def means(strategy: KFCAStrategy) -> tuple[float, float, int]:
     """(the free riders' mean reward over their replays, the honest nodes' mean reward, the replays paid)."""
-    riders = {pid(n) for n in FREE_RIDERS}
-    replays = [v for who in riders for v in [r[who] for t, r in sorted(strategy.rewards.items()) if who in r][1:]]
-    honest = [v for r in strategy.rewards.values() for who, v in r.items() if who not in riders]
+    riders, rewards = {pid(n) for n in FREE_RIDERS}, paid(strategy)
+    replays = [v for who in riders for v in [r[who] for t, r in sorted(rewards.items()) if who in r][1:]]
+    honest = [v for r in rewards.values() for who, v in r.items() if who not in riders]
     return float(np.mean(replays)), float(np.mean(honest)), len(replays)  # a first reply replays nothing (zero)
 
 
