@@ -98,8 +98,11 @@ POOL_RULES = {
         "noise of its last honest update is caught against its last two",
     15: "as 14, a disagreeing pair that neither the trajectory, a lineage nor (verdict-first) the verdicts settle is "
         "held undetermined and settled by the round after it (fl.pool_next): where that round's other participants "
-        "agree with each other, the one of the pair paid less against them (KFCA's payment, within the public strata) "
-        "ranks lower, whatever the records",
+        "agree with each other on half the tasks or more, the one of the pair that agrees less with them ranks lower, "
+        "whatever the records",
+    16: "as 15, the round after ranks on KFCA's payment against its participants within the public strata, and they "
+        "agree where paid >= 0 (rule 15's sign agreement let a free rider replaying the global's change win), and "
+        "the recipe's pool turns it off under kfca.aggregate = \"honest\" (fl.scoring.pool_settings)",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
