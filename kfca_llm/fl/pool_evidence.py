@@ -205,9 +205,10 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     # after it (never with a trusted reference: it tells who deviated).
     judged_pairs = (real & set(verdict)) - own - constant
     candidates = [(c, p) for c, p in in_round_keys if pay[(c, p)] < 0 and {c, p} <= judged_pairs]
+    verdict_first = pool is not None and pool.settings.rank_by == "verdict-first"
     held = frozenset() if reference is not None or pool is None or not pool.settings.next_round else open_pairs(
-        candidates, lower_verdicts({c: (z, errors[c]) for c, (z, _) in verdict.items()}, blind), blind, turned,
-        pool.settings.rank_by == "verdict-first", VERDICT_GATE)
+        candidates, lower_verdicts({c: (z, errors[c]) for c, (z, _) in verdict.items()}, blind) if verdict_first
+        else {}, blind, turned, verdict_first, VERDICT_GATE)
     next_round = {} if scoring.horizon is None or not held else next_round_ranks(
         held, round_, list(rows.values()), owner, task,
         lambda x, y: float(pair_payments(counts, np.array([(index[x], index[y])], dtype=np.int64))[0][0]))

@@ -418,10 +418,10 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
                     and has_turned[c] == has_turned[p] and not clear(c, p) and len({negative[c][k] for k in tasks}) > 1:
                 if horizon is None:
                     held.add(c)
-                elif after(c, p) is not None:
-                    if (after(c, p)[1] < after(c, p)[0]) != (theirs < mine):
+                elif (found := after(c, p)) is not None:
+                    if (found[1] < found[0]) != (theirs < mine):
                         by_next_round.add(c)  # it ranks the pair otherwise than the records would
-                    mine, theirs = after(c, p)
+                    mine, theirs = found
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]

@@ -39,7 +39,7 @@ def open_pairs(disagreeing: Iterable[Pair], ranked: Mapping[str, tuple[float, fl
     """The ``disagreeing`` in-round pairs (both real participants with verdicts, neither an own resubmission nor a
     constant report) that no other evidence settles: neither the verdicts without the public strata (``blind``,
     ``trajectory_settles``), nor one participant's lineage (``turned``), nor under ``verdict_first`` the ranked
-    verdicts (``ranked``: (verdict, standard error), ``verdict_settles``)."""
+    verdicts (``ranked``: (verdict, standard error), read under ``verdict_first`` only, ``verdict_settles``)."""
     return frozenset(
         (c, p) for c, p in disagreeing
         if (c in turned) == (p in turned)
