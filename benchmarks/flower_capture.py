@@ -62,7 +62,8 @@ class Capture:
             "peers": kwargs["peers"], "seed": kwargs["seed"], "penalty": kwargs["penalty"],
             "bonus_fraction": kwargs["bonus_fraction"], "duplicates": kwargs["duplicates"],
             "duplicate_rule": dataclasses.asdict(rule),
-            "planes": None if planes is None else [planes.steps, planes.magnitude_bits, list(planes.spans)]})
+            "planes": None if planes is None else [planes.steps, planes.magnitude_bits, list(planes.spans)],
+            "closes_run": bool(kwargs.get("closes_run", False))})
         return scored
 
     def save(self, path: Path, partition_of: dict[int, dict[str, int]], attacks: dict[str, str]) -> None:
@@ -71,9 +72,10 @@ class Capture:
         np.savez_compressed(path, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **self.arrays)
 
 
-def replay(path: Path, overrides: dict) -> dict:
+def replay(path: Path, overrides: dict, close_last: bool = False) -> dict:
     """The capture at ``path`` paid again with its pool settings changed by ``overrides``: the JSON
-    ``flower_few_peers.py --out`` writes (``args`` holds the overrides)."""
+    ``flower_few_peers.py --out`` writes (``args`` holds the overrides). The round the live run closed with (pool rule
+    17) closes the replay; ``close_last``: the last captured round does, in a capture of a version before the rule."""
     data = np.load(path)
     meta = json.loads(bytes(data["__meta__"]).decode())
     # The rule this version computes, whichever the capture was scored under.
@@ -90,8 +92,10 @@ def replay(path: Path, overrides: dict) -> dict:
         # A capture of a version before pool rule 11 holds no value sketches: its own replays are judged on the signs.
         values = {c: data[f"{k}.values.{c}"] for c in r["clients"] if f"{k}.values.{c}" in data}
         pooled = score_with_pool(packer, pool, r["round"], peers=r["peers"], public=planes, values=values, **common)
+        closes_run = r.get("closes_run", False) or close_last and k == len(meta["rounds"]) - 1
         settlements += close_round(pool, ClosingRound.scored(packer, r["round"], pooled, words=packer.words(),
-                                                             participants=packer.clients, values=values, **common))
+                                                             participants=packer.clients, values=values,
+                                                             closes_run=closes_run, **common))
         t = r["round"]
         rewards[t] = dict(pooled.report.rewards)
         undetermined[t] = tuple(pooled.undetermined)
@@ -109,13 +113,16 @@ def main(argv=None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                         help="a PoolSettings field for the replay (JSON value or a word), e.g. rank_by=verdict")
     parser.add_argument("--out-dir", type=Path, default=None, help="write <capture>.json here")
+    parser.add_argument("--close-last", action="store_true",
+                        help="the last captured round closes the run (pool rule 17), as the live run's last round "
+                             "does since; a capture of an earlier version did not")
     parser.add_argument("--check", type=Path, action="append", default=[],
                         help="the live run's --out JSON, one per capture: the replay must equal it")
     args = parser.parse_args(argv)
     overrides = {key: config_value(value) for key, _, value in (pair.partition("=") for pair in args.set)}
     failed = 0
     for k, path in enumerate(args.captures):
-        out = replay(path, overrides)
+        out = replay(path, overrides, args.close_last)
         attack_of = {int(p): spec for p, spec in out["attacks"].items()}
         print(f"== {path}")
         print(summarise(out["rounds"], attack_of, argparse.Namespace(nodes="?", fraction="?", data_order="?",

@@ -93,8 +93,9 @@ def reward_table(report: dict[str, Any], wall_s: float | None = None) -> str:
                             for c in r.get("undetermined", []) if (r["round"], c) not in settled})
         notes.append(f"undetermined: {len(undetermined)}/{report['rounds']} round(s) paid a client with fewer than "
                      f"kfca.min-peers = {kfca.get('min-peers', '?')} distinct peers (first: round {undetermined[0]}); "
-                     f"settled by later rounds: {len(undetermined) - len(unsettled)}, never paid: {len(unsettled)} "
-                     "(raise strategy.fraction-train or kfca.pool-window, or run more rounds)")
+                     f"settled later (by the run's last round at the latest): {len(undetermined) - len(unsettled)}, "
+                     f"never paid: {len(unsettled)} (raise strategy.fraction-train or kfca.pool-window, or run more "
+                     "rounds)")
     duplicates = report.get("duplicates", {})
     for client, rounds in duplicates.get("flagged", {}).items():
         notes.append(f"copies: {client} flagged in round(s) {', '.join(map(str, rounds))} "

@@ -113,8 +113,10 @@ def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: 
 
 
 def real_run(fed: Federation, settings: PoolSettings, reference_weight: float,
-             conditioning: PublicConditioning = OFF) -> tuple[list[dict[str, float]], list[list[int] | None]]:
-    """``score_with_pool`` and ``close_round`` round after round; a settled scorer is paid its settlement. Under
+             conditioning: PublicConditioning = OFF, closes_run: bool = True
+             ) -> tuple[list[dict[str, float]], list[list[int] | None]]:
+    """``score_with_pool`` and ``close_round`` round after round, the last closing the run (``closes_run``); a settled
+    scorer is paid its settlement. Under
     ``conditioning`` each round is scored within the strata of the global's steps before it (a round's step: the mean
     of its two participants' updates); returned beside the rewards, each coordinate's stratum per round."""
     pool, out, strata, steps = PeerPool(settings), [], [], []
@@ -134,7 +136,8 @@ def real_run(fed: Federation, settings: PoolSettings, reference_weight: float,
         out.append(dict(scored.report.rewards))
         for settled in close_round(pool, ClosingRound.scored(
                 packer, t, scored, words=packer.words(), participants=[a, b], seed=seed, penalty="expected",
-                bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(), owners=owners, values=values)):
+                bonus_fraction=0.5, duplicates="zero", duplicate_rule=DuplicateRule(), owners=owners, values=values,
+                closes_run=closes_run and t == len(fed.rounds))):
             out[settled.round - 1][settled.participant] = settled.reward
     return out, strata
 
@@ -165,7 +168,7 @@ def naive_of(fed: Federation, settings: dict, rank_by: str = "record", strata=No
     return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
                      own_replay_limit=settings["own_replay_limit"], owners=fed.owners, references=fed.references,
                      reference_weight=settings["reference_weight"], strata=strata,
-                     next_round=settings.get("next_round", True))
+                     next_round=settings.get("next_round", True), closes_run=settings.get("closes_run", True))
 
 
 @pytest.fixture(scope="module")
@@ -185,16 +188,17 @@ def unconditioned_naive(runs: dict, seed: int, long: bool, rank_by: str) -> list
 
 def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicConditioning = OFF,
                  naive_runs: dict | None = None, meetings: int = 0, sleeper: bool = False,
-                 next_round: bool = True) -> None:
-    settings = {**case(seed, long), "meetings": meetings, "sleeper": sleeper, "next_round": next_round}
+                 next_round: bool = True, closes_run: bool = True) -> None:
+    settings = {**case(seed, long), "meetings": meetings, "sleeper": sleeper, "next_round": next_round,
+                "closes_run": closes_run}
     fed = federation_of(seed, settings)
     paid, strata = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"],
                                               rank_by=rank_by, own_replay_limit=settings["own_replay_limit"],
                                               next_round=next_round),
-                            settings["reference_weight"], conditioning)
+                            settings["reference_weight"], conditioning, closes_run)
     assert any(strata) == conditioning.enabled
     # Without conditioning every round's strata are None, the naive reference's default
-    fresh = conditioning.enabled or naive_runs is None or not next_round
+    fresh = conditioning.enabled or naive_runs is None or not next_round or not closes_run
     expected = (naive_of(fed, settings, rank_by, strata) if fresh
                 else unconditioned_naive(naive_runs, seed, long, rank_by))
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
@@ -219,6 +223,12 @@ def test_the_pool_pays_what_the_naive_reference_pays_with_a_sleeper():
     two updates before it (pool rule 14: the previous one alone is within noise); of seeds 0-59, the one where that
     changes a reward."""
     assert_equal(41, True, "record", sleeper=True)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pool_pays_what_the_naive_reference_pays_when_the_run_goes_on(seed):
+    """The last round is not the run's (a run stopped to be resumed): what waits there is not settled yet (as before rule 17)."""
+    assert_equal(seed, False, "record", closes_run=False)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -270,6 +280,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("a disagreeing pair waits for the round after" for c in result.held)
         seen.update("the round after overturns a ranking" for c in result.by_next_round)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
+        seen.update("the run's last round settles itself" for c in negative if horizon == t and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
         seen.update("fined" for c in negative if c not in result.copies and result.paid[c] < 0)
         rescaler = f"c{RESCALER}"
@@ -320,7 +331,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", f"c{RESCALER} left out",
             "an own repeat of every sign, not of the values, scored fresh", "in-round copy", "undetermined", "settled",
-            "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair",
+            "the run's last round settles itself", "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair",
             "a turn forfeits what was paid", "an agreement with a turned peer read back",
             "a disagreeing pair waits for the round after", "the round after overturns a ranking", "owned own resubmission",
             "owned undetermined", "owned settled",

@@ -15,7 +15,9 @@ replay from the ledger's rows. What the pool makes of it is decided here, once, 
    participants or scorers they own, wait as a ``PendingRound`` when the pool is on and at least two real
    participants' signs are kept (fewer: nothing to settle them against);
 4. **settle**: the settlements due at this round are computed on the pool as it now stands (``pool_settle``) or, in a
-   replay, the recorded ones taken, and then applied.
+   replay, the recorded ones taken, and then applied; at the run's last round (``closes_run``, the ledger's
+   ``closes_run`` setting) every participant still waiting that the pool determines is settled, and nothing waits
+   after it (pool rule 17).
 
 A participant in two copy groups is read by the last one, as the ledger records it: the pool a replay rebuilds is the
 live run's.
@@ -70,14 +72,16 @@ class ClosingRound:
     """None: settle what is due (the live run); else the settlements the ledger recorded for this round (a replay)."""
     values: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
     """Scorer -> its value sketch (``fl.pool_values``; missing: none): joins the pool, and waits with a pending round."""
+    closes_run: bool = False
+    """The run's last round: every participant still waiting that the pool determines is settled (``pool_settle``)."""
 
     @classmethod
     def scored(cls, packer: SignPacker, round_: int, pooled: PooledRound, *, words: tuple[np.ndarray, np.ndarray],
                participants: Sequence[str], seed: int, penalty: str, bonus_fraction: float, duplicates: str,
                duplicate_rule: DuplicateRule, owners: Mapping[str, str] | None = None,
-               values: Mapping[str, np.ndarray] | None = None) -> ClosingRound:
+               values: Mapping[str, np.ndarray] | None = None, closes_run: bool = False) -> ClosingRound:
         """The live run's round: ``words`` is ``packer.words()`` (fetched once by the caller); ``owners`` and
-        ``values`` as ``score_with_pool`` took them."""
+        ``values`` as ``score_with_pool`` took them; ``closes_run``: the run's last round."""
         signs, task = words
         real, report, planes = set(participants), pooled.report, pooled.planes
         shapes = tuple((slot.name, tuple(slot.shape)) for slot in packer.layout.slots)
@@ -90,7 +94,7 @@ class ClosingRound:
         return cls(round_, tuple(c for c in packer.clients if c in real),
                    {c: signs[k] for k, c in enumerate(packer.clients)}, copy_groups(report),
                    report.unadjusted_rewards, report.rewards, pooled.unpaid, report.peers, duplicates, pending,
-                   dict(owners or {}), pooled.evidence, values=dict(values or {}))
+                   dict(owners or {}), pooled.evidence, values=dict(values or {}), closes_run=closes_run)
 
 
 def copy_groups(report: RewardReport) -> dict[str, tuple[str, ...]]:
@@ -116,8 +120,8 @@ def close_round(pool: PeerPool, closing: ClosingRound,
     _keep_pending(pool, closing)
     if on_settling is not None:
         on_settling(pool)
-    settlements = due_settlements(pool, t) if closing.settlements is None else list(closing.settlements)
-    apply_settlements(pool, t, settlements)
+    settlements = due_settlements(pool, t, closing.closes_run) if closing.settlements is None else list(closing.settlements)
+    apply_settlements(pool, t, settlements, closing.closes_run)
     return settlements
 
 

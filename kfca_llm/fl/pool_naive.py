@@ -18,7 +18,7 @@ submissions since its last turn were paid charged back once; an agreeing pair re
 without the strata is more than two standard errors below 0 where its peer has turned), undetermined participants (paid
 0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0, or a disagreeing pair
 nothing above settles, which waits for the round after it), their settlement by a later round (the pool on both
-sides, once warm or at the window's last round; a settled entry rescored; a waiting pair ranked on each one's mean
+sides, once warm or at the window's last round, or at the run's last round, its own included; a settled entry rescored; a waiting pair ranked on each one's mean
 payment against the next round's other participants where two or more of them agree with each other), in-round copies
 (the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of another
 participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
@@ -83,13 +83,14 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
               pool_weight: float = 0.5, min_peers: int = 2, max_copy: float = 0.02, rank_by: str = "record",
               own_replay_limit: float = 0.0, owners: list[dict[str, str]] | None = None,
               references: list[list[float] | None] | None = None, reference_weight: float = 4.0,
-              strata: list[list[int] | None] | None = None, next_round: bool = True) -> list[dict[str, float]]:
+              strata: list[list[int] | None] | None = None, next_round: bool = True,
+              closes_run: bool = True) -> list[dict[str, float]]:
     """What each scorer of each round (round t = index + 1, seeded ``seeds[t - 1]``) is paid for it, in its round or,
     undetermined there, by the later round that settled it. ``owners[t - 1]``: the round's attack-analysis scorers
     (-> the participant each is a side-by-side submission of; the round's other two submitters are its participants);
     ``references[t - 1]``: the round's trusted reference update (None: none); ``strata[t - 1]``: each coordinate's
     public stratum in round t (None: the round is not conditioned); ``next_round``: ``PoolSettings.next_round`` (rule
-    15)."""
+    15); ``closes_run``: the last round is the run's, the last chance of every round still waiting (rule 17)."""
     rules = dict(window=window, pool_peers=pool_peers, pool_weight=pool_weight, min_peers=min_peers, max_copy=max_copy,
                  rank_by=rank_by, own_replay_limit=own_replay_limit, reference_weight=reference_weight,
                  next_round=next_round)
@@ -120,12 +121,14 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
         if result.unsure:
             pending[t] = sorted(result.unsure)
         out.append(dict(result.paid))
-        # Settle what the pool now can: every pending round scored on the pool as it stands, then applied.
+        # Settle what the pool now can: every pending round scored on the pool as it stands, then applied; at the
+        # run's last round, whatever it determines, its own round's too.
+        closing = closes_run and t == len(rounds)
         settled = {}
         for r in sorted(pending):
-            if r < t:
+            if r < t or closing:
                 again = score(r, *round_of(r), history, horizon=t, values=values_of(r), **rules)
-                last = t - r >= window
+                last = closing or t - r >= window
                 settled[r] = {c: again for c in pending[r]
                               if c not in again.unsure and (last or c not in again.warming)}
         for r, done in settled.items():
@@ -134,7 +137,7 @@ def naive_run(rounds: list[dict[str, list[float]]], seeds: list[int], window: in
                     entry.score, entry.paid = again.scores[c], again.paid[c]
                 out[r - 1][c] = again.paid[c]
             pending[r] = [c for c in pending[r] if c not in done]
-            if not pending[r] or t - r >= window:
+            if not pending[r] or t - r >= window or closing:
                 del pending[r]
     return out
 

@@ -103,6 +103,9 @@ POOL_RULES = {
     16: "as 15, the round after ranks on KFCA's payment against its participants within the public strata, and they "
         "agree where paid >= 0 (rule 15's sign agreement let a free rider replaying the global's change win), and "
         "the recipe's pool turns it off under kfca.aggregate = \"honest\" (fl.scoring.pool_settings)",
+    17: "as 16, the run's last round (recorded with the setting closes_run: true) is the last chance of every round "
+        "still waiting, its own included: whoever its pool determines is settled there, warm or not (a held pair "
+        "with no round after it ranked on the verdicts and records), and nothing waits after it (fl.pool_settle)",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""

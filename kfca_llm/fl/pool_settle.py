@@ -10,8 +10,12 @@ of each later round, scored again with ``score_with_pool(..., horizon=)``: pool 
 the window on both sides of it, copies judged as they were then. A waiting participant is **settled** (paid that
 reward, a ``Settlement``) once it is determined and the pool is no longer warming up for it (``pool_peers`` distinct
 pool participants of non-zero lag weight behind it), or, at the last round the window still covers it, once it is
-determined at all; a participant still undetermined then is never paid for that round. A settled participant's entry
-is vetted by its settled score from then on (``PeerPool.rescore``), as if its round had been judged in time.
+determined at all; a participant still undetermined then is never paid for that round. The run's last round is the
+last chance of every round still waiting, its own included (``closes_run``, pool rule 17): no later round will come to
+settle them, so whoever its pool determines is settled there, warm or not (a pair held for the round after it,
+``fl.pool_next``, is ranked on the verdicts and records as any settled pair without one), and nothing waits after it. A
+settled participant's entry is vetted by its settled score from then on (``PeerPool.rescore``), as if its round had
+been judged in time.
 
 All settlements of a round are computed on the pool as it stands after that round was added, before any of them
 rescores an entry: the order in which pending rounds are settled changes nothing, and a verifier recomputes each from
@@ -124,38 +128,41 @@ def score_pending(pool: PeerPool, pending: PendingRound, horizon: int) -> Pooled
                            owners=pending.owners, horizon=horizon, public=pending.planes, values=pending.values)
 
 
-def due_settlements(pool: PeerPool, horizon: int) -> list[Settlement]:
-    """What the pool at ``horizon`` (its round just added) can settle: see the module docstring. Changes nothing
+def due_settlements(pool: PeerPool, horizon: int, closes_run: bool = False) -> list[Settlement]:
+    """What the pool at ``horizon`` (its round just added) can settle: see the module docstring; where ``horizon`` is
+    the run's last round (``closes_run``), every waiting participant it determines, of that round too. Changes nothing
     (``fl.pool_close.close_round`` applies them: ``apply_settlements``)."""
     out: list[Settlement] = []
     for t in sorted(pool.pending):
-        if t >= horizon:
+        if t > horizon or t == horizon and not closes_run:
             continue
         pending = pool.pending[t]
         pooled = score_pending(pool, pending, horizon)
         report = pooled.report
         out += [Settlement(t, horizon, c, float(report.rewards[c]), float(report.unadjusted_rewards[c]),
-                           tuple(report.peers[c])) for c in settles(pool, pending, pooled, horizon)]
+                           tuple(report.peers[c])) for c in settles(pool, pending, pooled, horizon, closes_run)]
     return out
 
 
-def settles(pool: PeerPool, pending: PendingRound, pooled: PooledRound, horizon: int) -> list[str]:
+def settles(pool: PeerPool, pending: PendingRound, pooled: PooledRound, horizon: int,
+            closes_run: bool = False) -> list[str]:
     """The waiting participants ``pooled`` (the pending round scored at ``horizon``) settles: determined, and the pool
-    no longer warming up for them or the window's last chance."""
-    last = horizon - pending.round >= pool.settings.window
+    no longer warming up for them or the last chance (the window's, or the run's: ``closes_run``)."""
+    last = closes_run or horizon - pending.round >= pool.settings.window
     return [c for c in pending.waiting if c not in pooled.unpaid and (last or c not in pooled.warming)]
 
 
-def apply_settlements(pool: PeerPool, horizon: int, settlements: Sequence[Settlement]) -> None:
+def apply_settlements(pool: PeerPool, horizon: int, settlements: Sequence[Settlement], closes_run: bool = False) -> None:
     """What settling does to the pool at ``horizon``: settled participants stop waiting, a pending round the window no
-    longer covers (or with nobody left waiting) is dropped, settled entries are vetted by their settled scores."""
+    longer covers (or with nobody left waiting, or any at the run's last round: ``closes_run``) is dropped, settled
+    entries are vetted by their settled scores."""
     done = {(s.round, s.participant) for s in settlements}
     for t in sorted(pool.pending):
-        if t >= horizon:
+        if t >= horizon and not closes_run:
             continue
         pending = pool.pending[t]
         waiting = tuple(c for c in pending.waiting if (t, c) not in done)
-        if waiting and horizon - t < pool.settings.window:
+        if waiting and horizon - t < pool.settings.window and not closes_run:
             pool.pending[t] = dataclasses.replace(pending, waiting=waiting)
         else:
             del pool.pending[t]

@@ -116,9 +116,10 @@ def submission_rewards(submissions: list[Submission], scores: RoundScores) -> di
     return {s.id: scores.strategy_rewards[s.strategy] if s.analysis else own[s.client] for s in submissions}
 
 
-def settle_earlier_rounds(records: list[RoundRecord], settlements) -> None:
-    """Pay the settled submissions of earlier undetermined rounds (``fl.pool_settle``) in those rounds' records: a
-    client's reward, and the analysis client's strategies (its honest update is its real submission)."""
+def settle_rounds(records: list[RoundRecord], settlements) -> None:
+    """Pay the settled submissions of undetermined rounds (``fl.pool_settle``: earlier rounds, and at the run's last
+    round that round too) in those rounds' records: a client's reward, and the analysis client's strategies (its
+    honest update is its real submission)."""
     by_round = {r.round: r for r in records}
     for settled in settlements:
         record = by_round[settled.round]
@@ -314,10 +315,9 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
         sent = [*sent, global_state][-(recipe.kfca.conditioning.history + 1):]
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
                              pool=pool, round_=t, reference=reference, public=public_steps(sent),
-                             gaps=reception_gaps(last_round, t, indices))
+                             gaps=reception_gaps(last_round, t, indices), closes_run=t == T)
         last_round.update(dict.fromkeys(indices, t))
         scoring_s = clock.lap()
-        settle_earlier_rounds(result.rounds, scores.settlements)
         start_state = global_state
         if options.on_round is not None and procs.is_main:
             options.on_round(RoundContext(t, model, tokenizer, pad_id, procs.device, start_state, submissions))
@@ -346,6 +346,7 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             strategy_own_resubmissions=scores.strategy_own_resubmissions,
             settlements=[settled.to_dict() for settled in scores.settlements], charged_back=scores.charged_back,
             aggregated=aggregated_shares(weights), heldout=heldout_scores))
+        settle_rounds(result.rounds, scores.settlements)
         if out_dir is not None and procs.is_main:
             if recipe.train.save_client_updates:
                 save_client_updates(out_dir, t, model, start_state,

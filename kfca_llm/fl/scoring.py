@@ -125,13 +125,14 @@ def own_replay_limit(recipe: Recipe) -> float:
 
 def score_round(submissions: Sequence[Submission], *, analysis_client: str | None, kfca: KfcaConfig,
                 kfca_seed: int, pool: PeerPool | None = None, round_: int = 0, reference: StateDict | None = None,
-                public: Sequence[StateDict] = (), gaps: Sequence[int] = ()) -> RoundScores:
+                public: Sequence[StateDict] = (), gaps: Sequence[int] = (), closes_run: bool = False) -> RoundScores:
     """Score a round's submissions (see the module docstring); with a ``pool``, clients with too few peers
     borrow earlier rounds' submissions (``fl.peer_pool``) and the round's real submissions join the pool;
     ``reference``: the server's reference update (``fl.reference``), a peer of every submission with weight
     ``kfca.reference-weight``; ``public``: the global adapter's recent steps the server sent (oldest first), the
     public trajectory the in-round penalty is conditioned on (``kfca.public-steps``; pool peers are not), with
-    ``gaps`` the participants' reception gaps (``engine.public.public_spans``)."""
+    ``gaps`` the participants' reception gaps (``engine.public.public_spans``); ``closes_run``: the run's last round,
+    which settles every earlier undetermined round its pool can (``fl.pool_settle``)."""
     participants = {s.client: s for s in submissions if not s.analysis}
     if len(participants) != sum(not s.analysis for s in submissions):
         raise InputError("a client sent more than one submission outside the attack analysis")
@@ -173,7 +174,7 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     settlements = [] if pool is None else close_round(pool, ClosingRound.scored(
         packer, round_, pooled, words=packer.words(), participants=ids, seed=kfca_seed, penalty=kfca.penalty,
         bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, duplicate_rule=DuplicateRule(),
-        owners={s.id: s.client for s in analysed}, values=values))
+        owners={s.id: s.client for s in analysed}, values=values, closes_run=closes_run))
     # Pool pairs (peer ``client@round``) are never honest pairs: the pool does not know who attacked then.
     records = [PairRecord(submission=c, client=by_id[c].client, strategy=by_id[c].strategy, peer=p,
                           payment=float(report.pairwise[(c, p)]),

@@ -30,7 +30,7 @@ from ..errors import InputError
 from ..tensors import is_float
 from .ledger import read_ledger
 from .ledger_rows import FULL_CHAIN_VERSION, GENESIS, SCORED, LedgerContents, RewardRow, chain_hasher, sha256_hex
-from .pool_replay import PoolTracker
+from .pool_replay import CLOSES_RUN, PoolTracker
 from .recompute import DAMAGED, MISMATCH, RoundCheck, recompute_round, words_bytes
 
 
@@ -139,14 +139,18 @@ def check_chain(contents: LedgerContents) -> tuple[list[str], str | None]:
                  for run, t in orphans]
     paid_rows = {(x.run_id, x.round, x.participant) for x in contents.rewards}
     scored = {(r.run_id, r.round): r.status for r in contents.rounds}
+    # A round settles only earlier ones, but the run's last settles itself too (pool rule 17, fl.pool_settle).
+    closing = {(r.run_id, r.round) for r in contents.rounds
+               if isinstance(r.settings, dict) and r.settings.get(CLOSES_RUN) is True}
     for x in contents.settlements:
         where = f"run {x.run_id[:8]} round {x.round}"
         if scored.get((x.run_id, x.settled_in)) != SCORED:  # only a scored round's pool settles
             why = "was not scored" if (x.run_id, x.settled_in) in keys else "the ledger does not list (added, or deleted)"
             problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, which {why}")
-        elif (x.run_id, x.round, x.participant) not in paid_rows or x.settled_in <= x.round:
+        elif (x.run_id, x.round, x.participant) not in paid_rows or x.settled_in < x.round or (
+                x.settled_in == x.round and (x.run_id, x.round) not in closing):
             problems.append(f"{where}: {x.participant[:40]} settled in round {x.settled_in}, but has no reward row "
-                            "in that earlier round to settle (added)")
+                            "in that earlier round (or, the run's last, its own) to settle (added)")
     listed = {p.participant for p in contents.participants}
     if contents.schema_version >= FULL_CHAIN_VERSION:
         unlisted = sorted({r.participant for r in contents.rewards} - listed)

@@ -12,7 +12,22 @@ import numpy as np
 
 from ..engine.duplicates import DuplicateRule
 from ..errors import InputError
+from ..report import printable
 from .ledger_rows import SCORED, RewardRow, RoundRow, SettlementRow
+
+
+CLOSES_RUN = "closes_run"
+"""The key of a round's recorded settings that marks its run's last round, which settles every participant still
+waiting that its pool determines (pool rule 17, ``fl.pool_settle``): ``true`` there, absent elsewhere."""
+
+
+def closes_run(settings: Mapping[str, Any]) -> bool:
+    """Whether a round's recorded settings mark it its run's last round (``CLOSES_RUN``); ``Unverifiable`` where the
+    key holds anything but true or false."""
+    value = settings.get(CLOSES_RUN, False)
+    if not isinstance(value, bool):
+        raise Unverifiable(f"the round's {CLOSES_RUN} setting is {printable(repr(value))[:40]}, not true or false")
+    return value
 
 
 class Unverifiable(Exception):
@@ -111,7 +126,8 @@ def closing_from_rows(t: int, round_row: RoundRow | None, rows: Sequence[RewardR
                         settings.get("duplicates"), pending, values=recorded_values(
                             round_row, [r.participant for r in rows], read_words) if waits else {},
                         settlements=[Settlement(r.round, r.settled_in, r.participant, r.reward, r.unadjusted_reward,
-                                                tuple(r.peers)) for r in settlements])
+                                                tuple(r.peers)) for r in settlements],
+                        closes_run=round_row is not None and closes_run(round_row.settings))
 
 
 class PoolTracker:
@@ -197,14 +213,14 @@ class PoolTracker:
             raise Unverifiable(f"round {upto}'s settlements were applied before the round was checked (its row comes "
                                 "after a later round's: rows reordered)")
         mismatches: list[str] = []
-
-        def check_settlements(at_pool) -> None:  # round upto's, before they apply
-            mismatches.extend(_settlement_mismatches(at_pool, upto, check))
-
         try:
             for t in range(done, upto + 1):
                 closing = closing_from_rows(t, self._rounds.get((run, t)), self._by_round.get((run, t), []), settings,
                                             self._settled.get((run, t), []), read_words)
+
+                def check_settlements(at_pool, closes=closing.closes_run) -> None:  # round upto's, before they apply
+                    mismatches.extend(_settlement_mismatches(at_pool, upto, check, closes))
+
                 close_round(pool, closing, check_settlements if check and t == upto else None)
         except (Damaged, Unverifiable, InputError, KeyError, TypeError, ValueError) as exc:
             self._broken[run] = f"its peer pool cannot be rebuilt: an earlier round's signs or records ({exc})"
@@ -213,18 +229,18 @@ class PoolTracker:
         return pool, mismatches
 
 
-def _settlement_mismatches(pool, horizon: int, rows: Sequence[SettlementRow]) -> list[str]:
+def _settlement_mismatches(pool, horizon: int, rows: Sequence[SettlementRow], closes: bool) -> list[str]:
     from ..fl.pool_settle import score_pending, settles
 
     out = []
     for row in rows:
         pending = pool.pending.get(row.round)
-        if pending is None or row.participant not in pending.waiting:
+        if pending is None or row.participant not in pending.waiting or row.round == horizon and not closes:
             out.append(f"{row.participant}: settlement of round {row.round} at round {horizon}, which was not waiting "
                        f"to be settled then")
             continue
         pooled = score_pending(pool, pending, horizon)
-        if row.participant not in settles(pool, pending, pooled, horizon):
+        if row.participant not in settles(pool, pending, pooled, horizon, closes):
             out.append(f"{row.participant}: round {row.round} settled at round {horizon}, where the pool could not "
                        f"settle it yet")
             continue

@@ -144,12 +144,14 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
                 penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                 reference: np.ndarray | None, reference_weight: float, keep_signs: bool,
                 public: list[Mapping[str, np.ndarray]] = (), conditioning: PublicConditioning = OFF,
-                gaps: list[int] = (), values: Mapping[str, np.ndarray] | None = None) -> ScoredRound:
+                gaps: list[int] = (), values: Mapping[str, np.ndarray] | None = None,
+                closes_run: bool = False) -> ScoredRound:
     """Score the packed round against its peers and ``pool`` (then add its participants, copies left out, to the
     pool); ``reference``: the server's packed signs, or None; ``public``: the global's recent steps (oldest first),
     the strata every pair is scored within under ``conditioning`` (``engine.public``), with ``gaps`` the
     participants' reception gaps (``PublicTrajectory.gaps``); ``values``: each participant's value sketch
-    (``fl.pool_values``: what tells its own replay from a retrain), kept beside the signs for a verifier."""
+    (``fl.pool_values``: what tells its own replay from a retrain), kept beside the signs for a verifier;
+    ``closes_run``: the run's last round (every participant still waiting that the pool determines is settled)."""
     planes = packer.public_planes(list(public), conditioning, gaps) if public else None
     pooled = score_with_pool(packer, pool, server_round, peers=peers, seed=seed, penalty=penalty,
                              bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
@@ -157,7 +159,8 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
     signs, task = packer.words()
     settlements = close_round(pool, ClosingRound.scored(
         packer, server_round, pooled, words=(signs, task), participants=packer.clients, seed=seed, penalty=penalty,
-        bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, values=values))
+        bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, values=values,
+        closes_run=closes_run))
     for settled in settlements:
         log(INFO, "KFCA: round %s settles %s's undetermined round %s: paid %+.4f (the pool on both sides of it "
             "tells who deviated now)", server_round, settled.participant, settled.round, settled.reward)

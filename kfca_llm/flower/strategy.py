@@ -48,6 +48,7 @@ from .ledger import Ledger, global_path
 from .ledger_rows import FailureRow, Participant, RewardRow, RoundEntry, SettlementRow, sha256_hex
 from .logs import ledger_round_numbers
 from .options import check_conditioning, check_options, takes_keyword
+from .pool_replay import CLOSES_RUN
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 from .recompute import scoring_settings
 from .replies import (check_reply, identify, num_examples, reply_weight, reweighted, sent_arrays,
@@ -165,7 +166,11 @@ class KFCAStrategy(Strategy):
         self.undetermined: dict[int, tuple[str, ...]] = {}
         """Round -> participants paid with fewer than ``min_peers`` distinct peers (scored rounds only)."""
         self.settlements: dict[int, list[Settlement]] = {}
-        """Round -> the earlier undetermined rounds' participants it settled (``fl.pool_settle``)."""
+        """Round -> the earlier undetermined rounds' participants it settled (``fl.pool_settle``), and the run's last
+        round's own."""
+        self.last_round: int | None = None
+        """The (ledger) round that closes the run: its pool settles every participant still waiting that it
+        determines, its own round's included (pool rule 17). Set by ``start`` from ``num_rounds``."""
         self.failures: dict[int, list[tuple[str | None, str]]] = {}
         self.ledger = None if ledger is None else Ledger(
             ledger, run_id=uuid.uuid4().hex, strategy=type(strategy).__name__, package_version=__version__,
@@ -202,7 +207,8 @@ class KFCAStrategy(Strategy):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, *args, **kwargs) -> Result:
         """``Strategy.start``; its round headers give the ledger's round (a resumed run's first is
-        ``round_offset + 1``)."""
+        ``round_offset + 1``) and its last round closes the run (``last_round``)."""
+        self.last_round = self.round_offset + int(num_rounds)
         with ledger_round_numbers(self.round_offset):
             return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
@@ -324,7 +330,7 @@ class KFCAStrategy(Strategy):
                            reference_weight=self.reference_weight, keep_signs=self.keep_signs,
                            public=self._trajectory.steps(shapes), conditioning=self.conditioning,
                            gaps=self._trajectory.gaps(reply.metadata.src_node_id for reply in paid.values()),
-                           values=values)
+                           values=values, closes_run=server_round == self.last_round)
 
     def _select(self, paid: Mapping[str, Message], scored: ScoredRound | None
                 ) -> tuple[list[Message], str | None]:
@@ -377,7 +383,9 @@ class KFCAStrategy(Strategy):
                 global_arrays = (sha256_hex(data), data)
             previous = self.ledger.last_global_sha256()
             digest = self.ledger.record_round(RoundEntry(
-                round=server_round, seed=self.round_seed(server_round), settings=self.settings,
+                round=server_round, seed=self.round_seed(server_round),
+                settings={**self.settings, CLOSES_RUN: True} if scored is not None and server_round == self.last_round
+                else self.settings,
                 valid_replies=len(paid), categorical_world=None if scored is None else bool(scored.report.categorical_world),
                 rewards=rows, failures=failure_rows, layout=None if scored is None else scored.layout,
                 task_sha256=None if scored is None else scored.task_sha256,

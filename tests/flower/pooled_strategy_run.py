@@ -29,10 +29,10 @@ def node(message):
     return reply_with(message, ArrayRecord({k: Array(sent[k] + sign * u) for k, u in update(n, t).items()}))
 
 
-def run(ledger, **options):
+def run(ledger, rounds: int = ROUNDS, **options):
     random.seed(7)  # FedAvg samples its nodes with the random module
     strategy = KFCAStrategy(FedAvg(fraction_train=0.1, fraction_evaluate=0.0), ledger=ledger, keep_signs=True,
                             **options)
     result = strategy.start(grid=LocalGrid({n: node for n in range(1, NODES + 1)}), initial_arrays=initial_arrays(),
-                            num_rounds=ROUNDS)
+                            num_rounds=rounds)
     return strategy, result

@@ -41,7 +41,7 @@ def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_ne
     with sqlite3.connect(old) as conn:
         for run_id, t, settings in conn.execute("SELECT run_id, round, settings FROM rounds").fetchall():
             settings = json.loads(settings)
-            assert settings["pool"].pop("rule") == POOL_RULE == 16
+            assert settings["pool"].pop("rule") == POOL_RULE == 17
             if rule > 1:
                 settings["pool"]["rule"] = rule
             conn.execute("UPDATE rounds SET settings = ? WHERE run_id = ? AND round = ?", (json.dumps(settings), run_id, t))
@@ -164,6 +164,58 @@ def test_each_settlement_gets_a_signed_receipt_that_catches_a_resealed_settlemen
     # The settlement's own receipt names the raised reward; every receipt from the resealed round on, the new hash.
     assert [p for p in problems if "reward is" in p] == [p for p in problems if "settled in round" in p and "reward is" in p]
     assert len([p for p in problems if "reward is" in p]) == 2
+
+
+def test_the_runs_last_round_settles_what_still_waits_and_only_it_settles_its_own(tmp_path):
+    """Pool rule 17: stopped at round 4 (``num_rounds=4``), the run's last round settles rounds 1-3, which the 24-round
+    run settles at rounds 6 and 7 once the pool has warmed up; the ledger marks that round ``closes_run`` and verifies.
+    A settlement of a round in itself is listed where the round is not the run's last; ``closes_run`` forged onto an
+    earlier round (resealed) or holding a string is never a match."""
+    import sqlite3
+
+    from kfca_llm.flower.audit import verify_ledger
+
+    ledger = tmp_path / "four.sqlite"
+    strategy, _ = run(ledger, rounds=4)
+    contents = read_ledger(ledger)
+    assert strategy.last_round == 4 and not strategy.pool.pending
+    assert [r.round for r in contents.rounds if r.settings.get("closes_run")] == [4]
+    undetermined = {(r.round, who) for r in contents.rounds for who in r.undetermined or ()}
+    assert {(s.round, s.participant) for s in contents.settlements} == undetermined
+    assert {s.settled_in for s in contents.settlements} == {4} and {t for t, _ in undetermined} == {1, 2, 3}
+    (fined,) = [s for s in contents.settlements if s.participant in {r.participant for r in contents.rewards
+                                                                      if r.node_id == str(FLIPPER)}]
+    assert fined.reward < 0 < min(s.reward for s in contents.settlements if s is not fined)
+    check = verify_ledger(ledger)
+    assert check.ok and {r.status for r in check.rounds} == {"match"}
+    assert check.rounds[3].detail.endswith(f"{len(undetermined)} settlement(s) of earlier rounds")
+
+    def edited(name: str, *sql: str):
+        copy = _copy_ledger(ledger, tmp_path / f"{name}.sqlite")
+        with sqlite3.connect(copy) as conn:
+            conn.execute("PRAGMA foreign_keys=OFF")
+            for statement in sql:
+                conn.execute(statement)
+        reseal(copy)
+        return verify_ledger(copy)
+
+    def self_settled(t: int) -> str:
+        return (f"INSERT OR REPLACE INTO settlements SELECT run_id, round, participant, round, reward, peers, "
+                f"unadjusted_reward FROM rewards WHERE round = {t} LIMIT 1")
+
+    # A round that settles itself: listed unless it is the run's last, whose recomputation finds nobody waiting.
+    check = edited("self3", self_settled(3))
+    assert any("(or, the run's last, its own)" in e for e in check.chain_errors) and check.rounds[2].status == "mismatch"
+    check = edited("self4", self_settled(4))
+    assert not check.chain_errors and not check.ok
+    assert "was not waiting" in " ".join(check.rounds[3].rows)
+    # closes_run forged onto round 3: its replay settles nothing it recorded and drops what waits, so round 4's
+    # settlements name rounds no longer waiting.
+    check = edited("early", "UPDATE rounds SET settings = json_set(settings, '$.closes_run', json('true')) "
+                            "WHERE round = 3")
+    assert not check.ok and check.rounds[3].status == "mismatch"
+    check = edited("string", "UPDATE rounds SET settings = json_set(settings, '$.closes_run', 'yes') WHERE round = 4")
+    assert check.rounds[3].status == "unverifiable" and "closes_run setting is 'yes'" in check.rounds[3].detail
 
 
 def test_a_settling_round_moved_after_a_later_one_is_never_a_match(pooled, tmp_path):
