@@ -227,7 +227,8 @@ def test_the_pool_pays_what_the_naive_reference_pays_with_a_sleeper():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_pool_pays_what_the_naive_reference_pays_when_the_run_goes_on(seed):
-    """The last round is not the run's (a run stopped to be resumed): what waits there is not settled yet (as before rule 17)."""
+    """The last round is not the run's (a run stopped to be resumed): what waits there is not settled yet (as before
+    rule 17)."""
     assert_equal(seed, False, "record", closes_run=False)
 
 
@@ -331,7 +332,8 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
             f"c{OLD_COPIER} left out", f"c{RETRAINER} left out", f"c{RESCALER} left out",
             "an own repeat of every sign, not of the values, scored fresh", "in-round copy", "undetermined", "settled",
-            "the run's last round settles itself", "charged back", "fined", "the pool alone, unclear", "the trajectory settles a pair", "the lineage ranks a pair",
+            "the run's last round settles itself", "charged back", "fined", "the pool alone, unclear",
+            "the trajectory settles a pair", "the lineage ranks a pair",
             "a turn forfeits what was paid", "an agreement with a turned peer read back",
             "a disagreeing pair waits for the round after", "the round after overturns a ranking", "owned own resubmission",
             "owned undetermined", "owned settled",

@@ -120,7 +120,8 @@ def close_round(pool: PeerPool, closing: ClosingRound,
     _keep_pending(pool, closing)
     if on_settling is not None:
         on_settling(pool)
-    settlements = due_settlements(pool, t, closing.closes_run) if closing.settlements is None else list(closing.settlements)
+    settlements = (due_settlements(pool, t, closing.closes_run) if closing.settlements is None
+                   else list(closing.settlements))
     apply_settlements(pool, t, settlements, closing.closes_run)
     return settlements
 

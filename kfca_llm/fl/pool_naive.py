@@ -18,8 +18,9 @@ submissions since its last turn were paid charged back once; an agreeing pair re
 without the strata is more than two standard errors below 0 where its peer has turned), undetermined participants (paid
 0: too few distinct peers, or the pool alone with its verdict within two standard errors of 0, or a disagreeing pair
 nothing above settles, which waits for the round after it), their settlement by a later round (the pool on both
-sides, once warm or at the window's last round, or at the run's last round, its own included; a settled entry rescored; a waiting pair ranked on each one's mean
-payment against the next round's other participants where two or more of them agree with each other), in-round copies
+sides, once warm or at the window's last round, or at the run's last round, its own included; a settled entry
+rescored; a waiting pair ranked on each one's mean payment against the next round's other participants where two or
+more of them agree with each other), in-round copies
 (the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of another
 participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
 sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of the signs, and under a limit of 0

@@ -152,7 +152,8 @@ def settles(pool: PeerPool, pending: PendingRound, pooled: PooledRound, horizon:
     return [c for c in pending.waiting if c not in pooled.unpaid and (last or c not in pooled.warming)]
 
 
-def apply_settlements(pool: PeerPool, horizon: int, settlements: Sequence[Settlement], closes_run: bool = False) -> None:
+def apply_settlements(pool: PeerPool, horizon: int, settlements: Sequence[Settlement],
+                      closes_run: bool = False) -> None:
     """What settling does to the pool at ``horizon``: settled participants stop waiting, a pending round the window no
     longer covers (or with nobody left waiting, or any at the run's last round: ``closes_run``) is dropped, settled
     entries are vetted by their settled scores."""

@@ -205,7 +205,8 @@ def test_the_runs_last_round_settles_what_still_waits_and_only_it_settles_its_ow
 
     # A round that settles itself: listed unless it is the run's last, whose recomputation finds nobody waiting.
     check = edited("self3", self_settled(3))
-    assert any("(or, the run's last, its own)" in e for e in check.chain_errors) and check.rounds[2].status == "mismatch"
+    assert any("(or, the run's last, its own)" in e for e in check.chain_errors)
+    assert check.rounds[2].status == "mismatch"
     check = edited("self4", self_settled(4))
     assert not check.chain_errors and not check.ok
     assert "was not waiting" in " ".join(check.rounds[3].rows)
