@@ -162,8 +162,10 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
         bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule, values=values,
         closes_run=closes_run))
     for settled in settlements:
-        log(INFO, "KFCA: round %s settles %s's undetermined round %s: paid %+.4f (the pool on both sides of it "
-            "tells who deviated now)", server_round, settled.participant, settled.round, settled.reward)
+        log(INFO, "KFCA: round %s settles %s's undetermined round %s: paid %+.4f (%s)", server_round,
+            settled.participant, settled.round, settled.reward,
+            "the run's last round: what its pool tells now" if closes_run
+            else "the pool on both sides of it tells who deviated now")
     if pooled.undetermined:
         log(WARNING, "KFCA: round %s is undetermined for %s: fewer than min_peers=%s distinct peers (in this "
             "round and the pool of the last %s rounds), so a deviator among them cannot be outvoted, or the pool's "
