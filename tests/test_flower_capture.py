@@ -2,8 +2,10 @@
 Driven here through the strategy's own ``score_round`` (no Flower run: the capture wraps that function only), a
 flipper among honest clients at two a round, within public strata, with a settlement, and a client that sends its
 first update again with every value scaled (every sign repeated: a fresh submission by its value sketch, pool rule
-11); then paid again under another pool weight, which must change what the rounds pay."""
+11), its last round closing the run (pool rule 17); then paid again under another pool weight, which must change what
+the rounds pay."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -34,7 +36,8 @@ def test_a_captured_run_paid_again_is_what_it_paid_and_another_ranking_changes_i
         values = {c: value_sketch(u, packer.layout) for c, u in updates.items()}
         scored = capture(packer, pool, t, peers=None, seed=t, penalty="expected", bonus_fraction=0.5,
                          duplicates="zero", duplicate_rule=DuplicateRule(), reference=None, reference_weight=1.0,
-                         keep_signs=False, public=steps[-16:], conditioning=PublicConditioning(), values=values)
+                         keep_signs=False, public=steps[-16:], conditioning=PublicConditioning(), values=values,
+                         closes_run=t == 14)
         assert "n5" not in scored.pooled.own_resubmissions
         live[t] = dict(scored.report.rewards)
         for settled in scored.settlements:
@@ -48,6 +51,16 @@ def test_a_captured_run_paid_again_is_what_it_paid_and_another_ranking_changes_i
         t: {str(int(w[1:])): v for w, v in sorted(paid.items(), key=lambda kv: int(kv[0][1:]))}
         for t, paid in live.items()}
     assert any(r["settled"] for r in again["rounds"])  # a settlement is replayed too
+    # The live run's last round closed it (pool rule 17), settling round 10's pair; so does the replay. A capture of a
+    # version before the rule (no closes_run recorded) closes at its last round only with close_last (--close-last).
+    assert 14 in {at for r in again["rounds"] for at in r["settled"].values()}
+    data = dict(np.load(path))
+    meta = json.loads(bytes(data["__meta__"]).decode())
+    for r in meta["rounds"]:
+        del r["closes_run"]
+    np.savez(tmp_path / "old.npz", **{**data, "__meta__": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)})
+    assert replay(tmp_path / "old.npz", {})["rounds"] != again["rounds"]
+    assert replay(tmp_path / "old.npz", {}, close_last=True)["rounds"] == again["rounds"]
     assert sum(len(r["rewards"]) for r in again["rounds"]) == 28
     assert sum("5" in r["rewards"] for r in again["rounds"]) >= 2
     weighed_otherwise = replay(path, {"weight": 2.0})  # the pool's verdict against an in-round peer's 1
