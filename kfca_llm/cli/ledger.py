@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
         if undetermined:
             notes.append(f"{undetermined} round(s) undetermined: a participant had fewer than min_peers distinct peers, "
                          "so its reward could not tell who deviated then (raise the clients per round or the pool "
-                         f"window); {len(contents.settlements)} of their rewards settled by later rounds or the run's last "
-                         "(counted with the settled reward)")
+                         f"window); {len(contents.settlements)} of their rewards settled by later rounds or the run's "
+                         "last (counted with the settled reward)")
         notes.append(f"!= 0: the mean is more than {DISTINGUISHABLE_Z} standard errors from zero (two-sided 5%; "
                      "- below 2 rounds)")
         rows = [(str(k), _short(s["participant"]), s["label"] or "", " ".join(s["node_ids"]), f"{s['total']:+.6f}",
