@@ -205,24 +205,17 @@ def rounds_by_partition(rewards, settlements, undetermined, resubmitted, forfeit
 def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) -> str:
     lines = [f"{args.nodes} nodes, fraction_train {args.fraction}, data order {args.data_order}, {len(rounds)} rounds scored, "
              f"min_peers {'default' if args.min_peers is None else args.min_peers}, wall {wall:.0f} s"]
-    paid: dict[int, list[float]] = {}
-    meetings, good, unpaid = 0, 0, 0
     for r in rounds:
-        rewards = {int(p): v for p, v in r["rewards"].items()}
-        flipper = next((p for p in rewards if p in attack_of and flips(attack_of[p], len(paid.get(p, ())))), None)
-        for p, v in rewards.items():
-            paid.setdefault(p, []).append(v)
-        tag = ", ".join(f"{p}{'=' + attack_of[p] if p in attack_of else ''} {v:+.4f}" for p, v in rewards.items())
+        tag = ", ".join(f"{p}{'=' + attack_of[int(p)] if int(p) in attack_of else ''} {v:+.4f}"
+                        for p, v in r["rewards"].items())
         later = r.get("settled", {})
         lines.append(f"round {r['round']:3d}: {tag}{'  UNDETERMINED' if r['undetermined'] else ''}"
                      + (f"  settled in round {sorted(set(later.values()))}" if later else ""))
-        if flipper in rewards:
-            for p, v in rewards.items():
-                if p not in attack_of and p in r["undetermined"]:
-                    unpaid += 1  # never settled: the pool could not tell who deviated, neither is paid
-                elif p not in attack_of:
-                    meetings += 1
-                    good += v > 0 and v > rewards[flipper]
+    # A partner never settled: the pool could not tell who deviated, neither is paid.
+    every = flip_meetings(rounds, attack_of)
+    met = [m for m in every if not m.undetermined]
+    meetings, unpaid, good = len(met), len(every) - len(met), sum(m.right for m in met)
+    paid = paid_by_node(rounds)
     means = {p: sum(v) / len(v) for p, v in sorted(paid.items())}
     honest_paid = [v for p, values in paid.items() if p not in attack_of for v in values]
     honest_taken = sum(p not in attack_of for r in rounds for p in r.get("resubmitted", []))
@@ -245,6 +238,48 @@ def summarise(rounds: list[dict], attack_of: dict[int, str], args, wall: float) 
     lines.append(f"undetermined rounds never settled: {[r['round'] for r in rounds if r['undetermined']]}; settled "
                  f"later: {[r['round'] for r in rounds if r.get('settled')]}")
     return "\n".join(lines)
+
+
+def paid_by_node(rounds: list[dict]) -> dict[int, list[float]]:
+    """Partition -> what each of its participations was paid, in round order (one left undetermined: 0)."""
+    paid: dict[int, list[float]] = {}
+    for r in rounds:
+        for p, v in r["rewards"].items():
+            paid.setdefault(int(p), []).append(v)
+    return paid
+
+
+@dataclasses.dataclass(frozen=True)
+class Meeting:
+    """An honest node's participation beside a flipping update."""
+
+    round: int
+    partner: int
+    partner_paid: float
+    flipper: int
+    flipper_paid: float
+    undetermined: bool
+    """The partner was never settled (paid 0)."""
+
+    @property
+    def right(self) -> bool:
+        """The done-when's test: the honest partner paid > 0 and more than the flipping node."""
+        return self.partner_paid > 0 and self.partner_paid > self.flipper_paid
+
+
+def flip_meetings(rounds: list[dict], attack_of: dict[int, str]) -> list[Meeting]:
+    """Every meeting of an honest node (not in ``attack_of``) with a node whose update flips in that round (``flips``,
+    counting its participations)."""
+    found, count = [], {}
+    for r in rounds:
+        rewards = {int(p): v for p, v in r["rewards"].items()}
+        flipper = next((p for p in rewards if p in attack_of and flips(attack_of[p], count.get(p, 0))), None)
+        for p in rewards:
+            count[p] = count.get(p, 0) + 1
+        if flipper is not None:
+            found += [Meeting(r["round"], p, v, flipper, rewards[flipper], p in r["undetermined"])
+                      for p, v in rewards.items() if p not in attack_of]
+    return found
 
 
 def flips(spec: str, updates_before: int) -> bool:

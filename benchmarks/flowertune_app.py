@@ -49,7 +49,7 @@ from kfca_llm.report import write_atomic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from flower_few_peers import rounds_by_partition, summarise  # noqa: E402
+from flower_few_peers import flip_meetings, paid_by_node, rounds_by_partition, summarise  # noqa: E402
 
 FLIPPER = 0
 """The partition that flips its update."""
@@ -250,14 +250,10 @@ def figures(rounds: list[dict], log: str, flipper: int = FLIPPER) -> dict:
     honest = [(r["round"], int(p), v) for r in rounds for p, v in r["rewards"].items() if int(p) != flipper]
     charged = [(t, partition(w), c) for t, who in resubmissions(log).items() for w, c in who.items()
                if c is not None and partition(w) != flipper]
-    paid: dict[int, list[float]] = {}
-    for r in rounds:
-        for p, v in r["rewards"].items():
-            paid.setdefault(int(p), []).append(v)
+    paid = paid_by_node(rounds)
     means = {p: sum(v) / len(v) for p, v in sorted(paid.items())}
-    meetings = [{"round": r["round"], "partner": int(p), "partner_paid": v, "flipper_paid": r["rewards"][str(flipper)],
-                 "right": v > 0 and v > r["rewards"][str(flipper)], "undetermined": int(p) in r["undetermined"]}
-                for r in rounds if str(flipper) in r["rewards"] for p, v in r["rewards"].items() if int(p) != flipper]
+    meetings = [{"round": m.round, "partner": m.partner, "partner_paid": m.partner_paid, "flipper_paid": m.flipper_paid,
+                 "right": m.right, "undetermined": m.undetermined} for m in flip_meetings(rounds, {flipper: "flip"})]
     honest_means = [m for p, m in means.items() if p != flipper]
     return {"honest_participations": len(honest),
             "honest_taken_for_own_resubmissions": len(charged),
