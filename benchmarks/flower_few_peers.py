@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from kfca_llm.fl.pool_store import RANK_RULES, PoolSettings
 
@@ -249,9 +250,9 @@ def paid_by_node(rounds: list[dict]) -> dict[int, list[float]]:
     return paid
 
 
-@dataclasses.dataclass(frozen=True)
-class Meeting:
-    """An honest node's participation beside a flipping update."""
+class Meeting(NamedTuple):
+    """An honest node's participation beside a flipping update (a named tuple: the docs' tests load this script by
+    path, outside ``sys.modules``, where a dataclass cannot resolve its annotations)."""
 
     round: int
     partner: int
