@@ -22,7 +22,8 @@ from kfca_llm.api import pack_updates
 from kfca_llm.engine.duplicates import DuplicateRule
 from kfca_llm.engine.public import OFF, PublicConditioning
 from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
-from kfca_llm.fl.pool_naive import naive_run, sketched
+from kfca_llm.fl.pool_naive import naive_run
+from kfca_llm.fl.pool_naive_round import sketched
 from kfca_llm.fl.pool_close import ClosingRound, close_round
 from kfca_llm.fl.pool_values import value_sketch
 from kfca_llm.fl.reference import reference_signs

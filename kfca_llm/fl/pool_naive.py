@@ -40,7 +40,7 @@ is ``fl.pool_naive_round``. The tests: ``tests/test_pool_naive.py`` and ``tests/
 
 from __future__ import annotations
 
-from .pool_naive_round import Entry, score, sketched  # noqa: F401  sketched: re-exported (the tests import it here)
+from .pool_naive_round import Entry, score
 
 VALUE_SAMPLES = 1024
 
