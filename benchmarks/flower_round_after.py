@@ -10,6 +10,14 @@ tasks or more, as pool rule 15 does (``fl.pool_next``); ``single`` takes rounds 
 partner, the pairs measured and how many the honest one won (benchmarks/ROBUSTNESS.md, pool rule 15)::
 
     .venv/bin/python benchmarks/flower_round_after.py run1.npz run2.npz ...
+
+``--agreeing`` measures the other pairs: two usable participants agreeing on half the tasks or more, both honest or
+both flipping (two flipped updates agree, and are paid as an honest pair is). Against a coherent round t + k, each
+pair's *higher* share of agreement with that round's other participants (each member's mean over them, less one
+half) is what a rule holding such a pair could read: the quantiles of it per kind, and how many pairs of each kind
+stand below each threshold (benchmarks/ROBUSTNESS.md, flip meets flip)::
+
+    .venv/bin/python benchmarks/flower_round_after.py --agreeing --lags 1,2 run1.npz run2.npz ...
 """
 
 from __future__ import annotations
@@ -89,13 +97,60 @@ def measure(path: Path, lags, coherent: bool, counts: Counter) -> None:
             counts[(k, kind, "honest agrees more")] += bool(mean[h] > mean[d])
 
 
+def agreeing_pairs(path: Path, lags, shares: dict) -> None:
+    """Add to ``shares[(k, kind)]`` the higher agreement share (less 1/2) of each agreeing pair of ``path`` with round
+    t + k's coherent other participants; kind: ``"honest"`` (neither flips there: a sleeper before its turn, an on-off
+    node between flips count) or ``"flipping"`` (both flip); a pair of one of each is ``"mixed"``."""
+    signs, tasks, attacks = load(path)
+    ok = usable(signs, tasks)
+    participations = Counter()
+
+    def share(t, p, u, q):
+        on = tasks[t] & tasks.get(u, tasks[t])
+        return float(np.mean(signs[t][p][on] == signs[u][q][on])) - 0.5
+
+    for t in sorted(signs):
+        flipping = {p for p in signs[t] if p in attacks and flips(attacks[p], participations[p])}
+        participations.update(list(signs[t]))
+        if len(signs[t]) != 2 or len(ok[t]) != 2 or share(t, ok[t][0], t, ok[t][1]) < 0:
+            continue
+        kind = ("honest", "mixed", "flipping")[len(flipping)]
+        for k in lags:
+            others = [p for p in ok.get(t + k, ()) if p not in ok[t]]
+            if len(others) < 2 or any(share(t + k, x, t + k, y) < 0
+                                      for i, x in enumerate(others) for y in others[i + 1:]):
+                continue
+            higher = max(np.mean([share(t, p, t + k, o) for o in others]) for p in ok[t])
+            shares.setdefault((k, kind), []).append(higher)
+
+
+def print_agreeing(shares: dict, thresholds) -> None:
+    print("| k | pair | pairs | higher share: min | 1% | 5% | median | 95% | max | "
+          + " | ".join(f"below {x:+.2f}" for x in thresholds) + " |")
+    print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(thresholds))
+    for (k, kind), values in sorted(shares.items()):
+        q = np.quantile(values, [0, 0.01, 0.05, 0.5, 0.95, 1])
+        print(f"| {k:+d} | {kind} | {len(values)} | " + " | ".join(f"{v:+.3f}" for v in q) + " | "
+              + " | ".join(str(sum(v < x for v in values)) for x in thresholds) + " |")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("captures", nargs="+", type=Path)
     parser.add_argument("--lags", type=lambda v: [int(k) for k in v.split(",")], default=[-2, -1, 1, 2, 3],
                         help="the rounds t + k compared, comma-separated (default -2,-1,1,2,3)")
     parser.add_argument("--single", action="store_true", help="rounds with one usable participant, not coherent ones")
+    parser.add_argument("--agreeing", action="store_true", help="agreeing pairs (both honest or both flipping) instead")
+    parser.add_argument("--thresholds", type=lambda v: [float(x) for x in v.split(",")], default=[-0.06, -0.07, -0.08],
+                        help="with --agreeing: count the pairs whose higher share stands below each (comma-separated)")
     args = parser.parse_args(argv)
+    if args.agreeing:
+        shares: dict = {}
+        for path in args.captures:
+            agreeing_pairs(path, args.lags, shares)
+        print(f"{len(args.captures)} captures, agreeing pairs against a coherent round t + k")
+        print_agreeing(shares, args.thresholds)
+        return 0
     counts: Counter = Counter()
     for path in args.captures:
         measure(path, args.lags, not args.single, counts)

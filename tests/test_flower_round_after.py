@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from flower_round_after import main, measure  # noqa: E402
+from flower_round_after import agreeing_pairs, main, measure  # noqa: E402
 
 COORDS = 2048
 
@@ -74,3 +74,30 @@ def test_a_resubmission_and_an_agreeing_pair_are_left_out(tmp_path):
     measure(path, [1], False, single)
     assert coherent == Counter()
     assert single == Counter({(1, "flipping", "pairs"): 1, (1, "flipping", "honest agrees more"): 1})
+
+
+def test_agreeing_pairs_are_measured_by_kind_against_a_coherent_round_after(tmp_path, capsys):
+    """Round 1: honest 1 and 2; round 2: honest 4 and 5; round 3: flippers 3 and 6 (their flips agree); round 4: honest
+    7 and 8; round 5: honest 9 and the zero node 10 (one usable participant: no coherent round after round 4). A pair's
+    share is its higher member's mean agreement with the round after's others, less one half."""
+    rng = np.random.default_rng(2)
+    d = rng.standard_normal(COORDS)
+
+    def honest():
+        return d + 0.8 * rng.standard_normal(COORDS)
+
+    rounds = [{1: honest(), 2: honest()}, {4: honest(), 5: honest()}, {3: -honest(), 6: -honest()},
+              {7: honest(), 8: honest()}, {9: honest(), 10: np.zeros(COORDS)}]
+    path = capture(tmp_path / "run.npz", rounds, {3: "flip", 6: "flip", 10: "zero"})
+    shares: dict = {}
+    agreeing_pairs(path, [1], shares)
+    assert sorted(shares) == [(1, "flipping"), (1, "honest")]
+    (flipped,) = shares[(1, "flipping")]
+    first, second = shares[(1, "honest")]  # rounds 1 and 2: before the flips, and before a round of them
+    assert first > 0.2 and second < -0.2 and flipped < -0.2
+    # Its higher member: each of round 2's members agrees less with the flipped round 3 than the better one.
+    means = [np.mean([np.mean((rounds[1][p] < 0) == (rounds[2][o] < 0)) for o in (3, 6)]) for p in (4, 5)]
+    assert second == max(means) - 0.5
+    assert main([str(path), "--agreeing", "--lags", "1", "--thresholds=-0.2,0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "| +1 | flipping | 1 |" in out and out.rstrip().endswith("| 1 | 2 |")
