@@ -32,7 +32,7 @@ def test_the_page_shows_the_commands_this_test_runs():
 @pytest.fixture(scope="module")
 def audit_folder(tmp_path_factory) -> Path:
     """What the page describes: the ledger and its store, a participant's receipts/, the published key, the
-    participant's kept update of round 2 (node 2 of the served run)."""
+    participant's kept update of round 2 (node 2 of the served run) and the global it was sent then."""
     pytest.importorskip("flwr", reason="the ledger is written by KFCAStrategy (the flower extra)")
     sys.path.insert(0, str(ROOT / "tests" / "flower"))
     from flower_local import honest_update, serve_with_receipts
@@ -42,6 +42,7 @@ def audit_folder(tmp_path_factory) -> Path:
     (folder / "receipts-2").rename(folder / "receipts")
     shutil.copy(folder / "keys" / "server.key.pub", folder / "server.key.pub")
     save_file(honest_update(2, 2), str(folder / "mine.safetensors"))
+    shutil.copy(folder / "sent-2" / "round2.safetensors", folder / "global-round2.safetensors")
     return folder
 
 
@@ -98,6 +99,7 @@ def test_every_kfca_llm_command_runs_as_written_and_passes_on_an_honest_ledger(a
     assert stdout.count("chain intact") == 3  # the plain run, --expect-head, --receipts (--json goes to a file)
     assert "3 receipt(s) checked, all in the ledger as signed" in stdout
     assert "this update is the one scored for participant" in stdout
+    assert "value sketch: match:" in stdout and "the slack as the global sent implies" in stdout
 
 
 def test_the_operators_flwr_run_command_passes_flowers_key_check_and_creates_the_key(tmp_path):

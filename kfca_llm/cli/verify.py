@@ -3,7 +3,8 @@
 Exit status 0 when the chain holds, every row reads, no round mismatches or has damaged signs and every
 receipt given is in the ledger as signed; 1 otherwise (2: the ledger cannot be read at all, or bad arguments).
 ``--receipts DIR --server-key KEY.pub``: check the ledger against a participant's signed receipts.
-``--node-update FILE --round R``: a participant checks that the update it holds is the one scored in round R.
+``--node-update FILE --round R [--sent GLOBAL]``: a participant checks that the update it holds is the one scored in
+round R, and that the round recorded its values as the update has them (``flower.node_check``).
 """
 
 from __future__ import annotations
@@ -15,19 +16,24 @@ from dataclasses import asdict
 
 def _node_update(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..flower.audit import check_node_update, load_update_file
+    from ..flower.node_check import check_node_update, check_node_values, load_update_file
 
     if args.round is None:
         raise InputError("--node-update needs --round R (the round whose payment to check)")
-    rows = check_node_update(args.path, load_update_file(args.node_update), args.round, args.run)
+    update = load_update_file(args.node_update)
+    sent = None if args.sent is None else load_update_file(args.sent, "global sent")
+    rows = check_node_update(args.path, update, args.round, args.run)
+    values = [check_node_values(args.path, update, row, sent) for row in rows]
     if args.json:
-        print(json.dumps({"round": args.round, "matches": [asdict(r) for r in rows]}, indent=2))
-    for row in rows if not args.json else ():
+        print(json.dumps({"round": args.round, "matches": [asdict(r) | {"values": asdict(v)}
+                                                           for r, v in zip(rows, values)]}, indent=2))
+    for row, check in zip(rows, values) if not args.json else ():
         print(f"round {row.round} of run {row.run_id[:8]}: this update is the one scored for participant "
               f"{row.participant} (node {row.node_id}), paid {row.reward:+.6f}")
+        print(f"    value sketch: {check.status}: {check.detail}")
     if not rows:
         print(f"round {args.round}: no participant was scored with this update's signs (SHA-256 differs)")
-    return 0 if rows else 1
+    return 0 if rows and all(check.ok for check in values) else 1
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,6 +89,8 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--node-update", metavar="FILE",
                         help="your update (.safetensors or .npz: what you sent minus what you were sent)")
     parser.add_argument("--round", type=int, help="with --node-update: the round to check")
+    parser.add_argument("--sent", metavar="FILE", help="with --node-update: the global you were sent that round "
+                        "(.safetensors or .npz), to check the rounding slack the round recorded of your values too")
     parser.add_argument("--run", metavar="RUN_ID", help="with --node-update: only this run (a prefix of its id)")
     parser.add_argument("--backend", default="auto", help="scoring backend for the recomputation (default auto)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -1,4 +1,5 @@
-"""Auditing a reward ledger: the hash chain, the rounds recomputed (``recompute.py``), a participant's own check.
+"""Auditing a reward ledger: the hash chain and the rounds recomputed (``recompute.py``); a participant's own check of
+its update is ``node_check.py``.
 
 ``verify_ledger(path)`` checks, for every committed round:
 
@@ -22,14 +23,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from ..errors import InputError
 from ..tensors import is_float
 from .ledger import read_ledger
-from .ledger_rows import FULL_CHAIN_VERSION, GENESIS, SCORED, LedgerContents, RewardRow, chain_hasher, sha256_hex
+from .ledger_rows import FULL_CHAIN_VERSION, GENESIS, SCORED, LedgerContents, chain_hasher, sha256_hex
 from .pool_replay import CLOSES_RUN, PoolTracker
 from .recompute import DAMAGED, MISMATCH, RoundCheck, recompute_round, words_bytes
 
@@ -159,32 +159,3 @@ def check_chain(contents: LedgerContents) -> tuple[list[str], str | None]:
                      "which the ledger does not list (added)" for p in contents.participants
                      if (p.first_run, p.first_round) not in keys]
     return problems, (contents.rounds[-1].chain_hash if contents.rounds else GENESIS)
-
-
-def check_node_update(path: str | os.PathLike, update: Mapping[str, np.ndarray], server_round: int,
-                      run_id: str | None = None) -> list[RewardRow]:
-    """The ledger rows of ``server_round`` whose sign hash is the one of ``update`` (a participant's own check)."""
-    contents = read_ledger(path)
-    rows = [r for r in contents.rewards if r.round == server_round and (run_id is None or r.run_id.startswith(run_id))]
-    if not rows:
-        raise InputError(f"the ledger has no scored round {server_round}" + (f" in run {run_id}" if run_id else ""))
-    digest = update_sha256(update)
-    return [r for r in rows if r.sign_sha256 == digest]
-
-
-def load_update_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """A participant's update (update = what it sent minus what it was sent) from a .safetensors or .npz file."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no update file at {str(path)!r}")
-    try:
-        if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-        from safetensors.numpy import load_file
-
-        return load_file(str(path))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the update {str(path)!r}: {exc}") from exc
-    except Exception as exc:  # safetensors raises its own error type on a malformed header
-        raise InputError(f"cannot read the update {str(path)!r}: {exc}") from exc

@@ -94,17 +94,17 @@ def recompute_round(ledger: str | os.PathLike, round_row: RoundRow, rows: Sequen
             raise Damaged(f"the recorded tensor layout is not one any update has ({exc})") from None
         if len(rows) < 2:
             raise Damaged(f"a scored round with {len(rows)} reward row(s); KFCA scores two or more")
-        words = {row.participant: _read_words(ledger, row.sign_sha256, n_bytes) for row in rows}
-        task = _read_words(ledger, round_row.task_sha256, n_bytes)
+        words = {row.participant: read_stored(ledger, row.sign_sha256, n_bytes) for row in rows}
+        task = read_stored(ledger, round_row.task_sha256, n_bytes)
         reference = None
         if round_row.settings.get("reference_weight"):
             if round_row.reference_sha256 is None:
                 raise Unverifiable("a round scored against the server's reference, recorded without its signs")
-            reference = _read_words(ledger, round_row.reference_sha256, n_bytes)
+            reference = read_stored(ledger, round_row.reference_sha256, n_bytes)
         if "pool" in round_row.settings and pools is None:
             raise Unverifiable("a round scored with a peer pool needs the earlier rounds to rebuild it")
         def read(sha: str, rows: int = 1, size: int | None = None) -> np.ndarray:
-            return _read_words(ledger, sha, rows * n_bytes if size is None else size)
+            return read_stored(ledger, sha, rows * n_bytes if size is None else size)
 
         planes = recorded_planes(round_row, read)
         pool = None if pools is None else pools.before(round_row, read)
@@ -137,7 +137,7 @@ def _real_folder(path: Path) -> None:
         raise Damaged(f"the store folder {path.name}/ is not a directory (a link is not followed)")
 
 
-def _read_words(ledger, sha: str | None, n_bytes: int) -> np.ndarray:
+def read_stored(ledger, sha: str | None, n_bytes: int) -> np.ndarray:
     """The words stored under ``sha``: a regular file of ``n_bytes`` inside ``<ledger>.d/signs/``, hashing to ``sha``."""
     if not isinstance(sha, str) or not _SHA256.fullmatch(sha):
         raise Damaged(f"stored signs named {printable(str(sha))[:80]!r}, not a SHA-256 (64 hex digits); not opened")

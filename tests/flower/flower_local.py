@@ -126,7 +126,9 @@ def numpy_node(kind: str, copy_of: int | None = None) -> Callable[[Message], Mes
 def serve_with_receipts(folder, *, keep_signs: bool, nodes: Mapping[int, str], rounds: int = 3):
     """A KFCAStrategy run over ``nodes`` (node id -> numpy_node kind) writing ``folder/rewards.sqlite`` with a
     receipt key ``folder/keys/server.key``; node N keeps its receipts in ``folder/receipts-N/`` as the recipes'
-    ClientApp does (the evaluate round delivers the last round's). The ledger is left in one file (no WAL)."""
+    ClientApp does (the evaluate round delivers the last round's), and the global it was sent in round T as
+    ``folder/sent-N/roundT.safetensors`` (what ``kfca-llm verify --sent`` reads). The ledger is left in one file (no
+    WAL)."""
     import sqlite3
     from pathlib import Path
 
@@ -141,7 +143,14 @@ def serve_with_receipts(folder, *, keep_signs: bool, nodes: Mapping[int, str], r
         answer = numpy_node(kind)
 
         def reply(message: Message) -> Message:
+            from safetensors.numpy import save_file
+
             save_receipts(receipts_in_message(message.content.config_records), folder / f"receipts-{node}")
+            if "arrays" in message.content.array_records:
+                sent = folder / f"sent-{node}"
+                sent.mkdir(exist_ok=True)
+                save_file({k: a.numpy() for k, a in message.content["arrays"].items()},
+                          str(sent / f"round{int(message.content['config']['server-round'])}.safetensors"))
             return answer(message)
 
         return reply
