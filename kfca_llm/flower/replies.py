@@ -1,4 +1,5 @@
-"""A training reply as ``KFCAStrategy`` reads it: whether it can be scored and aggregated, whose it is, its weight.
+"""A training reply as ``KFCAStrategy`` reads it: whether it can be scored and aggregated, whose it is, its weight, its
+update packed.
 
 Reply contents are untrusted: every check returns why a reply is refused (one line), never raises on what a node
 sent. ``declare_participant`` is the ClientApp's side: the participant name a reply declares (``identity.py``).
@@ -13,6 +14,8 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from ..errors import InputError
+from ..fl.pool_values import value_sketch
+from ..packer import SignPacker
 from ..tensors import is_float
 from ..text import quoted
 from .identity import (IDENTITY_RECORD, PARTICIPANT_KEY, Claim, Identity, check_participant_name, pinned_conflict,
@@ -35,6 +38,27 @@ def sent_arrays(sent: Mapping[int, ArrayRecord], node_id: int,
     if id(record) not in sent_numpy:
         sent_numpy[id(record)] = {name: array.numpy() for name, array in record.items()}
     return sent_numpy[id(record)]
+
+
+def packed_updates(paid: Mapping[str, Message], sent: Mapping[int, ArrayRecord],
+                   sent_numpy: dict[int, dict[str, np.ndarray]], shapes: Mapping[str, tuple[int, ...]],
+                   arrayrecord_key: str, backend: str, sketch_values: bool) -> tuple[SignPacker, dict[str, np.ndarray]]:
+    """Each checked reply's update (returned minus sent, the float tensors ``shapes`` names) packed into a
+    ``SignPacker`` of the ``paid`` participants, and with ``sketch_values`` each one's value sketch (what tells an own
+    replay from a retrain, pool rule 11: ``fl.pool_values``)."""
+    packer = SignPacker(dict(shapes), list(paid), backend=backend)
+    values = {}
+    for participant, reply in paid.items():
+        given = sent_arrays(sent, reply.metadata.src_node_id, sent_numpy)
+        returned = {name: array.numpy() for name, array in reply.content.array_records[arrayrecord_key].items()
+                    if name in shapes}
+        # Deserialised again (the check pass kept nothing): one participant's update in memory at a time, packed as
+        # one batch.
+        update = {name: returned[name] - given[name] for name in shapes}
+        packer.add_many(participant, update)
+        if sketch_values:
+            values[participant] = value_sketch(update, packer.layout, given, returned)
+    return packer, values
 
 
 class EveryNodeFailed(InputError):

@@ -36,10 +36,8 @@ from ..fl.aggregate import DEFAULT_WEAK_VERDICT, REPLY_AGGREGATIONS, aggregation
 from ..fl.peer_pool import PeerPool, PoolSettings
 from ..fl.pool_close import copy_groups
 from ..fl.pool_settle import Settlement
-from ..fl.pool_values import value_sketch
 from ..fl.reference import DEFAULT_REFERENCE_WEIGHT, check_reference_weight, reference_signs
 from ..fl.seeds import KFCA, derive_seed
-from ..packer import SignPacker
 from ..report import RewardReport
 from ..tensors import is_float
 from .audit import update_sha256
@@ -51,7 +49,7 @@ from .options import check_conditioning, check_options, takes_keyword
 from .pool_replay import CLOSES_RUN
 from .receipts import ReceiptPost, load_or_create_server_key, public_hex
 from .recompute import scoring_settings
-from .replies import (check_reply, identify, num_examples, reply_weight, reweighted, sent_arrays,
+from .replies import (check_reply, identify, num_examples, packed_updates, reply_weight, reweighted, sent_arrays,
                       stop_if_every_node_failed)
 from .round_scoring import (REWARD_METRIC_PREFIX, PublicTrajectory, ScoredRound, arrays_to_bytes, resumed_pool,
                             round_metrics, score_round, stored_global_arrays)
@@ -305,18 +303,8 @@ class KFCAStrategy(Strategy):
                sent_numpy: dict[int, dict[str, np.ndarray]]) -> ScoredRound:
         first = next(iter(paid.values())).metadata.src_node_id
         shapes = {name: a.shape for name, a in sent_arrays(self._sent, first, sent_numpy).items() if is_float(a)}
-        packer = SignPacker(shapes, list(paid), backend=self.backend)
-        values = {}
-        for participant, reply in paid.items():
-            sent = sent_arrays(self._sent, reply.metadata.src_node_id, sent_numpy)
-            returned = {name: array.numpy() for name, array in reply.content.array_records[self.arrayrecord_key].items()
-                        if name in shapes}
-            # Deserialised again (the check pass kept nothing): one participant's update in memory at a time,
-            # packed as one batch.
-            update = {name: returned[name] - sent[name] for name in shapes}
-            packer.add_many(participant, update)
-            if self.pool.settings.judges_values:  # what tells an own replay from a retrain (pool rule 11)
-                values[participant] = value_sketch(update, packer.layout, sent, returned)
+        packer, values = packed_updates(paid, self._sent, sent_numpy, shapes, self.arrayrecord_key, self.backend,
+                                        sketch_values=self.pool.settings.judges_values)
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
         reference = None
         if self.reference is not None and self.reference_weight > 0:
