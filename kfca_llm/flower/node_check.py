@@ -81,7 +81,7 @@ def check_node_values(path: str | os.PathLike, update: Mapping[str, np.ndarray],
         layout = Layout.from_shapes(dict(round_row.layout or ()))
         recorded = recorded_values(round_row, [row.participant],
                                    lambda sha, rows=1, size=None: read_stored(path, sha, size)).get(row.participant)
-    except (Damaged, InputError) as exc:
+    except (Damaged, InputError, TypeError, ValueError) as exc:  # a hostile layout or store: never a crash
         return ValueCheck(VALUES_DAMAGED, f"the round's value sketches cannot be read: {exc}")
     if recorded is None:
         return ValueCheck(VALUES_DAMAGED, f"the round's value sketches hold none of participant {row.participant}")

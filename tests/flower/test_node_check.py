@@ -137,3 +137,14 @@ def test_a_global_of_another_shape_is_an_input_error_naming_the_tensor(run, tmp_
     np.savez(bad, **arrays)
     assert main(["verify", str(ledger), "--node-update", str(mine), "--round", str(ROUND), "--sent", str(bad)]) == 2
     assert f"the global sent's tensor {name!r}" in capsys.readouterr().err
+
+
+def test_a_missing_sketch_file_is_damaged_and_fails_the_check(run, tmp_path, capsys):
+    ledger, _, mine, _ = run
+    copy = tmp_path / "missing.sqlite"
+    shutil.copy(ledger, copy)
+    shutil.copytree(f"{ledger}.d", f"{copy}.d")
+    round_row = next(r for r in read_ledger(copy).rounds if r.round == ROUND)
+    signs_path(copy, round_row.values_sha256).unlink()
+    assert main(["verify", str(copy), "--node-update", str(mine), "--round", str(ROUND)]) == 1
+    assert "value sketch: damaged: the round's value sketches cannot be read" in capsys.readouterr().out
