@@ -3,6 +3,7 @@ as its update has them. A value sketch rewritten in the ledger (values or slack)
 recomputation; the participant's check catches it."""
 
 import hashlib
+import json
 import random
 import shutil
 import sqlite3
@@ -93,6 +94,11 @@ def test_the_participants_own_values_match_with_and_without_the_global(run, caps
     assert f"value sketch: match: {samples(ledger)} sampled values within their recorded slack, the slack as the" in out
     assert main(["verify", str(ledger), "--node-update", str(mine), "--round", str(ROUND)]) == 0
     assert "the slack is not checked: give the global you were sent" in capsys.readouterr().out
+    assert main(["verify", str(ledger), "--node-update", str(mine), "--round", str(ROUND), "--sent", str(sent),
+                 "--json"]) == 0
+    (match,) = json.loads(capsys.readouterr().out)["matches"]
+    assert match["participant"] == row.participant
+    assert match["values"]["status"] == "match" and match["values"]["slack_checked"] is True
 
 
 def test_values_rewritten_in_the_ledger_are_caught_by_the_participant_alone(run, tmp_path, capsys):
