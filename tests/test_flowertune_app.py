@@ -1,5 +1,6 @@
-"""``benchmarks/flowertune_app.py``: the parts that are ours (the tiny model, tokenizer and data set it builds, the
-changes it makes to Flower's app, the figures it counts); none needs Flower's repository."""
+"""``benchmarks/flowertune_app.py`` and ``flowertune_assets.py``: the parts that are ours (the tiny model, tokenizer
+and data set it builds, the changes it makes to Flower's app, the figures it counts); none needs Flower's
+repository."""
 
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import flowertune_app as app  # noqa: E402
+import flowertune_assets as assets  # noqa: E402
 
 # KFCA's own-resubmission warnings as kfca_llm.flower.round_scoring logs them (Flower's log prefix included).
 W = "\x1b[93mWARNING \x1b[0m:   KFCA: round "
@@ -133,11 +135,12 @@ def test_build_assets_writes_a_tiny_llama_tokenizer_and_data_set_the_app_can_loa
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert app.alpaca_rows(400) == app.alpaca_rows(400) and app.alpaca_rows(400) != app.alpaca_rows(400, seed=1)
-    model_dir, data_dir = app.build_assets(tmp_path, rows=400)
+    rows = assets.alpaca_rows
+    assert rows(400) == rows(400) and rows(400) != rows(400, seed=1)
+    model_dir, data_dir = assets.build_assets(tmp_path, rows=400)
     rows = datasets.load_dataset(str(data_dir))["train"]
     assert rows.num_rows == 400 and set(rows.column_names) == {"instruction", "input", "output"}
-    assert rows[0] == app.alpaca_rows(400)[0]
+    assert rows[0] == assets.alpaca_rows(400)[0]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), use_fast=True, padding_side="right")
     model = AutoModelForCausalLM.from_pretrained(str(model_dir))
     assert model.config.model_type == "llama" and model.config.vocab_size == len(tokenizer)
@@ -145,8 +148,8 @@ def test_build_assets_writes_a_tiny_llama_tokenizer_and_data_set_the_app_can_loa
     # must lie within the 64 tokens every example is cut to (else the example has no loss at all).
     template = tokenizer.encode("\n### Response:", add_special_tokens=False)[2:]
     assert template
-    for row in app.alpaca_rows(400):
-        ids = tokenizer.encode(app.prompt(row))[:64]
+    for row in assets.alpaca_rows(400):
+        ids = tokenizer.encode(assets.prompt(row))[:64]
         assert any(ids[i:i + len(template)] == template for i in range(len(ids))), row
 
 
