@@ -16,24 +16,23 @@ from dataclasses import asdict
 
 def _node_update(args: argparse.Namespace) -> int:
     from ..errors import InputError
-    from ..flower.node_check import check_node_update, check_node_values, load_update_file
+    from ..flower.node_check import check_node, load_update_file
 
     if args.round is None:
         raise InputError("--node-update needs --round R (the round whose payment to check)")
     update = load_update_file(args.node_update)
     sent = None if args.sent is None else load_update_file(args.sent, "global sent")
-    rows = check_node_update(args.path, update, args.round, args.run)
-    values = [check_node_values(args.path, update, row, sent) for row in rows]
+    matches = check_node(args.path, update, args.round, args.run, sent)
     if args.json:
-        print(json.dumps({"round": args.round, "matches": [asdict(r) | {"values": asdict(v)}
-                                                           for r, v in zip(rows, values)]}, indent=2))
-    for row, check in zip(rows, values) if not args.json else ():
+        print(json.dumps({"round": args.round, "matches": [asdict(r) | {"values": asdict(v)} for r, v in matches]},
+                         indent=2))
+    for row, check in matches if not args.json else ():
         print(f"round {row.round} of run {row.run_id[:8]}: this update is the one scored for participant "
               f"{row.participant} (node {row.node_id}), paid {row.reward:+.6f}")
         print(f"    value sketch: {check.status}: {check.detail}")
-    if not rows:
+    if not matches:
         print(f"round {args.round}: no participant was scored with this update's signs (SHA-256 differs)")
-    return 0 if rows and all(check.ok for check in values) else 1
+    return 0 if matches and all(check.ok for _, check in matches) else 1
 
 
 def run(args: argparse.Namespace) -> int:

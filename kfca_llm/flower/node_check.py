@@ -25,7 +25,7 @@ from ..errors import InputError
 from ..fl.pool_values import value_sketch
 from .audit import update_sha256
 from .ledger import read_ledger
-from .ledger_rows import RewardRow
+from .ledger_rows import RewardRow, RoundRow
 from .pool_replay import Damaged, recorded_values
 from .recompute import read_stored
 
@@ -54,24 +54,27 @@ class ValueCheck:
         return self.status in (VALUES_MATCH, VALUES_NOT_RECORDED)
 
 
-def check_node_update(path: str | os.PathLike, update: Mapping[str, np.ndarray], server_round: int,
-                      run_id: str | None = None) -> list[RewardRow]:
-    """The ledger rows of ``server_round`` whose sign hash is the one of ``update`` (a participant's own check)."""
+def check_node(path: str | os.PathLike, update: Mapping[str, np.ndarray], server_round: int,
+               run_id: str | None = None, sent: Mapping[str, np.ndarray] | None = None
+               ) -> list[tuple[RewardRow, ValueCheck]]:
+    """The ledger rows of ``server_round`` whose sign hash is the one of ``update``, each with the check of the value
+    sketch its round recorded of its participant (``values_check``); the ledger is read once."""
     contents = read_ledger(path)
     rows = [r for r in contents.rewards if r.round == server_round and (run_id is None or r.run_id.startswith(run_id))]
     if not rows:
         raise InputError(f"the ledger has no scored round {server_round}" + (f" in run {run_id}" if run_id else ""))
     digest = update_sha256(update)
-    return [r for r in rows if r.sign_sha256 == digest]
+    round_of = {(r.run_id, r.round): r for r in contents.rounds}
+    return [(row, values_check(path, round_of.get((row.run_id, row.round)), row.participant, update, sent))
+            for row in rows if row.sign_sha256 == digest]
 
 
-def check_node_values(path: str | os.PathLike, update: Mapping[str, np.ndarray], row: RewardRow,
-                      sent: Mapping[str, np.ndarray] | None = None) -> ValueCheck:
-    """Whether the value sketch ``row``'s round recorded of its participant is ``update``'s: every sampled value within
-    the recorded rounding slack of this update's, and, given the global ``sent`` that round, no recorded slack wider
-    than ``SLACK_MARGIN`` times the spacing this update and that global imply."""
-    contents = read_ledger(path)
-    round_row = next((r for r in contents.rounds if r.run_id == row.run_id and r.round == row.round), None)
+def values_check(path: str | os.PathLike, round_row: RoundRow | None, participant: str,
+                 update: Mapping[str, np.ndarray], sent: Mapping[str, np.ndarray] | None = None) -> ValueCheck:
+    """Whether the value sketch ``round_row`` recorded of ``participant`` (in the store beside ledger ``path``) is
+    ``update``'s: every sampled value within the recorded rounding slack of this update's, and, given the global
+    ``sent`` that round, no recorded slack wider than ``SLACK_MARGIN`` times the spacing this update and that global
+    imply."""
     if round_row is None or round_row.values_sha256 is None:
         return ValueCheck(VALUES_NOT_RECORDED, "the round recorded no value sketches (its own replays were judged on "
                                                "the signs alone)")
@@ -79,12 +82,12 @@ def check_node_values(path: str | os.PathLike, update: Mapping[str, np.ndarray],
         return ValueCheck(VALUES_NOT_RECORDED, "the round's value sketches were not kept (keep_signs=False)")
     try:
         layout = Layout.from_shapes(dict(round_row.layout or ()))
-        recorded = recorded_values(round_row, [row.participant],
-                                   lambda sha, rows=1, size=None: read_stored(path, sha, size)).get(row.participant)
+        recorded = recorded_values(round_row, [participant],
+                                   lambda sha, rows=1, size=None: read_stored(path, sha, size)).get(participant)
     except (Damaged, InputError, TypeError, ValueError) as exc:  # a hostile layout or store: never a crash
         return ValueCheck(VALUES_DAMAGED, f"the round's value sketches cannot be read: {exc}")
     if recorded is None:
-        return ValueCheck(VALUES_DAMAGED, f"the round's value sketches hold none of participant {row.participant}")
+        return ValueCheck(VALUES_DAMAGED, f"the round's value sketches hold none of participant {participant}")
     update = _in_layout(update, layout, "update")
     returned = None
     if sent is not None:
