@@ -82,8 +82,9 @@ def test_tiny_recipe_quantizes_its_base_when_asked():
     again, _ = load_model_and_tokenizer(recipe)  # seeded: the same adapter init
     a, b = client.adapter_state(model), client.adapter_state(again)
     assert all(torch.equal(a[k], b[k]) for k in a)
-    # The adapter trains and travels in float32 over the 4-bit base (peft's default): a retrain's values are not
+    # The adapter trains in float32 over the 4-bit base (peft's default) and travels so: a retrain's values are not
     # rounded to 16 bits, which pool rule 11's value sketch would read as a replay (docs/few-peers.md).
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}
     assert {v.dtype for v in a.values()} == {torch.float32}
     plain, _ = load_model_and_tokenizer(load_recipe(TINY))
     assert not any(isinstance(m, bnb.nn.Linear4bit) for m in plain.modules())
