@@ -46,11 +46,13 @@ class Federation:
 
 
 def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: str = "none",
-               meetings: int = 0, sleeper: bool = False) -> Federation:
+               meetings: int = 0, sleeper: bool = False, chains: int = 0) -> Federation:
     """Each round: two clients drawn at random, each submitting what its role says; ``reference``: "none", "all"
     (an honest update of its own every round) or "some" (in a random half of the rounds); ``meetings``: from round
     ``meetings`` on, every ``meetings``-th round the flipper and the on-off client instead (0: never); ``sleeper``:
-    client ``SLEEPER``, honest otherwise, flips its update from its third on."""
+    client ``SLEEPER``, honest otherwise, flips its update from its third on; ``chains``: from round ``chains`` on,
+    every ``chains``-th round the flipper and client ``SLEEPER`` instead, and the round after it client ``ANALYST``
+    and the on-off client, flipping there (a held pair whose round after disagrees with itself, pool rule 18)."""
     rng = np.random.default_rng(seed)
     persistent = rng.standard_normal(coords)
     direction = rng.standard_normal(coords)
@@ -68,9 +70,14 @@ def federation(seed: int, rounds: int = ROUNDS, coords: int = SHORT, reference: 
         pair = sorted(rng.choice(CLIENTS, size=2, replace=False).tolist(), key=lambda c: c == TWIN)
         if meetings and (len(out.rounds) + 1) % meetings == 0:
             pair = [FLIP, ON_OFF]
+        chained = chains and len(out.rounds) % chains == 0 and len(out.rounds)
+        if chains and (len(out.rounds) + 1) % chains == 0:
+            pair = [SLEEPER, FLIP]
+        elif chained:
+            pair = [ANALYST, ON_OFF]
         for c in pair:
             update = honest()
-            if c == FLIP or (c == ON_OFF and len(mine.get(c, ())) % 2 == 1) or (  # on-off: every other update flipped
+            if c == FLIP or (c == ON_OFF and (chained or len(mine.get(c, ())) % 2 == 1)) or (  # on-off: every other
                     sleeper and c == SLEEPER and len(mine.get(c, ())) >= 2):
                 update = -update
             elif c == ZERO:
@@ -162,7 +169,8 @@ def case(seed: int, long: bool = False) -> dict:
 
 def federation_of(seed: int, settings: dict) -> Federation:
     return federation(seed, coords=settings["coords"], reference=settings["reference"],
-                      meetings=settings.get("meetings", 0), sleeper=settings.get("sleeper", False))
+                      meetings=settings.get("meetings", 0), sleeper=settings.get("sleeper", False),
+                      chains=settings.get("chains", 0))
 
 
 def naive_of(fed: Federation, settings: dict, rank_by: str = "record", strata=None) -> list[dict[str, float]]:
@@ -189,9 +197,9 @@ def unconditioned_naive(runs: dict, seed: int, long: bool, rank_by: str) -> list
 
 def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicConditioning = OFF,
                  naive_runs: dict | None = None, meetings: int = 0, sleeper: bool = False,
-                 next_round: bool = True, closes_run: bool = True) -> None:
+                 next_round: bool = True, closes_run: bool = True, chains: int = 0) -> None:
     settings = {**case(seed, long), "meetings": meetings, "sleeper": sleeper, "next_round": next_round,
-                "closes_run": closes_run}
+                "closes_run": closes_run, "chains": chains}
     fed = federation_of(seed, settings)
     paid, strata = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"],
                                               rank_by=rank_by, own_replay_limit=settings["own_replay_limit"],
@@ -199,7 +207,7 @@ def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicCondit
                             settings["reference_weight"], conditioning, closes_run)
     assert any(strata) == conditioning.enabled
     # Without conditioning every round's strata are None, the naive reference's default
-    fresh = conditioning.enabled or naive_runs is None or not next_round or not closes_run
+    fresh = conditioning.enabled or naive_runs is None or not next_round or not closes_run or chains
     expected = (naive_of(fed, settings, rank_by, strata) if fresh
                 else unconditioned_naive(naive_runs, seed, long, rank_by))
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
@@ -237,6 +245,19 @@ def test_the_pool_pays_what_the_naive_reference_pays_when_the_run_goes_on(seed):
 def test_the_pool_pays_what_the_naive_reference_pays_without_waiting_for_the_round_after(seed):
     """``PoolSettings.next_round=False``: a disagreeing pair nothing else settles is ranked in its round (rule 14)."""
     assert_equal(seed, False, "record", next_round=False)
+
+
+CHAINED_CASES = (14, 15)
+"""Seeds whose federations with ``chains=5`` (the flipper meeting client ``SLEEPER``, the round after them the on-off
+client's flip meeting client ``ANALYST``) hold a pair whose round after disagrees with itself and that the round after
+that judges, overturning the ranking verdicts and records gave (pool rule 18; of seeds 0-15 at ``chains`` 4, 5 and 6,
+the two where that happens)."""
+
+
+@pytest.mark.parametrize("seed", CHAINED_CASES)
+def test_the_pool_pays_what_the_naive_reference_pays_where_the_round_after_disagrees_with_itself(seed):
+    """Pool rule 18: the one of a round after that disagrees that the rounds after it rank higher judges alone."""
+    assert_equal(seed, False, "record", chains=5)
 
 
 CONDITIONED_CASES = ((0, 0), (1, 0), (2, 0), (3, 0), (13, 0), (13, 3))
@@ -281,6 +302,11 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("an agreement with a turned peer read back" for c in result.agreement_read_back)
         seen.update("a disagreeing pair waits for the round after" for c in result.held)
         seen.update("the round after overturns a ranking" for c in result.by_next_round)
+        seen.update("a round after that disagrees judges by the one the rounds after it rank higher"
+                    for c in result.by_chain)
+        seen.update("a pair waits for judges after the horizon" for c in result.waits)
+        seen.update("a pair judged through a round that disagrees overturns a ranking"
+                    for c in result.by_chain & result.by_next_round)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("the run's last round settles itself" for c in negative if horizon == t and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
@@ -328,6 +354,9 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
             naive_of(federation_of(seed, settings), settings)
         for fed, settings, strata in conditioned:
             naive_of(fed, settings, strata=strata)
+        for seed in CHAINED_CASES:
+            settings = {**case(seed), "chains": 5}
+            naive_of(federation_of(seed, settings), settings)
     finally:
         pool_naive.score = original
     assert {f"c{STALE} left out", f"c{ZERO} left out", f"c{COPIER} left out", f"c{TWIN} left out",
@@ -336,7 +365,10 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
             "the run's last round settles itself", "charged back", "fined", "the pool alone, unclear",
             "the trajectory settles a pair", "the lineage ranks a pair",
             "a turn forfeits what was paid", "an agreement with a turned peer read back",
-            "a disagreeing pair waits for the round after", "the round after overturns a ranking", "owned own resubmission",
+            "a disagreeing pair waits for the round after", "the round after overturns a ranking",
+            "a round after that disagrees judges by the one the rounds after it rank higher",
+            "a pair waits for judges after the horizon",
+            "a pair judged through a round that disagrees overturns a ranking", "owned own resubmission",
             "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",

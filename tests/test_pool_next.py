@@ -41,11 +41,14 @@ def agree(a: np.ndarray, b: np.ndarray, on: np.ndarray | None = None) -> float:
     return float(np.mean(same if on is None else same[on]))
 
 
-def ranks(pairs, rows, signs, owner, task=TASK):
-    """``next_round_ranks`` with a stand-in payment: agreement on the task bits less 1/2 (the pool passes KFCA's)."""
+def ranks(pairs, rows, signs, owner, task=TASK, horizon=10, waiting=False):
+    """``next_round_ranks`` with a stand-in payment: agreement on the task bits less 1/2 (the pool passes KFCA's); the
+    ranks, or with ``waiting`` the pairs whose judges come after ``horizon``."""
     words = {**signs, **{e.name: e.signs for e in rows}}
     on = np.unpackbits(task.view(np.uint8)).astype(bool)
-    return next_round_ranks(pairs, 5, rows, owner, task, lambda x, y: agree(words[x], words[y], on) - 0.5)
+    found, later = next_round_ranks(pairs, 5, rows, owner, task, lambda x, y: agree(words[x], words[y], on) - 0.5,
+                                    horizon)
+    return later if waiting else found
 
 
 def test_the_round_after_ranks_the_one_paid_less_against_it_lower(round_after):
@@ -59,9 +62,60 @@ def test_the_round_after_ranks_the_one_paid_less_against_it_lower(round_after):
     assert h > 0 > f  # only round 6 counts: S (round 4) and T (round 7) are not the round after
 
 
-def test_a_round_after_whose_participants_disagree_settles_nothing(round_after):
+def test_a_round_after_of_three_whose_participants_disagree_settles_nothing(round_after):
     signs, rows = round_after
     assert ranks([("H", "F")], rows, signs, {"H": "H", "F": "F"}) == {}  # R flips: no majority
+
+
+@pytest.fixture
+def chain():
+    """Round 5: honest H and flipping F; round 6: honest P and flipping R (they disagree); round 7: honest U and V
+    (they agree); round 8: honest W and flipping X. Noisy copies of one direction ``d`` (the flipping ones negated)."""
+    rng = np.random.default_rng(5)
+    d = rng.standard_normal(COORDS)
+
+    def update(sign: float) -> np.ndarray:
+        return words(sign * (d + 1.5 * rng.standard_normal(COORDS)))
+
+    signs = {"H": update(1), "F": update(-1)}
+    rows = [PoolEntry(6, "P", update(1)), PoolEntry(6, "R", update(-1)), PoolEntry(7, "U", update(1)),
+            PoolEntry(7, "V", update(1)), PoolEntry(8, "W", update(1)), PoolEntry(8, "X", update(-1))]
+    return signs, rows
+
+
+def test_where_the_round_after_disagrees_the_one_of_it_the_rounds_after_rank_higher_judges_alone(chain):
+    """Pool rule 18: round 6's P and R disagree; round 7 (U and V agree) ranks P higher, so P alone judges H and F."""
+    signs, rows = chain
+    owner = {"H": "H", "F": "F"}
+    got = ranks([("H", "F"), ("F", "H")], rows, signs, owner)
+    p = rows[0].signs
+    h, f = agree(signs["H"], p) - 0.5, agree(signs["F"], p) - 0.5
+    assert got == {("H", "F"): pytest.approx((h, f), abs=1e-12), ("F", "H"): pytest.approx((f, h), abs=1e-12)}
+    assert h > 0 > f
+    # the judge is the one round 7 ranks higher: R, had U and V flipped, and the pair ranked the other way round
+    flipped = [*rows[:2], *(PoolEntry(e.round, e.participant, ~e.signs) for e in rows[2:4])]
+    assert ranks([("H", "F")], flipped, signs, owner)[("H", "F")] == pytest.approx(
+        (agree(signs["H"], rows[1].signs) - 0.5, agree(signs["F"], rows[1].signs) - 0.5), abs=1e-12)
+    # rounds 7 and 8 disagree too (V flips), and round 9 holds nobody: nothing judges
+    v_flips = [*rows[:3], PoolEntry(7, "V", ~rows[3].signs), *rows[4:]]
+    assert ranks([("H", "F")], v_flips, signs, owner) == {}
+    # ... until round 9's two agree: they rank W above X, W ranks U above V, U ranks P above R, and P judges
+    nine = [*v_flips, PoolEntry(9, "Y", rows[2].signs ^ np.int32(1)), PoolEntry(9, "Z", rows[3].signs)]
+    assert ranks([("H", "F")], nine, signs, owner)[("H", "F")] == pytest.approx((h, f), abs=1e-12)
+
+
+def test_a_pair_whose_judges_come_after_the_horizon_waits_for_them(chain):
+    signs, rows = chain
+    owner = {"H": "H", "F": "F"}
+    up_to_6 = [e for e in rows if e.round <= 6]
+    assert ranks([("H", "F")], up_to_6, signs, owner, horizon=6) == {}
+    assert ranks([("H", "F")], up_to_6, signs, owner, horizon=6, waiting=True) == {("H", "F")}
+    assert ranks([("H", "F")], rows, signs, owner, waiting=True) == frozenset()
+    # a participant of the pair in the round after is no judge of it, nor of the chain: with F in round 7, round 7
+    # holds one judge, and nothing judges
+    own = [*rows[:2], PoolEntry(7, "F", rows[3].signs), rows[2]]
+    assert ranks([("H", "F")], own, signs, owner) == {}
+    assert ranks([("H", "F")], own, signs, owner, waiting=True) == frozenset()
 
 
 def test_the_round_after_needs_enough_participants_other_than_the_pair_and_none_of_one_sign(round_after):

@@ -224,7 +224,10 @@ def _score_pooled(packer: SignPacker, pool: PeerPool | None, round_: int, round_
     paid = cap_charged(evidence, paid, pool)  # 7
     undetermined = tuple(sorted(c for c in unsure if c in real))
     # 8; a trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
-    warm = () if scoring.reference is not None else warming(list(chosen), evidence.support, undetermined, pool.settings)
+    # A held pair whose judges come later (pool rule 18) waits for them like an undetermined one.
+    later = {c for pair in evidence.judges_later for c in pair}
+    warm = () if scoring.reference is not None else warming(list(chosen), evidence.support, (*undetermined, *later),
+                                                              pool.settings)
     report = dataclasses.replace(pair_report(evidence, scoring), unadjusted_rewards=unadjusted, rewards=paid)
     own = evidence.own
     return PooledRound(report, {c: [] if c in own else [e.name for e in chosen.get(c, [])] for c in report.rewards},

@@ -104,6 +104,9 @@ class PoolEvidence:
     next_round: dict[Pair, tuple[float, float]] = dataclasses.field(default_factory=dict)
     """Held pair -> its two ranks by the round after it (``fl.pool_next.next_round_ranks``), where a settlement
     reaches a round after it that settles the pair."""
+    judges_later: frozenset[Pair] = frozenset()
+    """Held pairs whose judges need a round after the settling horizon (pool rule 18): not settled before it comes,
+    but at the last chance, ranked as any settled pair."""
 
     @property
     def keys(self) -> list[Pair]:
@@ -209,13 +212,14 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     held = frozenset() if reference is not None or pool is None or not pool.settings.next_round else open_pairs(
         candidates, lower_verdicts({c: (z, errors[c]) for c, (z, _) in verdict.items()}, blind) if verdict_first
         else {}, blind, turned, verdict_first, VERDICT_GATE)
-    next_round = {} if scoring.horizon is None or not held else next_round_ranks(
+    next_round, judges_later = ({}, frozenset()) if scoring.horizon is None or not held else next_round_ranks(
         held, round_, list(rows.values()), owner, task,
-        lambda x, y: float(pair_payments(counts, np.array([(index[x], index[y])], dtype=np.int64))[0][0]))
+        lambda x, y: float(pair_payments(counts, np.array([(index[x], index[y])], dtype=np.int64))[0][0]),
+        scoring.horizon)
     return PoolEvidence(round_, round_report, chosen, frozenset(real), counts, pool_copies, frozenset(own),
                         lag_weights, lag_of, in_round_keys, pool_keys, reference_keys, index_pairs, payment, bonus,
                         penalty_agreement, verdict, errors, blind, own_pool, resubmitted, turned, forfeits, constant,
-                        held, next_round)
+                        held, next_round, judges_later)
 
 
 def against_trajectory(blind: tuple[float, float] | None) -> bool:

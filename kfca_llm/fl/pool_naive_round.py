@@ -72,6 +72,10 @@ class Scored:
     """Scorers of a disagreeing pair nothing settles as the round is scored: they wait for the round after (rule 15)."""
     by_next_round: set[str] = field(default_factory=set)
     """Scorers of a waiting pair that the round after it ranked otherwise than the verdicts and records (rule 15)."""
+    by_chain: set[str] = field(default_factory=set)
+    """Scorers of a waiting pair judged by one participant of a round after it that disagreed with itself (rule 18)."""
+    waits: set[str] = field(default_factory=set)
+    """Scorers of a waiting pair whose judges come after the horizon: not settled before them (rule 18)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -287,18 +291,28 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     forfeit = {c: [] if c in twins | own | other_copy else forfeits(c) for c in (a, b)}
     ref = reference_weight if reference is not None else 0.0
 
-    # Pool rule 15: the round after a pair nothing above settles, where its other participants (two or more, none
-    # reporting one sign) agree with each other (paid >= 0, in client order): each one's mean payment against them.
-    def after(c: str, p: str) -> tuple[float, float] | None:
-        others = [e.negative for e in rows if e.round == t + 1 and e.client not in (owner[c], owner[p])
-                  and len({e.negative[k] for k in tasks}) > 1]
-        if len(others) < 2 or any(pay(x, y) < 0 for i, x in enumerate(others) for y in others[i + 1:]):
+    # Pool rules 15 and 18: the rounds after a pair nothing above settles judge it. Round u's participants (not of a
+    # pair judged on the way, none reporting one sign) where two or more agree with each other (paid >= 0, in client
+    # order); where two disagree, the one of them the rounds after u rank higher, alone. None: nothing judges;
+    # "waiting": a round after the horizon would.
+    def judges(u: int, excluded: set[str]):
+        if u > horizon:
+            return "waiting"
+        here = [e for e in rows if e.round == u and e.client not in excluded and len({e.negative[k] for k in tasks}) > 1]
+        if len(here) >= 2 and all(pay(x.negative, y.negative) >= 0 for i, x in enumerate(here) for y in here[i + 1:]):
+            return [e.negative for e in here]
+        if len(here) != 2:
             return None
-        return (sum(pay(negative[c], x) for x in others) / len(others),
-                sum(pay(negative[p], x) for x in others) / len(others))
+        later = judges(u + 1, excluded | {e.client for e in here})
+        if later is None or later == "waiting":
+            return later
+        chained.append(u)
+        x, y = (sum(pay(e.negative, j) for j in later) / len(later) for e in here)
+        return None if x == y else [here[0].negative if x > y else here[1].negative]
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew
+    by_chain, waits, chained = set(), set(), []  # rule 18: those a disagreeing round judged, those waiting for judges
     agreement_read_back = set()
     for c in scorers:
         p = peer_of[c]
@@ -323,7 +337,12 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
                     and has_turned[c] == has_turned[p] and not clear(c, p) and len({negative[c][k] for k in tasks}) > 1:
                 if horizon is None:
                     held.add(c)
-                elif (found := after(c, p)) is not None:
+                elif chained.clear() or (found := judges(t + 1, {owner[c], owner[p]})) == "waiting":
+                    waits.add(c)  # ranked on the records for now, but not settled before its judges come (rule 18)
+                elif found is not None:
+                    by_chain.update([c] if chained else [])
+                    found = (sum(pay(negative[c], x) for x in found) / len(found),
+                             sum(pay(negative[p], x) for x in found) / len(found))
                     if (found[1] < found[0]) != (theirs < mine):
                         by_next_round.add(c)  # it ranks the pair otherwise than the records would
                     mine, theirs = found
@@ -353,9 +372,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             reward = min(reward, 0.0)  # charged back since: its settlement is paid at most 0
         paid[c] = reward
         support = 0 if c in own else len({e.client for e in peers if lag_weight.get(abs(t - e.round), 0.0)})
-        if not ref and (c in unsure or support < pool_peers):
+        if not ref and (c in unsure or c in waits or support < pool_peers):
             warming.add(c)
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
                   by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]], agreement_read_back, held,
-                  by_next_round)
+                  by_next_round, by_chain, waits)

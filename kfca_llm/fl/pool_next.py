@@ -48,23 +48,52 @@ def open_pairs(disagreeing: Iterable[Pair], ranked: Mapping[str, tuple[float, fl
 
 
 def next_round_ranks(pairs: Iterable[Pair], round_: int, rows: Sequence[PoolEntry], owner: Mapping[str, str],
-                     task: np.ndarray, payment: Callable[[str, str], float]) -> dict[Pair, tuple[float, float]]:
-    """Open pair (scorer, peer) -> (the scorer's mean payment against the next round's entries of other participants,
-    the peer's), where that round settles it (see the module docstring); ``rows``: the pool entries in reach,
-    ``owner``: scorer -> its participant, ``task``: this round's task words, ``payment(x, y)``: KFCA's payment to
-    scorer or entry ``x`` against ``y`` on this round's tasks (within its public strata, where it has them: a report
-    the public trajectory predicts earns nothing there, so a free rider replaying the global's change is no judge and
-    gains nothing from one)."""
-    after = sorted((e for e in rows if e.round == round_ + 1), key=lambda e: e.participant)
-    out = {}
+                     task: np.ndarray, payment: Callable[[str, str], float], horizon: int
+                     ) -> tuple[dict[Pair, tuple[float, float]], frozenset[Pair]]:
+    """(open pair (scorer, peer) -> (the scorer's mean payment against its judges, the peer's), where the rounds after
+    it settle it; the open pairs whose judges need a round later than ``horizon``): see the module docstring.
+    ``rows``: the pool entries in reach, ``owner``: scorer -> its participant, ``task``: this round's task words,
+    ``payment(x, y)``: KFCA's payment to scorer or entry ``x`` against ``y`` on this round's tasks (within its public
+    strata, where it has them: a report the public trajectory predicts earns nothing there, so a free rider replaying
+    the global's change is no judge and gains nothing from one)."""
+    by_round: dict[int, list[PoolEntry]] = {}
+    for entry in sorted(rows, key=lambda e: e.participant):
+        by_round.setdefault(entry.round, []).append(entry)
+    out, waiting = {}, set()
     for c, p in pairs:
-        others = [e.name for e in after if e.participant not in (owner[c], owner[p]) and not one_sign(e.signs, task)]
-        coherent = len(others) >= NEXT_ROUND_MIN and all(
-            payment(x, y) >= 0.0 for k, x in enumerate(others) for y in others[k + 1:])
-        if coherent:
-            out[(c, p)] = (sum(payment(c, e) for e in others) / len(others),
-                           sum(payment(p, e) for e in others) / len(others))
-    return out
+        found = judges(round_ + 1, frozenset({owner[c], owner[p]}), by_round, task, payment, horizon)
+        if found is WAITING:
+            waiting.add((c, p))
+        elif found is not None:
+            out[(c, p)] = (sum(payment(c, e) for e in found) / len(found),
+                           sum(payment(p, e) for e in found) / len(found))
+    return out, frozenset(waiting)
+
+
+WAITING: Sequence[str] = ("(waiting)",)
+"""``judges``' answer where the round it needs is not in the pool yet (the horizon is earlier)."""
+
+
+def judges(round_: int, excluded: frozenset[str], by_round: Mapping[int, Sequence[PoolEntry]], task: np.ndarray,
+           payment: Callable[[str, str], float], horizon: int) -> Sequence[str] | None:
+    """The entries of ``round_`` that judge a pair of the round before it: its entries of participants not
+    ``excluded`` and not reporting one sign on every task, where they are ``NEXT_ROUND_MIN`` or more and every two
+    agree (KFCA's payment >= 0); where they are two that disagree (one of them deviated), the one of them the round
+    after ranks higher, alone (pool rule 18: an honest judge alone ranked 1,762 of 1,764 honest-flip pairs right, a
+    flipping one 0 of 138). None where nothing judges; ``WAITING`` where a round later than ``horizon`` would."""
+    if round_ > horizon:
+        return WAITING
+    entries = [e for e in by_round.get(round_, ()) if e.participant not in excluded and not one_sign(e.signs, task)]
+    names = [e.name for e in entries]
+    if len(names) >= NEXT_ROUND_MIN and all(payment(x, y) >= 0.0 for k, x in enumerate(names) for y in names[k + 1:]):
+        return names
+    if len(names) != 2:
+        return None
+    later = judges(round_ + 1, excluded | {e.participant for e in entries}, by_round, task, payment, horizon)
+    if later is None or later is WAITING:
+        return later
+    mean = [sum(payment(x, j) for j in later) / len(later) for x in names]
+    return None if mean[0] == mean[1] else [names[0] if mean[0] > mean[1] else names[1]]
 
 
 def one_sign(words: np.ndarray, task: np.ndarray) -> bool:

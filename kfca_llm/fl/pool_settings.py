@@ -106,6 +106,9 @@ POOL_RULES = {
     17: "as 16, the run's last round (recorded with the setting closes_run: true) is the last chance of every round "
         "still waiting, its own included: whoever its pool determines is settled there, warm or not (a held pair "
         "with no round after it ranked on the verdicts and records), and nothing waits after it (fl.pool_settle)",
+    18: "as 17, where the round after a held pair holds two participants that disagree with each other, the one of "
+        "them that the rounds after it rank higher judges the pair alone (fl.pool_next.judges), and the pair waits "
+        "for those rounds; the records rank it only where no round after it judges it by the last chance",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
