@@ -298,17 +298,20 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     def judges(u: int, excluded: set[str]):
         if u > horizon:
             return "waiting"
-        here = [e for e in rows if e.round == u and e.client not in excluded and len({e.negative[k] for k in tasks}) > 1]
+        here = [e for e in rows if e.round == u and len({e.negative[k] for k in tasks}) > 1]
         if len(here) >= 2 and all(pay(x.negative, y.negative) >= 0 for i, x in enumerate(here) for y in here[i + 1:]):
-            return [e.negative for e in here]
+            return [e.negative for e in here if e.client not in excluded] or None
         if len(here) != 2:
             return None
         later = judges(u + 1, excluded | {e.client for e in here})
         if later is None or later == "waiting":
             return later
-        chained.append(u)
         x, y = (sum(pay(e.negative, j) for j in later) / len(later) for e in here)
-        return None if x == y else [here[0].negative if x > y else here[1].negative]
+        higher = None if x == y else here[0] if x > y else here[1]
+        if higher is None or higher.client in excluded:
+            return None
+        chained.append(u)
+        return [higher.negative]
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew

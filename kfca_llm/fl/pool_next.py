@@ -83,17 +83,18 @@ def judges(round_: int, excluded: frozenset[str], by_round: Mapping[int, Sequenc
     flipping one 0 of 138). None where nothing judges; ``WAITING`` where a round later than ``horizon`` would."""
     if round_ > horizon:
         return WAITING
-    entries = [e for e in by_round.get(round_, ()) if e.participant not in excluded and not one_sign(e.signs, task)]
+    entries = [e for e in by_round.get(round_, ()) if not one_sign(e.signs, task)]
     names = [e.name for e in entries]
     if len(names) >= NEXT_ROUND_MIN and all(payment(x, y) >= 0.0 for k, x in enumerate(names) for y in names[k + 1:]):
-        return names
+        return [e.name for e in entries if e.participant not in excluded] or None
     if len(names) != 2:
         return None
     later = judges(round_ + 1, excluded | {e.participant for e in entries}, by_round, task, payment, horizon)
     if later is None or later is WAITING:
         return later
     mean = [sum(payment(x, j) for j in later) / len(later) for x in names]
-    return None if mean[0] == mean[1] else [names[0] if mean[0] > mean[1] else names[1]]
+    higher = None if mean[0] == mean[1] else entries[0] if mean[0] > mean[1] else entries[1]
+    return None if higher is None or higher.participant in excluded else [higher.name]
 
 
 def one_sign(words: np.ndarray, task: np.ndarray) -> bool:
