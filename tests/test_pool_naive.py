@@ -247,11 +247,12 @@ def test_the_pool_pays_what_the_naive_reference_pays_without_waiting_for_the_rou
     assert_equal(seed, False, "record", next_round=False)
 
 
-CHAINED_CASES = (14, 15)
+CHAINED_CASES = (13, 15)
 """Seeds whose federations with ``chains=5`` (the flipper meeting client ``SLEEPER``, the round after them the on-off
-client's flip meeting client ``ANALYST``) hold a pair whose round after disagrees with itself and that the round after
-that judges, overturning the ranking verdicts and records gave (pool rule 18; of seeds 0-15 at ``chains`` 4, 5 and 6,
-the two where that happens)."""
+client's flip meeting client ``ANALYST``) reach pool rule 18: a held pair whose round after disagrees with itself
+judged by the round after that, overturning the ranking verdicts and records gave, and judges beside a participant of
+the pair ranking it lower (seed 15) and higher (seed 13: nothing ranked). Of seeds 0-15 at ``chains`` 4, 5 and 6, the
+federations where that happens at 5."""
 
 
 @pytest.mark.parametrize("seed", CHAINED_CASES)
@@ -305,6 +306,9 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("a round after that disagrees judges by the one the rounds after it rank higher"
                     for c in result.by_chain)
         seen.update("a pair waits for judges after the horizon" for c in result.waits)
+        seen.update("judges beside a participant of the pair rank it lower" for ranks in result.beside.values() if ranks)
+        seen.update("judges beside a participant of the pair rank it higher: nothing"
+                    for ranks in result.beside.values() if not ranks)
         seen.update("a pair judged through a round that disagrees overturns a ranking"
                     for c in result.by_chain & result.by_next_round)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
@@ -368,7 +372,9 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
             "a disagreeing pair waits for the round after", "the round after overturns a ranking",
             "a round after that disagrees judges by the one the rounds after it rank higher",
             "a pair waits for judges after the horizon",
-            "a pair judged through a round that disagrees overturns a ranking", "owned own resubmission",
+            "a pair judged through a round that disagrees overturns a ranking",
+            "judges beside a participant of the pair rank it lower",
+            "judges beside a participant of the pair rank it higher: nothing", "owned own resubmission",
             "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",

@@ -111,21 +111,42 @@ def test_a_pair_whose_judges_come_after_the_horizon_waits_for_them(chain):
     assert ranks([("H", "F")], up_to_6, signs, owner, horizon=6) == {}
     assert ranks([("H", "F")], up_to_6, signs, owner, horizon=6, waiting=True) == {("H", "F")}
     assert ranks([("H", "F")], rows, signs, owner, waiting=True) == frozenset()
-    # a participant of the pair in the round after is no judge of it, nor of the chain: with F in round 7, round 7
-    # holds one judge, and nothing judges
-    own = [*rows[:2], PoolEntry(7, "F", rows[3].signs), rows[2]]
-    assert ranks([("H", "F")], own, signs, owner) == {}
-    assert ranks([("H", "F")], own, signs, owner, waiting=True) == frozenset()
+    # a participant of the pair in a round of the chain is no judge: with F in round 7 (its update an honest one now,
+    # agreeing with U), U alone judges P and R, and P the pair
+    beside = [*rows[:2], PoolEntry(7, "F", rows[3].signs), rows[2]]
+    assert ranks([("H", "F")], beside, signs, owner)[("H", "F")] == pytest.approx(
+        (agree(signs["H"], rows[0].signs) - 0.5, agree(signs["F"], rows[0].signs) - 0.5), abs=1e-12)
+    assert ranks([("H", "F")], beside, signs, owner, waiting=True) == frozenset()
+
+
+def test_judges_beside_a_participant_of_the_pair_rank_it_lower_or_not_at_all(chain):
+    """Pool rule 18: a judge that agrees with a participant of the pair sitting in its round is of that participant's
+    kind there (an honest one's next update agrees with an honest judge, a flipper's with a flipping one): where it
+    ranks that participant higher that is no evidence, and nothing ranks the pair; where it ranks it lower (an on-off
+    node back to honest beside an honest judge), it does."""
+    signs, rows = chain
+    owner = {"H": "H", "F": "F"}
+    p, r = rows[0].signs, rows[1].signs  # honest, flipping
+    # round 6: F flips again beside R, which flips too: they agree, R would rank F higher
+    assert ranks([("H", "F")], [PoolEntry(6, "F", ~p), rows[1]], signs, owner) == {}
+    # ... and H beside the honest P: P would rank H higher, which is no evidence either
+    assert ranks([("H", "F")], [PoolEntry(6, "H", p ^ np.int32(1)), rows[0]], signs, owner) == {}
+    # F back to honest beside the honest P: P ranks F lower, and that ranks the pair
+    got = ranks([("H", "F")], [PoolEntry(6, "F", r ^ np.int32(-1) ^ np.int32(1)), rows[0]], signs, owner)
+    assert got == {("H", "F"): pytest.approx((agree(signs["H"], p) - 0.5, agree(signs["F"], p) - 0.5), abs=1e-12)}
+    # the same in a chain: round 6's higher one must not sit beside round 7's judges
+    assert ranks([("H", "F")], [*rows[:2], PoolEntry(7, "P", rows[2].signs), rows[3]], signs, owner) == {}
 
 
 def test_the_round_after_needs_enough_participants_other_than_the_pair_and_none_of_one_sign(round_after):
     signs, rows = round_after
     assert NEXT_ROUND_MIN == 2
     assert ranks([("H", "F")], [rows[0]], signs, {"H": "H", "F": "F"}) == {}
-    # the pair's own participants in the round after are not its judges
+    # the pair's own participants in the round after are not its judges, and P, which agrees with H there, ranking H
+    # higher is no evidence (pool rule 18)
     own = [rows[0], PoolEntry(6, "H", signs["H"])]
     assert ranks([("H", "F")], own, signs, {"H": "H", "F": "F"}) == {}
-    # an owned scorer is judged against the others of its participant's round
+    # an owned scorer is judged as its participant (here H, beside P)
     assert ranks([("H:copy", "F")], own, {"H:copy": signs["H"], "F": signs["F"]}, {"H:copy": "H", "F": "F"}) == {}
     zero = [rows[0], PoolEntry(6, "Z", np.zeros(COORDS // 32, dtype=np.int32))]
     assert ranks([("H", "F")], zero, signs, {"H": "H", "F": "F"}) == {}

@@ -76,6 +76,9 @@ class Scored:
     """Scorers of a waiting pair judged by one participant of a round after it that disagreed with itself (rule 18)."""
     waits: set[str] = field(default_factory=set)
     """Scorers of a waiting pair whose judges come after the horizon: not settled before them (rule 18)."""
+    beside: dict[str, bool] = field(default_factory=dict)
+    """Scorer of a waiting pair whose judges sat beside a participant of the pair -> whether they ranked it (they ranked
+    that participant lower; higher is no evidence: rule 18)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -291,31 +294,34 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     forfeit = {c: [] if c in twins | own | other_copy else forfeits(c) for c in (a, b)}
     ref = reference_weight if reference is not None else 0.0
 
-    # Pool rules 15 and 18: the rounds after a pair nothing above settles judge it. Round u's participants (not of a
-    # pair judged on the way, none reporting one sign) where two or more agree with each other (paid >= 0, in client
-    # order); where two disagree, the one of them the rounds after u rank higher, alone. None: nothing judges;
-    # "waiting": a round after the horizon would.
+    # Pool rules 15 and 18: the rounds after a pair nothing above settles judge it. Round u's participants where two
+    # or more (none reporting one sign) agree with each other (paid >= 0, in client order): those not of a pair judged
+    # on the way, with those that are beside them; where two disagree, the one of them the rounds after u rank higher,
+    # alone (unless it is of a pair judged on the way, or sat beside those judges). None: nothing judges; "waiting": a
+    # round after the horizon would.
     def judges(u: int, excluded: set[str]):
         if u > horizon:
             return "waiting"
         here = [e for e in rows if e.round == u and len({e.negative[k] for k in tasks}) > 1]
         if len(here) >= 2 and all(pay(x.negative, y.negative) >= 0 for i, x in enumerate(here) for y in here[i + 1:]):
-            return [e.negative for e in here if e.client not in excluded] or None
+            mine = [e.negative for e in here if e.client not in excluded]
+            return (mine, {e.client for e in here if e.client in excluded}) if mine else None
         if len(here) != 2:
             return None
         later = judges(u + 1, excluded | {e.client for e in here})
         if later is None or later == "waiting":
             return later
-        x, y = (sum(pay(e.negative, j) for j in later) / len(later) for e in here)
+        x, y = (sum(pay(e.negative, j) for j in later[0]) / len(later[0]) for e in here)
         higher = None if x == y else here[0] if x > y else here[1]
-        if higher is None or higher.client in excluded:
+        if higher is None or higher.client in excluded or higher.client in later[1]:
             return None
         chained.append(u)
-        return [higher.negative]
+        return [higher.negative], set()
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew
-    by_chain, waits, chained = set(), set(), []  # rule 18: those a disagreeing round judged, those waiting for judges
+    by_chain, waits, chained, beside = set(), set(), [], {}  # rule 18: those a disagreeing round judged, those
+    # waiting for judges, those judged beside a participant of their pair
     agreement_read_back = set()
     for c in scorers:
         p = peer_of[c]
@@ -340,15 +346,20 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
                     and has_turned[c] == has_turned[p] and not clear(c, p) and len({negative[c][k] for k in tasks}) > 1:
                 if horizon is None:
                     held.add(c)
-                elif chained.clear() or (found := judges(t + 1, {owner[c], owner[p]})) == "waiting":
+                elif (found := judges(t + 1, {owner[c], owner[p]})) == "waiting":
                     waits.add(c)  # ranked on the records for now, but not settled before its judges come (rule 18)
                 elif found is not None:
-                    by_chain.update([c] if chained else [])
-                    found = (sum(pay(negative[c], x) for x in found) / len(found),
-                             sum(pay(negative[p], x) for x in found) / len(found))
-                    if (found[1] < found[0]) != (theirs < mine):
-                        by_next_round.add(c)  # it ranks the pair otherwise than the records would
-                    mine, theirs = found
+                    means = (sum(pay(negative[c], x) for x in found[0]) / len(found[0]),
+                             sum(pay(negative[p], x) for x in found[0]) / len(found[0]))
+                    higher = owner[c] if means[0] > means[1] else owner[p] if means[1] > means[0] else None
+                    if found[1]:
+                        beside[c] = higher is not None and higher not in found[1]
+                    if higher is not None and higher not in found[1]:  # a judge favouring one beside it: no evidence
+                        by_chain.update([c] if chained else [])
+                        if (means[1] < means[0]) != (theirs < mine):
+                            by_next_round.add(c)  # it ranks the pair otherwise than the records would
+                        mine, theirs = means
+                chained.clear()
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
@@ -380,4 +391,4 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
                   by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]], agreement_read_back, held,
-                  by_next_round, by_chain, waits)
+                  by_next_round, by_chain, waits, beside)

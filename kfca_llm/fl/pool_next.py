@@ -17,11 +17,23 @@ settled once the round after it is in the pool (``fl.pool_settle``). If that rou
 are at least ``NEXT_ROUND_MIN``, none reports one sign on every task, and every two of them agree (KFCA's payment
 between them >= 0, within the round's public strata where it has them), the one of the pair paid less against them on
 average ranks lower. Otherwise the pair is ranked as any settled pair is, on the pool of both sides.
+
+**Pool rule 18: a round after that disagrees with itself still judges, through the rounds after it.** Where the round
+after holds two participants that disagree, one of them deviated, and their mean says nothing; but one of them alone
+is decisive either way. On 120 captured Flower runs (stops 52-57), an honest participant of round t + 1 alone ranked
+the honest update of an honest-flip pair higher in 1,762 of 1,764 pairs, a flipping one in 0 of 138. Which of the two
+is honest is what the round after *them* tells: so the one of them that round t + 2 ranks higher (by the same rule,
+recursively while the rounds disagree) judges the pair alone, and the pair waits for those rounds (it is not settled
+before they come, but at the last chance it is ranked on verdicts and records). A participant of a pair judged on the
+way never judges it; where it sits in a coherent round beside the judges, they agree with it, so they are of its
+kind there, and their ranking it higher is no evidence (a flipper beside a flipping judge, as an honest one beside an
+honest judge): only their ranking it lower (an on-off node back to honest beside an honest judge) counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -65,36 +77,53 @@ def next_round_ranks(pairs: Iterable[Pair], round_: int, rows: Sequence[PoolEntr
         if found is WAITING:
             waiting.add((c, p))
         elif found is not None:
-            out[(c, p)] = (sum(payment(c, e) for e in found) / len(found),
-                           sum(payment(p, e) for e in found) / len(found))
+            means = (sum(payment(c, e) for e in found.names) / len(found.names),
+                     sum(payment(p, e) for e in found.names) / len(found.names))
+            higher = owner[c] if means[0] > means[1] else owner[p] if means[1] > means[0] else None
+            if higher is not None and higher not in found.beside:
+                out[(c, p)] = means
     return out, frozenset(waiting)
 
 
-WAITING: Sequence[str] = ("(waiting)",)
+class Judges(NamedTuple):
+    """Entries of one round that judge a pair of the round before it."""
+
+    names: tuple[str, ...]
+    beside: frozenset[str]
+    """Participants of the pair judged (or of the pairs judged on the way) that sat in the judges' round and agreed
+    with them: the judges ranking one of those higher is no evidence (a flipper's next update agrees with a flipping
+    judge as an honest one's with an honest judge), so it ranks nothing."""
+
+
+WAITING = Judges(("(waiting)",), frozenset())
 """``judges``' answer where the round it needs is not in the pool yet (the horizon is earlier)."""
 
 
 def judges(round_: int, excluded: frozenset[str], by_round: Mapping[int, Sequence[PoolEntry]], task: np.ndarray,
-           payment: Callable[[str, str], float], horizon: int) -> Sequence[str] | None:
-    """The entries of ``round_`` that judge a pair of the round before it: its entries of participants not
-    ``excluded`` and not reporting one sign on every task, where they are ``NEXT_ROUND_MIN`` or more and every two
-    agree (KFCA's payment >= 0); where they are two that disagree (one of them deviated), the one of them the round
-    after ranks higher, alone (pool rule 18: an honest judge alone ranked 1,762 of 1,764 honest-flip pairs right, a
-    flipping one 0 of 138). None where nothing judges; ``WAITING`` where a round later than ``horizon`` would."""
+           payment: Callable[[str, str], float], horizon: int) -> Judges | None:
+    """The entries of ``round_`` that judge a pair of the round before it: where its entries not reporting one sign on
+    every task are ``NEXT_ROUND_MIN`` or more and every two agree (KFCA's payment >= 0), those of participants not
+    ``excluded`` (a participant's own later update is no judge of it); where they are two that disagree (one of them
+    deviated), the one of them the round after ranks higher, alone, unless it is ``excluded`` (pool rule 18: an honest
+    judge alone ranked 1,762 of 1,764 honest-flip pairs right, a flipping one 0 of 138). None where nothing judges;
+    ``WAITING`` where a round later than ``horizon`` would."""
     if round_ > horizon:
         return WAITING
     entries = [e for e in by_round.get(round_, ()) if not one_sign(e.signs, task)]
     names = [e.name for e in entries]
     if len(names) >= NEXT_ROUND_MIN and all(payment(x, y) >= 0.0 for k, x in enumerate(names) for y in names[k + 1:]):
-        return [e.name for e in entries if e.participant not in excluded] or None
+        mine = tuple(e.name for e in entries if e.participant not in excluded)
+        return Judges(mine, frozenset(e.participant for e in entries) & excluded) if mine else None
     if len(names) != 2:
         return None
     later = judges(round_ + 1, excluded | {e.participant for e in entries}, by_round, task, payment, horizon)
     if later is None or later is WAITING:
         return later
-    mean = [sum(payment(x, j) for j in later) / len(later) for x in names]
+    mean = [sum(payment(x, j) for j in later.names) / len(later.names) for x in names]
     higher = None if mean[0] == mean[1] else entries[0] if mean[0] > mean[1] else entries[1]
-    return None if higher is None or higher.participant in excluded else [higher.name]
+    if higher is None or higher.participant in excluded or higher.participant in later.beside:
+        return None
+    return Judges((higher.name,), frozenset())
 
 
 def one_sign(words: np.ndarray, task: np.ndarray) -> bool:
