@@ -177,7 +177,8 @@ def naive_of(fed: Federation, settings: dict, rank_by: str = "record", strata=No
     return naive_run(fed.rounds, fed.seeds, window=settings["window"], min_peers=settings["min_peers"], rank_by=rank_by,
                      own_replay_limit=settings["own_replay_limit"], owners=fed.owners, references=fed.references,
                      reference_weight=settings["reference_weight"], strata=strata,
-                     next_round=settings.get("next_round", True), closes_run=settings.get("closes_run", True))
+                     next_round=settings.get("next_round", True), closes_run=settings.get("closes_run", True),
+                     pool_peers=settings.get("pool_peers", 8))
 
 
 @pytest.fixture(scope="module")
@@ -197,17 +198,18 @@ def unconditioned_naive(runs: dict, seed: int, long: bool, rank_by: str) -> list
 
 def assert_equal(seed: int, long: bool, rank_by: str, conditioning: PublicConditioning = OFF,
                  naive_runs: dict | None = None, meetings: int = 0, sleeper: bool = False,
-                 next_round: bool = True, closes_run: bool = True, chains: int = 0) -> None:
+                 next_round: bool = True, closes_run: bool = True, chains: int = 0, pool_peers: int = 8) -> None:
     settings = {**case(seed, long), "meetings": meetings, "sleeper": sleeper, "next_round": next_round,
-                "closes_run": closes_run, "chains": chains}
+                "closes_run": closes_run, "chains": chains, "pool_peers": pool_peers}
     fed = federation_of(seed, settings)
     paid, strata = real_run(fed, PoolSettings(window=settings["window"], min_peers=settings["min_peers"],
+                                              pool_peers=pool_peers,
                                               rank_by=rank_by, own_replay_limit=settings["own_replay_limit"],
                                               next_round=next_round),
                             settings["reference_weight"], conditioning, closes_run)
     assert any(strata) == conditioning.enabled
     # Without conditioning every round's strata are None, the naive reference's default
-    fresh = conditioning.enabled or naive_runs is None or not next_round or not closes_run or chains
+    fresh = conditioning.enabled or naive_runs is None or not next_round or not closes_run or chains or pool_peers != 8
     expected = (naive_of(fed, settings, rank_by, strata) if fresh
                 else unconditioned_naive(naive_runs, seed, long, rank_by))
     assert [sorted(r) for r in paid] == [sorted(r) for r in expected]
@@ -252,13 +254,17 @@ CHAINED_CASES = (13, 15)
 client's flip meeting client ``ANALYST``) reach pool rule 18: a held pair whose round after disagrees with itself
 judged by the round after that, overturning the ranking verdicts and records gave, and judges beside a participant of
 the pair ranking it lower (seed 15) and higher (seed 13: nothing ranked). Of seeds 0-15 at ``chains`` 4, 5 and 6, the
-federations where that happens at 5."""
+federations where that happens at 5. At ``pool_peers=3`` the pool is warm behind a pair a round or two after it, so a
+pair waiting for judges beyond the horizon is settled later than it would be otherwise (with 8, as in the cases
+above, 10 clients never warm it: it settles at the window's last round or the run's)."""
+CHAINED_POOL_PEERS = 3
 
 
 @pytest.mark.parametrize("seed", CHAINED_CASES)
 def test_the_pool_pays_what_the_naive_reference_pays_where_the_round_after_disagrees_with_itself(seed):
-    """Pool rule 18: the one of a round after that disagrees that the rounds after it rank higher judges alone."""
-    assert_equal(seed, False, "record", chains=5)
+    """Pool rule 18: the one of a round after that disagrees that the rounds after it rank higher judges alone, and a
+    pair waits for those rounds."""
+    assert_equal(seed, False, "record", chains=5, pool_peers=CHAINED_POOL_PEERS)
 
 
 CONDITIONED_CASES = ((0, 0), (1, 0), (2, 0), (3, 0), (13, 0), (13, 3))
@@ -359,7 +365,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         for fed, settings, strata in conditioned:
             naive_of(fed, settings, strata=strata)
         for seed in CHAINED_CASES:
-            settings = {**case(seed), "chains": 5}
+            settings = {**case(seed), "chains": 5, "pool_peers": CHAINED_POOL_PEERS}
             naive_of(federation_of(seed, settings), settings)
     finally:
         pool_naive.score = original
