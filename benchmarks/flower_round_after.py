@@ -18,6 +18,12 @@ half) is what a rule holding such a pair could read: the quantiles of it per kin
 stand below each threshold (benchmarks/ROBUSTNESS.md, flip meets flip)::
 
     .venv/bin/python benchmarks/flower_round_after.py --agreeing --lags 1,2 run1.npz run2.npz ...
+
+``--judges`` takes each usable participant of round t + k alone as the judge of each disagreeing pair, counted by that
+judge's kind in its round (honest, flipping, or its attack while it does not flip): an honest judge alone is decisive,
+a flipping one decisive the other way (pool rule 18, benchmarks/ROBUSTNESS.md)::
+
+    .venv/bin/python benchmarks/flower_round_after.py --judges --lags 1,2 run1.npz run2.npz ...
 """
 
 from __future__ import annotations
@@ -69,21 +75,32 @@ def usable(signs, tasks) -> dict[int, list[int]]:
     return out
 
 
-def measure(path: Path, lags, coherent: bool, counts: Counter) -> None:
-    signs, tasks, attacks = load(path)
-    ok = usable(signs, tasks)
+def disagreeing_pairs(signs, tasks, attacks):
+    """Each round t of two participants, one honest and one deviating (a flipping node while it flips, a free rider
+    always), whose signs agree on less than half the tasks: (t, the honest one, the deviating one, its kind), with
+    each round's kind of every participant (``kinds``: round -> partition -> "honest", "flipping" or its attack)."""
     participations = Counter()
+    kinds = {}
     for t in sorted(signs):
-        deviating = {p for p in signs[t] if p in attacks and (flips(attacks[p], participations[p])
-                                                               or attacks[p].startswith("free-ride"))}
+        kinds[t] = {p: "honest" if p not in attacks else "flipping" if flips(attacks[p], participations[p])
+                    else attacks[p] for p in signs[t]}
         participations.update(list(signs[t]))
-        honest = [p for p in signs[t] if p not in attacks]
+    pairs = []
+    for t in sorted(signs):
+        honest = [p for p in signs[t] if kinds[t][p] == "honest"]
+        deviating = [p for p in signs[t] if kinds[t][p] == "flipping" or kinds[t][p].startswith("free-ride")]
         if len(signs[t]) != 2 or len(honest) != 1 or not deviating:
             continue
         (h,), (d,) = honest, deviating
-        if np.mean(signs[t][h][tasks[t]] == signs[t][d][tasks[t]]) >= 0.5:
-            continue
-        kind = "flipping" if flips(attacks[d], participations[d] - 1) else attacks[d]
+        if np.mean(signs[t][h][tasks[t]] == signs[t][d][tasks[t]]) < 0.5:
+            pairs.append((t, h, d, kinds[t][d]))
+    return pairs, kinds
+
+
+def measure(path: Path, lags, coherent: bool, counts: Counter) -> None:
+    signs, tasks, attacks = load(path)
+    ok = usable(signs, tasks)
+    for t, h, d, kind in disagreeing_pairs(signs, tasks, attacks)[0]:
         for k in lags:
             others = [p for p in ok.get(t + k, ()) if p not in (h, d)]
             on = tasks[t] & tasks.get(t + k, tasks[t])
@@ -95,6 +112,22 @@ def measure(path: Path, lags, coherent: bool, counts: Counter) -> None:
             mean = {p: np.mean([np.mean(signs[t][p][on] == signs[t + k][o][on]) for o in others]) for p in (h, d)}
             counts[(k, kind, "pairs")] += 1
             counts[(k, kind, "honest agrees more")] += bool(mean[h] > mean[d])
+
+
+def judged_by_one(path: Path, lags, counts: Counter) -> None:
+    """Each disagreeing pair of ``measure`` against each usable participant of round t + k alone (not of the pair),
+    counted by that judge's kind there (pool rule 18: which one of a round after that disagrees with itself judges)."""
+    signs, tasks, attacks = load(path)
+    ok = usable(signs, tasks)
+    pairs, kinds = disagreeing_pairs(signs, tasks, attacks)
+    for t, h, d, _ in pairs:
+        for k in lags:
+            on = tasks[t] & tasks.get(t + k, tasks[t])
+            for j in (p for p in ok.get(t + k, ()) if p not in (h, d)):
+                judge = kinds[t + k][j]
+                counts[(k, judge, "pairs")] += 1
+                counts[(k, judge, "honest agrees more")] += bool(
+                    np.mean(signs[t][h][on] == signs[t + k][j][on]) > np.mean(signs[t][d][on] == signs[t + k][j][on]))
 
 
 def agreeing_pairs(path: Path, lags, shares: dict) -> None:
@@ -141,6 +174,8 @@ def main(argv=None) -> int:
                         help="the rounds t + k compared, comma-separated (default -2,-1,1,2,3)")
     parser.add_argument("--single", action="store_true", help="rounds with one usable participant, not coherent ones")
     parser.add_argument("--agreeing", action="store_true", help="agreeing pairs (both honest or both flipping) instead")
+    parser.add_argument("--judges", action="store_true",
+                        help="each participant of round t + k alone as the judge, counted by its kind there")
     parser.add_argument("--thresholds", type=lambda v: [float(x) for x in v.split(",")], default=[-0.06, -0.07, -0.08],
                         help="with --agreeing: count the pairs whose higher share stands below each (comma-separated)")
     args = parser.parse_args(argv)
@@ -153,9 +188,13 @@ def main(argv=None) -> int:
         return 0
     counts: Counter = Counter()
     for path in args.captures:
-        measure(path, args.lags, not args.single, counts)
-    print(f"{len(args.captures)} captures, round t + k {'with one usable participant' if args.single else 'coherent'}")
-    print("| k | partner | pairs | the honest one agrees more |")
+        if args.judges:
+            judged_by_one(path, args.lags, counts)
+        else:
+            measure(path, args.lags, not args.single, counts)
+    print(f"{len(args.captures)} captures, round t + k "
+          + ("each participant alone" if args.judges else "with one usable participant" if args.single else "coherent"))
+    print(f"| k | {'judge' if args.judges else 'partner'} | pairs | the honest one agrees more |")
     print("|---|---|---|---|")
     for k, kind in sorted({(k, kind) for k, kind, _ in counts}):
         pairs, won = counts[(k, kind, "pairs")], counts[(k, kind, "honest agrees more")]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from flower_round_after import agreeing_pairs, main, measure  # noqa: E402
+from flower_round_after import agreeing_pairs, judged_by_one, main, measure  # noqa: E402
 
 COORDS = 2048
 
@@ -101,3 +101,27 @@ def test_agreeing_pairs_are_measured_by_kind_against_a_coherent_round_after(tmp_
     assert main([str(path), "--agreeing", "--lags", "1", "--thresholds=-0.2,0.5"]) == 0
     out = capsys.readouterr().out
     assert "| +1 | flipping | 1 |" in out and out.rstrip().endswith("| 1 | 2 |")
+
+
+def test_each_participant_of_a_round_after_judges_alone_counted_by_its_kind(tmp_path, capsys):
+    """Round 1: honest 1 and flipping 3. Round 2: honest 4 and flipping 5 (a pair too, and a round after round 1 that
+    disagrees with itself); round 3: the on-off node 6 between flips, the zero node 7 and node 1 again. Each usable
+    participant of t + k judges a pair alone: the honest ones and the on-off node rank the honest update higher, the
+    flipping one lower; a pair's own participants (node 1 for round 1's) and the zero node are no judges."""
+    rng = np.random.default_rng(4)
+    d = rng.standard_normal(COORDS)
+
+    def honest():
+        return d + 0.8 * rng.standard_normal(COORDS)
+
+    rounds = [{1: honest(), 3: -honest()}, {4: honest(), 5: -honest()}, {6: honest(), 7: np.zeros(COORDS), 1: honest()}]
+    path = capture(tmp_path / "run.npz", rounds, {3: "flip", 5: "flip", 6: "on-off", 7: "zero"})
+    counts = Counter()
+    judged_by_one(path, [1, 2], counts)
+    assert +counts == Counter({(1, "honest", "pairs"): 2, (1, "honest", "honest agrees more"): 2,  # 4; 1
+                               (1, "flipping", "pairs"): 1,  # 5 judging round 1
+                               (1, "on-off", "pairs"): 1, (1, "on-off", "honest agrees more"): 1,  # round 2's
+                               (2, "on-off", "pairs"): 1, (2, "on-off", "honest agrees more"): 1})  # round 1's
+    assert main([str(path), "--judges", "--lags", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| +1 | flipping | 1 | 0 (0%) |" in out and "| +1 | honest | 2 | 2 (100%) |" in out

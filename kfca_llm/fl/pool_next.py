@@ -21,7 +21,8 @@ average ranks lower. Otherwise the pair is ranked as any settled pair is, on the
 **Pool rule 18: a round after that disagrees with itself still judges, through the rounds after it.** Where the round
 after holds two participants that disagree, one of them deviated, and their mean says nothing; but one of them alone
 is decisive either way. On 120 captured Flower runs (stops 52-57), an honest participant of round t + 1 alone ranked
-the honest update of an honest-flip pair higher in 1,762 of 1,764 pairs, a flipping one in 0 of 138. Which of the two
+the honest update of an honest-flip pair higher in 1,577 of 1,579 pairs (an attacker's node not flipping there in 103
+of 103), a flipping one in 0 of 135 (``benchmarks/flower_round_after.py --judges``). Which of the two
 is honest is what the round after *them* tells: so the one of them that round t + 2 ranks higher (by the same rule,
 recursively while the rounds disagree) judges the pair alone, and the pair waits for those rounds (it is not settled
 before they come, but at the last chance it is ranked on verdicts and records). A participant of a pair judged on the
@@ -104,9 +105,9 @@ def judges(round_: int, excluded: frozenset[str], by_round: Mapping[int, Sequenc
     """The entries of ``round_`` that judge a pair of the round before it: where its entries not reporting one sign on
     every task are ``NEXT_ROUND_MIN`` or more and every two agree (KFCA's payment >= 0), those of participants not
     ``excluded`` (a participant's own later update is no judge of it); where they are two that disagree (one of them
-    deviated), the one of them the round after ranks higher, alone, unless it is ``excluded`` (pool rule 18: an honest
-    judge alone ranked 1,762 of 1,764 honest-flip pairs right, a flipping one 0 of 138). None where nothing judges;
-    ``WAITING`` where a round later than ``horizon`` would."""
+    deviated), the one of them the round after ranks higher, alone, unless it is ``excluded`` or sat beside those
+    judges (pool rule 18: an honest judge alone ranked 1,577 of 1,579 honest-flip pairs right, a flipping one 0 of
+    135). None where nothing judges; ``WAITING`` where a round later than ``horizon`` would."""
     if round_ > horizon:
         return WAITING
     entries = [e for e in by_round.get(round_, ()) if not one_sign(e.signs, task)]
