@@ -20,7 +20,9 @@ without the strata is more than two standard errors below 0 where its peer has t
 nothing above settles, which waits for the round after it), their settlement by a later round (the pool on both
 sides, once warm or at the window's last round, or at the run's last round, its own included; a settled entry
 rescored; a waiting pair ranked on each one's mean payment against the next round's other participants where two or
-more of them agree with each other), in-round copies
+more of them agree with each other, or, where two of them disagree, against the one of them the rounds after rank
+higher, the pair not settled before those rounds come; a participant of a pair judged on the way no judge, and judges
+beside one ranking it higher ranking nothing), in-round copies
 (the two participants within 2% of each other's signs: paid at most 0, neither joins the pool), copies of another
 participant's earlier submission (within 2% of the signs, on every sign in the window and on the 4,096-bit
 sketch beyond it: paid at most 0), own resubmissions (within ``own_replay_limit`` of the signs, and under a limit of 0

@@ -10,7 +10,8 @@ rule is what it is):
    pair the verdicts settle (``"verdict-first"``) is ranked on those; a pair of which one participant has turned by
    its lineage and the other not, the turned one lower; within public strata a pair the trajectory settles on the
    verdicts without the strata, whatever came before; and, settling a held pair (below), on the round after it where
-   that round settles it (``fl.pool_next``, pool rule 15);
+   that round settles it, or on the one of it the rounds after it rank higher (``fl.pool_next``, pool rules 15 and
+   18);
 3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say (an agreeing pair
    as it is, unless pool rule 9 reads it back: ``agreement_read_back``; a peer reporting one sign on every task
    weighs 0, pool rule 10), a pool peer at its lag's weight over the verdict's, the trusted reference at its weight;
@@ -27,7 +28,8 @@ rule is what it is):
 7. **cap the charged** (``cap_charged``): a submission charged back since (settled late, ``fl.pool_settle``) is paid
    at most 0;
 8. **warming** (``warming``): the short scorers undetermined or with fewer than ``pool_peers`` distinct pool
-   participants of non-zero lag weight behind their reward (none with a trusted reference).
+   participants of non-zero lag weight behind their reward, and, settling, those of a held pair whose judges come in
+   a round after the horizon (pool rule 18) (none with a trusted reference).
 
 Steps 5 to 7 overwrite what step 4 paid after its duplicate policy: an undetermined reward is 0 whatever that policy
 paid, and a charge-back is never split or zeroed by it.
