@@ -19,6 +19,11 @@ stand below each threshold (benchmarks/ROBUSTNESS.md, flip meets flip)::
 
     .venv/bin/python benchmarks/flower_round_after.py --agreeing --lags 1,2 run1.npz run2.npz ...
 
+``--agreeing --chained`` measures them against the judges pool rule 18 would give them instead (a coherent round after,
+or through the rounds after it where it disagrees with itself): how many flip-flip pairs such a rule would reach::
+
+    .venv/bin/python benchmarks/flower_round_after.py --agreeing --chained --thresholds=-0.08,-0.1 run1.npz ...
+
 ``--judges`` takes each usable participant of round t + k alone as the judge of each disagreeing pair, counted by that
 judge's kind in its round (honest, flipping, or its attack while it does not flip): an honest judge alone is decisive,
 a flipping one decisive the other way (pool rule 18, benchmarks/ROBUSTNESS.md)::
@@ -36,6 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from flower_few_peers import flips  # this folder: on the path as a script
+from kfca_llm.fl.pool_next import WAITING, judges
+from kfca_llm.fl.pool_store import PoolEntry
 
 REPLAY_LIMIT = 0.02
 """A submission within this share of the signs of an earlier one of the same partition is a resubmission."""
@@ -130,10 +137,12 @@ def judged_by_one(path: Path, lags, counts: Counter) -> None:
                     np.mean(signs[t][h][on] == signs[t + k][j][on]) > np.mean(signs[t][d][on] == signs[t + k][j][on]))
 
 
-def agreeing_pairs(path: Path, lags, shares: dict) -> None:
+def agreeing_pairs(path: Path, lags, shares: dict, chained: bool = False) -> None:
     """Add to ``shares[(k, kind)]`` the higher agreement share (less 1/2) of each agreeing pair of ``path`` with round
     t + k's coherent other participants; kind: ``"honest"`` (neither flips there: a sleeper before its turn, an on-off
-    node between flips count) or ``"flipping"`` (both flip); a pair of one of each is ``"mixed"``."""
+    node between flips count) or ``"flipping"`` (both flip); a pair of one of each is ``"mixed"``. ``chained``: against
+    the judges pool rule 18 would give the pair instead (``fl.pool_next.judges`` over the usable submissions of the
+    next ``WINDOW`` rounds, sign agreement on the pair's tasks standing in for KFCA's payment), under k ``"judges"``."""
     signs, tasks, attacks = load(path)
     ok = usable(signs, tasks)
     participations = Counter()
@@ -148,6 +157,13 @@ def agreeing_pairs(path: Path, lags, shares: dict) -> None:
         if len(signs[t]) != 2 or len(ok[t]) != 2 or share(t, ok[t][0], t, ok[t][1]) < 0:
             continue
         kind = ("honest", "mixed", "flipping")[len(flipping)]
+        if chained:
+            found = rule_judges(t, ok, lambda u, p, v, q: float(np.mean(signs[u][p][tasks[t]] == signs[v][q][tasks[t]]))
+                                - 0.5)
+            if found:
+                higher = max(np.mean([share(t, p, u, q) for u, q in found]) for p in ok[t])
+                shares.setdefault(("judges", kind), []).append(higher)
+            continue
         for k in lags:
             others = [p for p in ok.get(t + k, ()) if p not in ok[t]]
             if len(others) < 2 or any(share(t + k, x, t + k, y) < 0
@@ -157,13 +173,31 @@ def agreeing_pairs(path: Path, lags, shares: dict) -> None:
             shares.setdefault((k, kind), []).append(higher)
 
 
+WINDOW = 10
+"""Rounds after a pair that ``rule_judges`` looks through (the pool's default window)."""
+
+
+def rule_judges(t: int, ok: dict[int, list[int]], agreement) -> list[tuple[int, int]] | None:
+    """(round, partition) of the judges pool rule 18 gives round t's pair ``ok[t]`` from the usable submissions of the
+    rounds after it (``agreement(u, p, v, q)``: their sign agreement less 1/2 on round t's tasks, standing in for
+    KFCA's payment; usable submissions are never constant reports: each entry's one word holds one set bit of the
+    all-set task word, which ``fl.pool_next.one_sign`` reads as not constant)."""
+    by_round: dict[int, list[PoolEntry]] = {}
+    for u in range(t + 1, t + WINDOW + 1):
+        by_round[u] = [PoolEntry(u, str(q), np.ones(1, dtype=np.int32)) for q in sorted(ok.get(u, ()), key=str)]
+    where = {e.name: (e.round, int(e.participant)) for entries in by_round.values() for e in entries}
+    found = judges(t + 1, frozenset(map(str, ok[t])), by_round, np.full(1, -1, dtype=np.int32),
+                   lambda x, y: agreement(*where[x], *where[y]), t + WINDOW)
+    return None if found is None or found is WAITING else [where[n] for n in found.names]
+
+
 def print_agreeing(shares: dict, thresholds) -> None:
     print("| k | pair | pairs | higher share: min | 1% | 5% | median | 95% | max | "
           + " | ".join(f"below {x:+.2f}" for x in thresholds) + " |")
     print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(thresholds))
     for (k, kind), values in sorted(shares.items()):
         q = np.quantile(values, [0, 0.01, 0.05, 0.5, 0.95, 1])
-        print(f"| {k:+d} | {kind} | {len(values)} | " + " | ".join(f"{v:+.3f}" for v in q) + " | "
+        print(f"| {k if isinstance(k, str) else f'{k:+d}'} | {kind} | {len(values)} | " + " | ".join(f"{v:+.3f}" for v in q) + " | "
               + " | ".join(str(sum(v < x for v in values)) for x in thresholds) + " |")
 
 
@@ -174,6 +208,8 @@ def main(argv=None) -> int:
                         help="the rounds t + k compared, comma-separated (default -2,-1,1,2,3)")
     parser.add_argument("--single", action="store_true", help="rounds with one usable participant, not coherent ones")
     parser.add_argument("--agreeing", action="store_true", help="agreeing pairs (both honest or both flipping) instead")
+    parser.add_argument("--chained", action="store_true",
+                        help="with --agreeing: against the judges pool rule 18 would give each pair (--lags ignored)")
     parser.add_argument("--judges", action="store_true",
                         help="each participant of round t + k alone as the judge, counted by its kind there")
     parser.add_argument("--thresholds", type=lambda v: [float(x) for x in v.split(",")], default=[-0.06, -0.07, -0.08],
@@ -182,8 +218,9 @@ def main(argv=None) -> int:
     if args.agreeing:
         shares: dict = {}
         for path in args.captures:
-            agreeing_pairs(path, args.lags, shares)
-        print(f"{len(args.captures)} captures, agreeing pairs against a coherent round t + k")
+            agreeing_pairs(path, args.lags, shares, args.chained)
+        print(f"{len(args.captures)} captures, agreeing pairs against "
+              + ("the judges pool rule 18 gives them" if args.chained else "a coherent round t + k"))
         print_agreeing(shares, args.thresholds)
         return 0
     counts: Counter = Counter()

@@ -125,3 +125,27 @@ def test_each_participant_of_a_round_after_judges_alone_counted_by_its_kind(tmp_
     assert main([str(path), "--judges", "--lags", "1"]) == 0
     out = capsys.readouterr().out
     assert "| +1 | flipping | 1 | 0 (0%) |" in out and "| +1 | honest | 2 | 2 (100%) |" in out
+
+
+def test_agreeing_pairs_against_the_judges_pool_rule_18_gives_them(tmp_path, capsys):
+    """Round 1: flippers 3 and 6 agree; round 2: honest 4 and flipping 5 disagree (no coherent round after round 1);
+    round 3: honest 7 and 8 agree. Through round 3, which ranks 4 above 5, node 4 alone judges round 1's pair; round 2's
+    pair disagrees and is not measured; round 3's has no round after."""
+    rng = np.random.default_rng(6)
+    d = rng.standard_normal(COORDS)
+
+    def honest():
+        return d + 0.8 * rng.standard_normal(COORDS)
+
+    rounds = [{3: -honest(), 6: -honest()}, {4: honest(), 5: -honest()}, {7: honest(), 8: honest()}]
+    path = capture(tmp_path / "run.npz", rounds, {3: "flip", 5: "flip", 6: "flip"})
+    coherent, chained = {}, {}
+    agreeing_pairs(path, [1], coherent)
+    agreeing_pairs(path, [1], chained, chained=True)
+    assert coherent == {}
+    (flipped,) = chained[("judges", "flipping")]
+    assert sorted(chained) == [("judges", "flipping")]
+    judge = rounds[1][4] < 0
+    assert flipped == max(np.mean((rounds[0][p] < 0) == judge) for p in (3, 6)) - 0.5 < -0.15
+    assert main([str(path), "--agreeing", "--chained", "--thresholds=-0.15"]) == 0
+    assert "| judges | flipping | 1 |" in capsys.readouterr().out
