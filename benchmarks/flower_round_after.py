@@ -197,7 +197,8 @@ def print_agreeing(shares: dict, thresholds) -> None:
     print("|---|---|---|---|---|---|---|---|---|" + "---|" * len(thresholds))
     for (k, kind), values in sorted(shares.items()):
         q = np.quantile(values, [0, 0.01, 0.05, 0.5, 0.95, 1])
-        print(f"| {k if isinstance(k, str) else f'{k:+d}'} | {kind} | {len(values)} | " + " | ".join(f"{v:+.3f}" for v in q) + " | "
+        label = k if isinstance(k, str) else f"{k:+d}"
+        print(f"| {label} | {kind} | {len(values)} | " + " | ".join(f"{v:+.3f}" for v in q) + " | "
               + " | ".join(str(sum(v < x for v in values)) for x in thresholds) + " |")
 
 

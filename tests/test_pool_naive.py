@@ -312,7 +312,8 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
         seen.update("a round after that disagrees judges by the one the rounds after it rank higher"
                     for c in result.by_chain)
         seen.update("a pair waits for judges after the horizon" for c in result.waits)
-        seen.update("judges beside a participant of the pair rank it lower" for ranks in result.beside.values() if ranks)
+        seen.update("judges beside a participant of the pair rank it lower"
+                    for ranks in result.beside.values() if ranks)
         seen.update("judges beside a participant of the pair rank it higher: nothing"
                     for ranks in result.beside.values() if not ranks)
         seen.update("a pair judged through a round that disagrees overturns a ranking"

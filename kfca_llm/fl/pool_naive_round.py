@@ -297,15 +297,16 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     # Pool rules 15 and 18: the rounds after a pair nothing above settles judge it. Round u's participants where two
     # or more (none reporting one sign) agree with each other (paid >= 0, in client order): those not of a pair judged
     # on the way, with those that are beside them; where two disagree, the one of them the rounds after u rank higher,
-    # alone (unless it is of a pair judged on the way, or sat beside those judges). None: nothing judges; "waiting": a
-    # round after the horizon would.
+    # alone (unless it is of a pair judged on the way, or sat beside those judges). Each answer: (the judges' reports,
+    # the participants beside them, whether a round that disagrees was judged on the way); None: nothing judges;
+    # "waiting": a round after the horizon would.
     def judges(u: int, excluded: set[str]):
         if u > horizon:
             return "waiting"
         here = [e for e in rows if e.round == u and len({e.negative[k] for k in tasks}) > 1]
         if len(here) >= 2 and all(pay(x.negative, y.negative) >= 0 for i, x in enumerate(here) for y in here[i + 1:]):
             mine = [e.negative for e in here if e.client not in excluded]
-            return (mine, {e.client for e in here if e.client in excluded}) if mine else None
+            return (mine, {e.client for e in here if e.client in excluded}, False) if mine else None
         if len(here) != 2:
             return None
         later = judges(u + 1, excluded | {e.client for e in here})
@@ -315,13 +316,12 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         higher = None if x == y else here[0] if x > y else here[1]
         if higher is None or higher.client in excluded or higher.client in later[1]:
             return None
-        chained.append(u)
-        return [higher.negative], set()
+        return [higher.negative], set(), True
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew
-    by_chain, waits, chained, beside = set(), set(), [], {}  # rule 18: those a disagreeing round judged, those
-    # waiting for judges, those judged beside a participant of their pair
+    by_chain, waits, beside = set(), set(), {}  # rule 18: those a disagreeing round judged, those waiting for judges,
+    # those judged beside a participant of their pair
     agreement_read_back = set()
     for c in scorers:
         p = peer_of[c]
@@ -355,11 +355,10 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
                     if found[1]:
                         beside[c] = higher is not None and higher not in found[1]
                     if higher is not None and higher not in found[1]:  # a judge favouring one beside it: no evidence
-                        by_chain.update([c] if chained else [])
+                        by_chain.update([c] if found[2] else [])
                         if (means[1] < means[0]) != (theirs < mine):
                             by_next_round.add(c)  # it ranks the pair otherwise than the records would
                         mine, theirs = means
-                chained.clear()
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
