@@ -267,10 +267,12 @@ def test_the_pool_pays_what_the_naive_reference_pays_where_the_round_after_disag
     assert_equal(seed, False, "record", chains=5, pool_peers=CHAINED_POOL_PEERS)
 
 
-CONDITIONED_CASES = ((0, 0), (1, 0), (2, 0), (3, 0), (13, 0), (13, 3))
+CONDITIONED_CASES = ((0, 0), (1, 0), (2, 0), (3, 0), (13, 0), (13, 3), (9, 2))
 """(seed, ``federation``'s ``meetings``): seed 13's federation has disagreeing pairs the verdicts without the strata
 settle (pool rule 6); with the flipper meeting the on-off client every third round, an agreeing pair read back for the
-flipper, whose peer (the on-off client's flip) has turned (pool rule 9). A lineage judges a relation only on pairs of
+flipper, whose peer (the on-off client's flip) has turned (pool rule 9); seed 9's, with the two meeting every other
+round, a waiting round (3) whose pair the trajectory would settle at its settlement (round 5) the other way round
+than the round after it does, which judges first (pool rule 19). A lineage judges a relation only on pairs of
 others starting in 4 rounds (pool rule 13), which left the random federations of 18 rounds without such a pair (seeds
 0-300 searched)."""
 
@@ -318,6 +320,8 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
                     for ranks in result.beside.values() if not ranks)
         seen.update("a pair judged through a round that disagrees overturns a ranking"
                     for c in result.by_chain & result.by_next_round)
+        seen.update("settling, the rounds after overrule the trajectory" for c in result.over_trajectory
+                    if c in result.by_next_round)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
         seen.update("the run's last round settles itself" for c in negative if horizon == t and c not in result.unsure)
         seen.update("charged back" for c in negative if result.paid[c] < min(result.scores[c], 0.0))
@@ -382,6 +386,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
             "a pair judged through a round that disagrees overturns a ranking",
             "judges beside a participant of the pair rank it lower",
             "judges beside a participant of the pair rank it higher: nothing", "owned own resubmission",
+            "settling, the rounds after overrule the trajectory",
             "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",

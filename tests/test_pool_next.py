@@ -179,6 +179,9 @@ def test_a_pair_another_rule_settles_does_not_wait():
     # the trajectory settles it (pool rule 6): the lower below 0, more than two standard errors apart
     against = {"A": (0.05, 0.01), "B": (-0.05, 0.01)}
     assert open_pairs(pairs, weak, against, frozenset(), False, VERDICT_GATE) == frozenset()
+    # ... as the round is scored; settling it later, the rounds after judge first (pool rule 19), a lineage still not
+    assert open_pairs(pairs, weak, against, frozenset(), False, VERDICT_GATE, settling=True) == frozenset(pairs)
+    assert open_pairs(pairs, weak, against, frozenset({"B"}), False, VERDICT_GATE, settling=True) == frozenset()
     # the verdicts settle it under verdict-first only
     clear = {"A": (0.2, 0.01), "B": (-0.2, 0.01)}
     assert open_pairs(pairs, clear, weak, frozenset(), True, VERDICT_GATE) == frozenset()
@@ -234,3 +237,50 @@ def test_a_meeting_with_the_flipper_waits_for_the_round_after_which_pays_the_hon
         assert in_round[8]["c03"] > 0 > in_round[8]["c01"]
     else:
         assert in_round[8]["c01"] > 0 > in_round[8]["c03"]
+
+
+def test_settling_the_rounds_after_judge_a_waiting_pair_before_a_trajectory_read_on_both_sides_of_it(monkeypatch):
+    """Pool rule 19: the flipper's meetings, scored within the public strata, wait for the rounds after them (the
+    verdicts without the strata forged to settle nothing as a round is scored). Settling, those verdicts read entries
+    of both sides of the round; forged then to settle every pair for the flipper (its verdict far above its partner's,
+    the partner's below 0: what ``trajectory_settles`` takes), they would pay it and fine its honest partner, as rule
+    18 did. The rounds after judge first: the partner is paid > 0 and more."""
+    from pool_updates import SCHEDULE, round_updates
+
+    import kfca_llm.fl.pool_evidence as pool_evidence
+    from kfca_llm.api import pack_updates
+    from kfca_llm.engine.duplicates import DuplicateRule
+    from kfca_llm.engine.public import PublicConditioning
+    from kfca_llm.fl.peer_pool import PeerPool, PoolSettings, score_with_pool
+    from kfca_llm.fl.pool_close import ClosingRound, close_round
+
+    blind = pool_evidence.public_blind_verdicts
+
+    def forged(plain, rows, first, window, round_, pool_keys, index):
+        found = blind(plain, rows, first, window, round_, pool_keys, index)
+        if not any(e.round > round_ for e in rows.values()):  # as the round is scored: settling nothing
+            return {c: (0.0, 1.0) for c in found}
+        return {c: (0.05, 0.001) if c == "c03" else (-0.05, 0.001) for c in found}
+
+    def run(judged_first: bool) -> dict:
+        pool, settled, steps = PeerPool(PoolSettings()), {}, []
+        monkeypatch.setattr(pool_evidence, "open_pairs", lambda *a, settling=False: open_pairs(*a, settling=settling
+                                                                                                 and judged_first))
+        for t, clients in SCHEDULE.items():
+            updates = round_updates(t, clients, {3: "flip"})
+            packer = pack_updates(updates)
+            scored = score_with_pool(packer, pool, t, seed=t, public=steps[-8:] or None,
+                                     conditioning=PublicConditioning())
+            steps.append({"w": sum(u["w"] for u in updates.values()) / len(updates)})
+            for s in close_round(pool, ClosingRound.scored(packer, t, scored, words=packer.words(),
+                                                           participants=packer.clients, seed=t, penalty="expected",
+                                                           bonus_fraction=0.5, duplicates="zero",
+                                                           duplicate_rule=DuplicateRule())):
+                settled[(s.round, s.participant)] = s.reward
+        return settled
+
+    monkeypatch.setattr(pool_evidence, "public_blind_verdicts", forged)
+    judged, by_trajectory = run(True), run(False)
+    for t, partner in ((8, "c01"), (11, "c06")):
+        assert judged[(t, partner)] > 0 > judged[(t, "c03")], t
+        assert by_trajectory[(t, "c03")] > 0 > by_trajectory[(t, partner)], t  # what rule 18 paid

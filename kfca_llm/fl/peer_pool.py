@@ -46,7 +46,8 @@ also against ``pool_peers`` pool entries:
   participants agree with each other (the one paid less against them deviated): late in training the verdicts
   stand within noise of each other, and the record that decided such a pair was the pool's own earlier decisions.
   Where those two disagree, the one of them the rounds after rank higher judges alone (pool rule 18), and the pair
-  waits for those rounds.
+  waits for those rounds. Settling a waiting round, the rounds after judge its disagreeing pairs before the trajectory
+  does (pool rule 19).
 
 A round in which every participant has ``min_peers`` in-round peers is scored exactly as without a pool
 (``SignPacker.score``): same rewards, bit for bit.

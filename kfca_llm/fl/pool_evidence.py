@@ -211,7 +211,7 @@ def gather_evidence(packer: SignPacker, pool: PeerPool | None, round_: int, roun
     verdict_first = pool is not None and pool.settings.rank_by == "verdict-first"
     held = frozenset() if reference is not None or pool is None or not pool.settings.next_round else open_pairs(
         candidates, lower_verdicts({c: (z, errors[c]) for c, (z, _) in verdict.items()}, blind) if verdict_first
-        else {}, blind, turned, verdict_first, VERDICT_GATE)
+        else {}, blind, turned, verdict_first, VERDICT_GATE, settling=scoring.horizon is not None)
     next_round, judges_later = ({}, frozenset()) if scoring.horizon is None or not held else next_round_ranks(
         held, round_, list(rows.values()), owner, task,
         lambda x, y: float(pair_payments(counts, np.array([(index[x], index[y])], dtype=np.int64))[0][0]),

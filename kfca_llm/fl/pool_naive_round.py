@@ -79,6 +79,9 @@ class Scored:
     beside: dict[str, bool] = field(default_factory=dict)
     """Scorer of a waiting pair whose judges sat beside a participant of the pair -> whether they ranked it (they ranked
     that participant lower; higher is no evidence: rule 18)."""
+    over_trajectory: set[str] = field(default_factory=set)
+    """Scorers of a waiting pair the trajectory would settle that the rounds after it judged (rule 19: settling, they
+    judge first)."""
 
 
 def score(t, negative, owners, tasks, seed, reference, strata, history, horizon, window, pool_peers, pool_weight,
@@ -320,7 +323,7 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew
-    by_chain, waits, beside = set(), set(), {}  # rule 18: those a disagreeing round judged, those waiting for judges,
+    by_chain, waits, beside, over_trajectory = set(), set(), {}, set()  # rule 18: those a disagreeing round judged, those waiting for judges,
     # those judged beside a participant of their pair
     agreement_read_back = set()
     for c in scorers:
@@ -342,7 +345,8 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             mine, theirs = ((blind[c][0], blind[p][0]) if against_trajectory(c, p) else
                             ((-1.0, 0.0) if has_turned[c] else (0.0, -1.0)) if has_turned[c] != has_turned[p] else
                             (ranked[c][0], ranked[p][0]) if clear(c, p) else (rank[c], rank[p]))
-            if next_round and not ref and {c, p} == {a, b} and not against_trajectory(c, p) \
+            # (settling, the rounds after judge before the trajectory: rule 19)
+            if next_round and not ref and {c, p} == {a, b} and (horizon is not None or not against_trajectory(c, p)) \
                     and has_turned[c] == has_turned[p] and not clear(c, p) and len({negative[c][k] for k in tasks}) > 1:
                 if horizon is None:
                     held.add(c)
@@ -358,6 +362,7 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
                         by_chain.update([c] if found[2] else [])
                         if (means[1] < means[0]) != (theirs < mine):
                             by_next_round.add(c)  # it ranks the pair otherwise than the records would
+                        over_trajectory.update([c] if against_trajectory(c, p) else [])
                         mine, theirs = means
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
@@ -390,4 +395,4 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
                   by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]], agreement_read_back, held,
-                  by_next_round, by_chain, waits, beside)
+                  by_next_round, by_chain, waits, beside, over_trajectory)

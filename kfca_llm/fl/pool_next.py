@@ -29,6 +29,13 @@ before they come, but at the last chance it is ranked on verdicts and records). 
 way never judges it; where it sits in a coherent round beside the judges, they agree with it, so they are of its
 kind there, and their ranking it higher is no evidence (a flipper beside a flipping judge, as an honest one beside an
 honest judge): only their ranking it lower (an on-off node back to honest beside an honest judge) counts.
+
+**Pool rule 19: settling, the rounds after judge before the trajectory.** A waiting round scored again at a later
+horizon reads its verdicts without the strata on pool entries of both sides of it, no longer on the path that led to
+it; there they took a held pair away from its judges, as settling the trajectory (pool rule 6) then claimed it, and
+ranked it wrongly (a live Flower run: the honest partner fined -0.085, the flipper paid +0.098, where the round after
+ranked them the other way round). So a waiting round's disagreeing pairs are judged by the rounds after them first
+(``open_pairs(..., settling=True)``), and the trajectory ranks one only where no round after judges it.
 """
 
 from __future__ import annotations
@@ -48,15 +55,18 @@ NEXT_ROUND_MIN = 2
 
 def open_pairs(disagreeing: Iterable[Pair], ranked: Mapping[str, tuple[float, float]],
                blind: Mapping[str, tuple[float, float]], turned: frozenset[str], verdict_first: bool,
-               gate: float) -> frozenset[Pair]:
+               gate: float, *, settling: bool = False) -> frozenset[Pair]:
     """The ``disagreeing`` in-round pairs (both real participants with verdicts, neither an own resubmission nor a
     constant report) that no other evidence settles: neither the verdicts without the public strata (``blind``,
     ``trajectory_settles``), nor one participant's lineage (``turned``), nor under ``verdict_first`` the ranked
-    verdicts (``ranked``: (verdict, standard error), read under ``verdict_first`` only, ``verdict_settles``)."""
+    verdicts (``ranked``: (verdict, standard error), read under ``verdict_first`` only, ``verdict_settles``).
+    ``settling`` (a waiting round scored again at a later horizon, pool rule 19): the trajectory settles nothing, so
+    the rounds after the pair judge it first, and the trajectory ranks it only where they do not (there its verdicts
+    without the strata read rounds on both sides of it, no longer the path that led to it)."""
     return frozenset(
         (c, p) for c, p in disagreeing
         if (c in turned) == (p in turned)
-        and not (c in blind and p in blind and trajectory_settles(blind[c], blind[p], gate))
+        and not (not settling and c in blind and p in blind and trajectory_settles(blind[c], blind[p], gate))
         and not (verdict_first and verdict_settles(ranked[c], ranked[p], gate)))
 
 

@@ -9,9 +9,9 @@ rule is what it is):
    within and the one without them) plus the record, or the reputation, or the verdict alone, as ``rank_by`` says; a
    pair the verdicts settle (``"verdict-first"``) is ranked on those; a pair of which one participant has turned by
    its lineage and the other not, the turned one lower; within public strata a pair the trajectory settles on the
-   verdicts without the strata, whatever came before; and, settling a held pair (below), on the round after it where
-   that round settles it, or on the one of it the rounds after it rank higher (``fl.pool_next``, pool rules 15 and
-   18);
+   verdicts without the strata, whatever came before; and, settling a waiting round, each of its disagreeing pairs
+   (the trajectory's too: pool rule 19) on the round after it where that round settles it, or on the one of it the
+   rounds after it rank higher (``fl.pool_next``, pool rules 15 and 18);
 3. **orient** (``orient_weights``): each pair's weight: an in-round peer read the way the ranks say (an agreeing pair
    as it is, unless pool rule 9 reads it back: ``agreement_read_back``; a peer reporting one sign on every task
    weighs 0, pool rule 10), a pool peer at its lag's weight over the verdict's, the trusted reference at its weight;

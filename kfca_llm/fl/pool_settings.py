@@ -109,6 +109,9 @@ POOL_RULES = {
     18: "as 17, where the round after a held pair holds two participants that disagree with each other, the one of "
         "them that the rounds after it rank higher judges the pair alone (fl.pool_next.judges), and the pair waits "
         "for those rounds; the records rank it only where no round after it judges it by the last chance",
+    19: "as 18, a waiting round scored again at a later horizon leaves its disagreeing pairs to the rounds after them "
+        "first (fl.pool_next.open_pairs, settling): the verdicts without the strata, read then on rounds of both "
+        "sides, rank a pair only where no round after judges it",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
