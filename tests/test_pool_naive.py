@@ -249,11 +249,12 @@ def test_the_pool_pays_what_the_naive_reference_pays_without_waiting_for_the_rou
     assert_equal(seed, False, "record", next_round=False)
 
 
-CHAINED_CASES = (13, 15)
+CHAINED_CASES = (0, 13, 15)
 """Seeds whose federations with ``chains=5`` (the flipper meeting client ``SLEEPER``, the round after them the on-off
 client's flip meeting client ``ANALYST``) reach pool rule 18: a held pair whose round after disagrees with itself
 judged by the round after that, overturning the ranking verdicts and records gave, and judges beside a participant of
-the pair ranking it lower (seed 15) and higher (seed 13: nothing ranked). Of seeds 0-15 at ``chains`` 4, 5 and 6, the
+the pair ranking it lower (seed 15) and higher (seed 13: nothing ranked); seed 0's, a participant the round after
+ranked lower whose pay would have been > 0, settled (round 17, at the run's last round: pool rule 19). Of seeds 0-15 at ``chains`` 4, 5 and 6, the
 federations where that happens at 5. At ``pool_peers=3`` the pool is warm behind a pair a round or two after it, so a
 pair waiting for judges beyond the horizon is settled later than it would be otherwise (with 8, as in the cases
 above, 10 clients never warm it: it settles at the window's last round or the run's)."""
@@ -320,6 +321,8 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
                     for ranks in result.beside.values() if not ranks)
         seen.update("a pair judged through a round that disagrees overturns a ranking"
                     for c in result.by_chain & result.by_next_round)
+        seen.update("the rounds after rank one lower that its pay would have paid"
+                    for c in result.judged_lower if result.scores[c] > 0 and c not in result.warming | result.unsure)
         seen.update("settling, the rounds after overrule the trajectory" for c in result.over_trajectory
                     if c in result.by_next_round)
         seen.update("settled" for c in negative if horizon is not None and c not in result.unsure)
@@ -387,6 +390,7 @@ def test_the_federations_meet_every_rule(unconditioned_naive_runs):
             "judges beside a participant of the pair rank it lower",
             "judges beside a participant of the pair rank it higher: nothing", "owned own resubmission",
             "settling, the rounds after overrule the trajectory",
+            "the rounds after rank one lower that its pay would have paid",
             "owned undetermined", "owned settled",
             "owned in-round copy paid",
             "own replay within a non-zero limit", "a copy only the sketch finds", "an own replay on the sketch alone",

@@ -74,7 +74,7 @@ from ..packer import SignPacker
 from ..report import RewardReport
 from .aggregate import WeakVerdicts
 from .pool_evidence import OWN_RESUBMISSION, PooledScoring, gather_evidence, resubmitted_entries
-from .pool_reward import (cap_charged, charge_back, hold_unsure, orient_weights, pair_report,
+from .pool_reward import (cap_charged, cap_judged_lower, charge_back, hold_unsure, orient_weights, pair_report,
                           pay_weighted_means, rank_pairs, warming)
 from .pool_store import (POOL_RULE, POOL_SEPARATOR, PeerPool, PoolEntry, PoolSettings, parse_pool_name, pool_name,
                          recorded_pool_settings)
@@ -225,8 +225,9 @@ def _score_pooled(packer: SignPacker, pool: PeerPool | None, round_: int, round_
     paid, unsure = hold_unsure(evidence, weights, paid, pool, scoring)  # 5
     paid, charged_back, forfeit = charge_back(evidence, paid, pool)  # 6
     paid = cap_charged(evidence, paid, pool)  # 7
+    paid = cap_judged_lower(evidence, paid)  # 8
     undetermined = tuple(sorted(c for c in unsure if c in real))
-    # 8; a trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
+    # 9; a trusted reference tells an honest participant from a deviator at any round size: nothing warms up.
     # A held pair whose judges come later (pool rule 18) waits for them like an undetermined one.
     later = {c for pair in evidence.judges_later for c in pair}
     warm = () if scoring.reference is not None else warming(list(chosen), evidence.support, (*undetermined, *later),

@@ -79,6 +79,8 @@ class Scored:
     beside: dict[str, bool] = field(default_factory=dict)
     """Scorer of a waiting pair whose judges sat beside a participant of the pair -> whether they ranked it (they ranked
     that participant lower; higher is no evidence: rule 18)."""
+    judged_lower: set[str] = field(default_factory=set)
+    """Scorers of a waiting pair that the rounds after it ranked lower: paid at most 0 (rule 19)."""
     over_trajectory: set[str] = field(default_factory=set)
     """Scorers of a waiting pair the trajectory would settle that the rounds after it judged (rule 19: settling, they
     judge first)."""
@@ -323,7 +325,7 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew
-    by_chain, waits, beside, over_trajectory = set(), set(), {}, set()  # rule 18: those a disagreeing round judged, those waiting for judges,
+    by_chain, waits, beside, over_trajectory, judged_lower = set(), set(), {}, set(), set()  # rule 18: those a disagreeing round judged, those waiting for judges,
     # those judged beside a participant of their pair
     agreement_read_back = set()
     for c in scorers:
@@ -364,6 +366,7 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
                             by_next_round.add(c)  # it ranks the pair otherwise than the records would
                         over_trajectory.update([c] if against_trajectory(c, p) else [])
                         mine, theirs = means
+                        judged_lower.update([c] if mine < theirs else [])
             peer_sign = -1.0 if theirs < mine else 1.0
         pool_total = sum(abs(w) for w, _ in terms[c])
         pool_sign = [w * pool_weight / pool_total if c in verdict else 0.0 for w, _ in terms[c]]
@@ -386,8 +389,8 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             reward = 0.0  # undetermined too within strata: the pool alone, its verdict within two standard errors of 0
             unsure.add(c)
             unclear.add(c)
-        if any(e.charged for e in history if (e.round, e.client) == (t, c)):
-            reward = min(reward, 0.0)  # charged back since: its settlement is paid at most 0
+        if any(e.charged for e in history if (e.round, e.client) == (t, c)) or c in judged_lower:
+            reward = min(reward, 0.0)  # charged back since, or the rounds after ranked it lower (rule 19): at most 0
         paid[c] = reward
         support = 0 if c in own else len({e.client for e in peers if lag_weight.get(abs(t - e.round), 0.0)})
         if not ref and (c in unsure or c in waits or support < pool_peers):
@@ -395,4 +398,4 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
     resubmitted = [e for c in sorted(own & {a, b}) for e in matches[c]]
     return Scored(paid, scores, unsure, warming, twins | own | other_copy, resubmitted, matches, evidence, unclear,
                   by_trajectory, by_lineage, [e for c in (a, b) for e in forfeit[c]], agreement_read_back, held,
-                  by_next_round, by_chain, waits, beside, over_trajectory)
+                  by_next_round, by_chain, waits, beside, judged_lower, over_trajectory)

@@ -27,11 +27,13 @@ rule is what it is):
    at most 0, less what those entries were paid (once);
 7. **cap the charged** (``cap_charged``): a submission charged back since (settled late, ``fl.pool_settle``) is paid
    at most 0;
-8. **warming** (``warming``): the short scorers undetermined or with fewer than ``pool_peers`` distinct pool
+8. **cap the judged lower** (``cap_judged_lower``): settling, the one of a waiting pair that the rounds after it
+   ranked lower is paid at most 0 (pool rule 19);
+9. **warming** (``warming``): the short scorers undetermined or with fewer than ``pool_peers`` distinct pool
    participants of non-zero lag weight behind their reward, and, settling, those of a held pair whose judges come in
    a round after the horizon (pool rule 18) (none with a trusted reference).
 
-Steps 5 to 7 overwrite what step 4 paid after its duplicate policy: an undetermined reward is 0 whatever that policy
+Steps 5 to 8 overwrite what step 4 paid after its duplicate policy: an undetermined reward is 0 whatever that policy
 paid, and a charge-back is never split or zeroed by it.
 """
 
@@ -160,6 +162,15 @@ def charge_back(ev: PoolEvidence, paid: Mapping[str, float], pool: PeerPool | No
     forfeit = {c: pool.charge_of(names) for c, names in ev.forfeited.items()}
     return (paid | {c: min(paid[c], 0.0) - charge for c, charge in (charged_back | forfeit).items()}, charged_back,
             forfeit)
+
+
+def cap_judged_lower(ev: PoolEvidence, paid: Mapping[str, float]) -> dict[str, float]:
+    """Step 8: ``paid`` with the one of a waiting pair that the rounds after it ranked lower (``ev.next_round``) paid
+    at most 0 (pool rule 19): settling, its verdict reads the rounds after it too, and the signed lag weights that read
+    an honest update's anti-agreement with the next round's as agreement (the global overshoots and turns back) read a
+    flipped one's as agreement as well (FedAvg nearly cancelled it, and the next round goes on where the honest one
+    pointed): such a verdict paid a flipper more than its honest partner, whom the rounds after ranked higher."""
+    return paid | {c: min(paid[c], 0.0) for (c, _), (mine, theirs) in ev.next_round.items() if mine < theirs}
 
 
 def cap_charged(ev: PoolEvidence, paid: Mapping[str, float], pool: PeerPool | None) -> dict[str, float]:
