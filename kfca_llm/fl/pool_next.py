@@ -35,7 +35,11 @@ horizon reads its verdicts without the strata on pool entries of both sides of i
 it; there they took a held pair away from its judges, as settling the trajectory (pool rule 6) then claimed it, and
 ranked it wrongly (a live Flower run: the honest partner fined -0.085, the flipper paid +0.098, where the round after
 ranked them the other way round). So a waiting round's disagreeing pairs are judged by the rounds after them first
-(``open_pairs(..., settling=True)``), and the trajectory ranks one only where no round after judges it.
+(``open_pairs(..., settling=True)``), and the trajectory ranks one only where no round after judges it. The one they
+rank lower is paid at most 0 (``fl.pool_reward.cap_judged_lower``): settling, its verdict reads the rounds after it
+too, and paid four flippers more than their honest partners in 24 live runs (``benchmarks/ROBUSTNESS.md``, pool rule
+19), each ranked lower by the rounds after: likely the signed lag weights, which pay an honest update's anti-agreement
+with the next round (the global overshoots and turns back), paying a flipped one's too (FedAvg nearly cancelled it).
 """
 
 from __future__ import annotations

@@ -166,10 +166,8 @@ def charge_back(ev: PoolEvidence, paid: Mapping[str, float], pool: PeerPool | No
 
 def cap_judged_lower(ev: PoolEvidence, paid: Mapping[str, float]) -> dict[str, float]:
     """Step 8: ``paid`` with the one of a waiting pair that the rounds after it ranked lower (``ev.next_round``) paid
-    at most 0 (pool rule 19): settling, its verdict reads the rounds after it too, and the signed lag weights that read
-    an honest update's anti-agreement with the next round's as agreement (the global overshoots and turns back) read a
-    flipped one's as agreement as well (FedAvg nearly cancelled it, and the next round goes on where the honest one
-    pointed): such a verdict paid a flipper more than its honest partner, whom the rounds after ranked higher."""
+    at most 0 (pool rule 19): settling, its verdict reads the rounds after it too, and such verdicts paid flippers more
+    than their honest partners, whom the rounds after ranked higher (``fl.pool_next``)."""
     return paid | {c: min(paid[c], 0.0) for (c, _), (mine, theirs) in ev.next_round.items() if mine < theirs}
 
 

@@ -111,7 +111,8 @@ POOL_RULES = {
         "for those rounds; the records rank it only where no round after it judges it by the last chance",
     19: "as 18, a waiting round scored again at a later horizon leaves its disagreeing pairs to the rounds after them "
         "first (fl.pool_next.open_pairs, settling): the verdicts without the strata, read then on rounds of both "
-        "sides, rank a pair only where no round after judges it",
+        "sides, rank a pair only where no round after judges it; the one the rounds after rank lower is paid at "
+        "most 0 (fl.pool_reward.cap_judged_lower)",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""
