@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from flower_capture import Capture, replay  # noqa: E402
 
 
-def test_a_captured_run_paid_again_is_what_it_paid_and_another_ranking_changes_it(tmp_path):
+def captured_run(tmp_path: Path) -> tuple[Path, dict[int, dict[str, float]]]:
+    """(the capture of the run the module docstring describes, what the run paid: round -> node -> reward, its
+    settlements included)."""
     rng = np.random.default_rng(5)
     persistent = rng.standard_normal(600)
     capture, pool, steps, live, first = Capture(score_round), PeerPool(PoolSettings()), [], {}, {}
@@ -45,7 +47,11 @@ def test_a_captured_run_paid_again_is_what_it_paid_and_another_ranking_changes_i
         steps.append({"w": sum(u["w"] for u in updates.values()) / 2})
     path = tmp_path / "run.npz"
     capture.save(path, {t: {w: int(w[1:]) for w in paid} for t, paid in live.items()}, {"0": "flip"})
+    return path, live
 
+
+def test_a_captured_run_paid_again_is_what_it_paid_and_another_ranking_changes_it(tmp_path):
+    path, live = captured_run(tmp_path)
     again = replay(path, {})
     assert {r["round"]: r["rewards"] for r in again["rounds"]} == {
         t: {str(int(w[1:])): v for w, v in sorted(paid.items(), key=lambda kv: int(kv[0][1:]))}
