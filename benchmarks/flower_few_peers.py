@@ -23,6 +23,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -280,6 +281,21 @@ def flip_meetings(rounds: list[dict], attack_of: dict[int, str]) -> list[Meeting
         if flipper is not None:
             found += [Meeting(r["round"], p, v, flipper, rewards[flipper], p in r["undetermined"])
                       for p, v in rewards.items() if p not in attack_of]
+    return found
+
+
+def kinds_by_round(rounds: Iterable[tuple[int, Iterable[int]]], attack_of: Mapping[int, str]
+                   ) -> dict[int, dict[int, str]]:
+    """Round -> partition -> its kind there: "honest", "flipping" (an attacker whose update flips at that
+    participation, ``flips``) or its attack; ``rounds``: (round, its partitions), in round order."""
+    count: dict[int, int] = {}
+    found = {}
+    for t, partitions in rounds:
+        partitions = list(partitions)
+        found[t] = {p: "honest" if p not in attack_of else "flipping" if flips(attack_of[p], count.get(p, 0))
+                    else attack_of[p] for p in partitions}
+        for p in partitions:
+            count[p] = count.get(p, 0) + 1
     return found
 
 

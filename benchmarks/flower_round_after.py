@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flower_few_peers import flips  # this folder: on the path as a script
+from flower_few_peers import kinds_by_round  # this folder: on the path as a script
 from kfca_llm.fl.pool_next import WAITING, judges
 from kfca_llm.fl.pool_store import PoolEntry
 
@@ -86,12 +86,7 @@ def disagreeing_pairs(signs, tasks, attacks):
     """Each round t of two participants, one honest and one deviating (a flipping node while it flips, a free rider
     always), whose signs agree on less than half the tasks: (t, the honest one, the deviating one, its kind), with
     each round's kind of every participant (``kinds``: round -> partition -> "honest", "flipping" or its attack)."""
-    participations = Counter()
-    kinds = {}
-    for t in sorted(signs):
-        kinds[t] = {p: "honest" if p not in attacks else "flipping" if flips(attacks[p], participations[p])
-                    else attacks[p] for p in signs[t]}
-        participations.update(list(signs[t]))
+    kinds = kinds_by_round(((t, signs[t]) for t in sorted(signs)), attacks)
     pairs = []
     for t in sorted(signs):
         honest = [p for p in signs[t] if kinds[t][p] == "honest"]
@@ -145,15 +140,14 @@ def agreeing_pairs(path: Path, lags, shares: dict, chained: bool = False) -> Non
     next ``WINDOW`` rounds, sign agreement on the pair's tasks standing in for KFCA's payment), under k ``"judges"``."""
     signs, tasks, attacks = load(path)
     ok = usable(signs, tasks)
-    participations = Counter()
+    kinds = kinds_by_round(((t, signs[t]) for t in sorted(signs)), attacks)
 
     def share(t, p, u, q):
         on = tasks[t] & tasks.get(u, tasks[t])
         return float(np.mean(signs[t][p][on] == signs[u][q][on])) - 0.5
 
     for t in sorted(signs):
-        flipping = {p for p in signs[t] if p in attacks and flips(attacks[p], participations[p])}
-        participations.update(list(signs[t]))
+        flipping = {p for p in signs[t] if kinds[t][p] == "flipping"}
         if len(signs[t]) != 2 or len(ok[t]) != 2 or share(t, ok[t][0], t, ok[t][1]) < 0:
             continue
         kind = ("honest", "mixed", "flipping")[len(flipping)]

@@ -28,7 +28,7 @@ from kfca_llm.fl.pool_store import VERDICT_GATE
 from kfca_llm.fl.pool_weights import trajectory_settles
 
 from flower_capture import replay  # this folder: on the path as a script
-from flower_few_peers import flip_meetings, flips
+from flower_few_peers import flip_meetings, kinds_by_round
 
 
 class Ruling(NamedTuple):
@@ -82,13 +82,8 @@ def rulings(path: Path) -> tuple[dict, dict[tuple[int, int], Ruling], list[tuple
 def kinds(out: dict) -> dict[tuple[int, int], str]:
     """(round, partition) -> "honest", "flipping" or the node's attack there."""
     attacks = {int(p): a for p, a in out["attacks"].items()}
-    count, found = Counter(), {}
-    for r in out["rounds"]:
-        for p in map(int, r["rewards"]):
-            found[(r["round"], p)] = ("honest" if p not in attacks else "flipping" if flips(attacks[p], count[p])
-                                      else attacks[p])
-            count[p] += 1
-    return found
+    by_round = kinds_by_round(((r["round"], map(int, r["rewards"])) for r in out["rounds"]), attacks)
+    return {(t, p): kind for t, found in by_round.items() for p, kind in found.items()}
 
 
 def main(argv=None) -> int:

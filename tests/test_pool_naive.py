@@ -253,11 +253,11 @@ CHAINED_CASES = (0, 13, 15)
 """Seeds whose federations with ``chains=5`` (the flipper meeting client ``SLEEPER``, the round after them the on-off
 client's flip meeting client ``ANALYST``) reach pool rule 18: a held pair whose round after disagrees with itself
 judged by the round after that, overturning the ranking verdicts and records gave, and judges beside a participant of
-the pair ranking it lower (seed 15) and higher (seed 13: nothing ranked); seed 0's, a participant the round after
-ranked lower whose pay would have been > 0, settled (round 17, at the run's last round: pool rule 19). Of seeds 0-15 at ``chains`` 4, 5 and 6, the
-federations where that happens at 5. At ``pool_peers=3`` the pool is warm behind a pair a round or two after it, so a
-pair waiting for judges beyond the horizon is settled later than it would be otherwise (with 8, as in the cases
-above, 10 clients never warm it: it settles at the window's last round or the run's)."""
+the pair ranking it lower (seed 15) and higher (seed 13: nothing ranked); of seeds 0-15 at ``chains`` 4, 5 and 6, the
+federations where that happens at 5. Seed 0's: a participant the round after ranked lower whose pay would have been
+> 0, settled (round 17, at the run's last round: pool rule 19). At ``pool_peers=3`` the pool is warm behind a pair a
+round or two after it, so a pair waiting for judges beyond the horizon is settled later than it would be otherwise
+(with 8, as in the cases above, 10 clients never warm it: it settles at the window's last round or the run's)."""
 CHAINED_POOL_PEERS = 3
 
 

@@ -325,8 +325,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
 
     paid, scores, unsure, warming, unclear, by_trajectory, by_lineage = {}, {}, set(), set(), set(), set(), set()
     held, by_next_round = set(), set()  # rule 15: scorers waiting for the round after, those it ranked anew
-    by_chain, waits, beside, over_trajectory, judged_lower = set(), set(), {}, set(), set()  # rule 18: those a disagreeing round judged, those waiting for judges,
+    by_chain, waits, beside = set(), set(), {}  # rule 18: those a disagreeing round judged, those waiting for judges,
     # those judged beside a participant of their pair
+    judged_lower, over_trajectory = set(), set()  # rule 19: those the rounds after ranked lower, or judged first
     agreement_read_back = set()
     for c in scorers:
         p = peer_of[c]
