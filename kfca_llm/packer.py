@@ -249,17 +249,19 @@ class SignPacker:
         )
 
     def public_planes(self, public, conditioning: PublicConditioning = PublicConditioning(),
-                      gaps: Sequence[int] = ()) -> PublicPlanes | None:
+                      gaps: Sequence[int] = (), changes: Mapping[int, Mapping] | None = None
+                      ) -> PublicPlanes | None:
         """``public`` (steps, oldest first, or already packed planes) as the planes ``score`` counts strata with;
         None when there is nothing to condition on. ``gaps``: the participants' reception gaps, spans of planes of
-        their own (``engine.public.public_spans``)."""
+        their own (``engine.public.public_spans``); ``changes``: the global's change over each gap longer than the
+        steps (``engine.public.public_planes``)."""
         if not isinstance(conditioning, PublicConditioning):
             raise InputError(f"conditioning must be a PublicConditioning, got {type(conditioning).__name__}")
         if isinstance(public, PublicPlanes):  # packed already: conditioned when they were built
             return public if public.n_planes else None
         if public is None or conditioning == OFF or not conditioning.enabled:
             return None
-        return public_planes(self.layout, public, conditioning, self.buffers.device, gaps)
+        return public_planes(self.layout, public, conditioning, self.buffers.device, gaps, changes)
 
     def find_duplicates(self, rule: DuplicateRule = DuplicateRule(),
                         copy_candidates: Sequence[str] | None = None) -> tuple[DuplicateGroup, ...]:

@@ -36,6 +36,7 @@ import torch
 from ..attacks import Attack, AttackContext, resolve_attack, resolve_attacks
 from ..attacks_public import public_windows
 from ..api import update_from_reference
+from ..engine.public import receptions_kept
 from ..errors import InputError
 from ..recipe import Recipe, clients_per_round, fixed_attackers
 from ..tensors import StateDict
@@ -101,6 +102,8 @@ class RoundAggregation:
 
 SERVER_SENT = "@server"
 """The resume state's name for the globals the server sent (beside the attacking clients' received ones)."""
+SERVER_KEPT = "@server-kept:"
+"""The resume state's names for the older globals kept for returning clients (the round follows)."""
 
 
 def public_steps(globals_sent: Sequence[StateDict]) -> list[StateDict]:
@@ -139,6 +142,23 @@ def sample_round_clients(recipe: Recipe, t: int, seed: int) -> list[int]:
         others = rng.choice(np.arange(1, recipe.num_clients), size=k - 1, replace=False)
         return sorted([0, *others.tolist()])
     return sorted(rng.choice(recipe.num_clients, size=k, replace=False).tolist())
+
+
+def public_history(sent: list[StateDict], kept: dict[int, StateDict], global_state: StateDict,
+                   last_round: Mapping[int, int], t: int, indices: Sequence[int], history: int
+                   ) -> tuple[list[StateDict], dict[int, StateDict], dict[int, StateDict]]:
+    """Round ``t``'s globals the server keeps: ``sent`` the newest ``history + 1`` (this round's last), ``kept`` by
+    round those older that a client was last sent (``engine.public.receptions_kept``, ``last_round`` before this
+    round's clients); and the change since its own for each of ``indices`` back after more than ``history`` rounds
+    (gap -> change: ``engine.public.public_planes``' ``changes``)."""
+    if len(sent) > history:  # the global of round t - history - 1 leaves the newest
+        kept = {**kept, t - history - 1: sent[-history - 1]}
+    sent = [*sent, global_state][-(history + 1):]
+    wanted = receptions_kept(last_round.values(), t - history, history)
+    kept = {r: g for r, g in kept.items() if r in wanted}
+    changes = {t - last_round[i]: public_steps([kept[last_round[i]], global_state])[0]
+               for i in indices if last_round.get(i) in kept}
+    return sent, kept, changes
 
 
 def reception_gaps(last_round: Mapping[int, int], t: int, indices: Sequence[int]) -> list[int]:
@@ -258,8 +278,10 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
     window = public_windows([a.spec for a in [*analysis, *fixed.values()]])
     publics: dict[str, list[StateDict]] = {cid: [] for cid in histories} if window else {}
     # The globals the server sent, oldest first: the newest ones give the public steps that scoring conditions on
-    # (kfca.public-steps: the global's change over the last 1, 2, 4, ... rounds).
+    # (kfca.public-steps: the global's change over the last 1, 2, 4, ... rounds); older ones a client was last sent,
+    # by round, until it returns (its reception gap longer than the steps: the change since its own global).
     sent: list[StateDict] = []
+    kept: dict[int, StateDict] = {}
     # Client -> the last round it trained in (sampling is seeded: a resume replays it): its reception gap.
     last_round: dict[int, int] = {}
     pool = PeerPool(pool_settings(recipe))
@@ -276,6 +298,9 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             if window or recipe.kfca.public_steps:
                 loaded = load_publics(out_dir, done)
                 sent = loaded.pop(SERVER_SENT, [])
+                kept = {int(name[len(SERVER_KEPT):]): listed[0] for name, listed in loaded.items()
+                        if name.startswith(SERVER_KEPT)}
+                loaded = {name: listed for name, listed in loaded.items() if not name.startswith(SERVER_KEPT)}
                 publics.update(loaded)
             pool = load_pool(out_dir, done, pool.settings)
             start = done + 1
@@ -312,10 +337,11 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             model, global_state, reference_rows, plan, server_round=t, device=procs.device, pad_token_id=pad_id)
         kfca_seed = derive_seed(seed, KFCA, t)
         train_s += clock.lap()
-        sent = [*sent, global_state][-(recipe.kfca.conditioning.history + 1):]
+        sent, kept, changes = public_history(sent, kept, global_state, last_round, t, indices,
+                                             recipe.kfca.conditioning.history)
         scores = score_round(submissions, analysis_client=analysis_client, kfca=recipe.kfca, kfca_seed=kfca_seed,
                              pool=pool, round_=t, reference=reference, public=public_steps(sent),
-                             gaps=reception_gaps(last_round, t, indices), closes_run=t == T)
+                             gaps=reception_gaps(last_round, t, indices), changes=changes, closes_run=t == T)
         last_round.update(dict.fromkeys(indices, t))
         scoring_s = clock.lap()
         start_state = global_state
@@ -354,7 +380,8 @@ def _run_federation(recipe: Recipe, options: FederationOptions) -> FederationRes
             if t % max(recipe.train.save_every_round, 1) == 0 or t == T:
                 save_pool(out_dir, t, pool)  # before the checkpoint's COMPLETE marker
                 save_checkpoint(out_dir, t, model, global_state, histories, result,
-                                {**publics, SERVER_SENT: sent} if recipe.kfca.public_steps else publics)
+                                {**publics, SERVER_SENT: sent, **{f"{SERVER_KEPT}{r}": [g] for r, g in kept.items()}}
+                                if recipe.kfca.public_steps else publics)
         result.timings[t] = clock.timing(train_s=train_s, pack_s=scores.pack_s, score_s=scoring_s - scores.pack_s,
                                          aggregate_s=aggregate_s, save_s=clock.lap())
         procs.barrier()

@@ -125,13 +125,15 @@ def own_replay_limit(recipe: Recipe) -> float:
 
 def score_round(submissions: Sequence[Submission], *, analysis_client: str | None, kfca: KfcaConfig,
                 kfca_seed: int, pool: PeerPool | None = None, round_: int = 0, reference: StateDict | None = None,
-                public: Sequence[StateDict] = (), gaps: Sequence[int] = (), closes_run: bool = False) -> RoundScores:
+                public: Sequence[StateDict] = (), gaps: Sequence[int] = (),
+                changes: Mapping[int, StateDict] | None = None, closes_run: bool = False) -> RoundScores:
     """Score a round's submissions (see the module docstring); with a ``pool``, clients with too few peers
     borrow earlier rounds' submissions (``fl.peer_pool``) and the round's real submissions join the pool;
     ``reference``: the server's reference update (``fl.reference``), a peer of every submission with weight
     ``kfca.reference-weight``; ``public``: the global adapter's recent steps the server sent (oldest first), the
     public trajectory the in-round penalty is conditioned on (``kfca.public-steps``; pool peers are not), with
-    ``gaps`` the participants' reception gaps (``engine.public.public_spans``); ``closes_run``: the run's last round,
+    ``gaps`` the participants' reception gaps (``engine.public.public_spans``) and ``changes`` the global's change
+    over those longer than the steps (``engine.public.public_planes``); ``closes_run``: the run's last round,
     which settles every earlier undetermined round its pool can (``fl.pool_settle``)."""
     participants = {s.client: s for s in submissions if not s.analysis}
     if len(participants) != sum(not s.analysis for s in submissions):
@@ -161,13 +163,12 @@ def score_round(submissions: Sequence[Submission], *, analysis_client: str | Non
     signs = None if reference is None or not kfca.reference_weight else reference_signs(packer, reference)
     values = ({c: value_sketch(update, packer.layout) for c, update in updates.items()}
               if pool is not None and pool.settings.judges_values else {})
+    planes = packer.public_planes(public, kfca.conditioning, gaps, changes) if public else None
     try:
         pooled = score_with_pool(packer, pool, round_, pairs=pairs, seed=kfca_seed, penalty=kfca.penalty,
                                  bonus_fraction=kfca.bonus_fraction, duplicates=kfca.duplicates, copy_candidates=ids,
                                  owners={s.id: s.client for s in analysed}, reference=signs,
-                                 reference_weight=kfca.reference_weight,
-                                 public=packer.public_planes(public, kfca.conditioning, gaps) if public else None,
-                                 values=values)
+                                 reference_weight=kfca.reference_weight, public=planes, values=values)
     except NoTasksError as exc:
         return _unscorable(round_, exc, analysed, participants, pack_s)
     report = pooled.report

@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, MetricRecord
 from flwr.common import log
 
 from ..engine.duplicates import DuplicateRule
-from ..engine.public import OFF, PublicConditioning
+from ..engine.public import OFF, PublicConditioning, receptions_kept
 from ..errors import InputError
 from ..fl.peer_pool import PeerPool, PooledRound, PoolSettings, score_with_pool
 from ..fl.pool_store import VERDICT_GATE
@@ -85,23 +85,26 @@ def round_metrics(metrics: MetricRecord | None, scored: ScoredRound | None,
 
 
 class PublicTrajectory:
-    """The global's steps between the globals the server sent (oldest first, as many as the conditioning's longest
-    span needs; float arrays only), each taken once, when its global is sent; a global whose float tensors differ in
-    names or shapes from the one before starts them again. And which node was sent which global: a node's
-    *reception gap* is how many steps the global took between the global it was sent before and this round's (what
-    a free rider replays; ``engine.public.public_spans``)."""
+    """The globals the server sent (float arrays only): the newest ``history + 1``, whose consecutive differences are
+    the steps the strata read; a global whose float tensors differ in names or shapes from the one before starts
+    them again. And which node was sent which global: a node's *reception gap* is how many steps the global took
+    between the global it was sent before and this round's (what a free rider replays;
+    ``engine.public.public_spans``). The global a node was last sent stays kept after it leaves the newest ones, until
+    the node is sent another (the newest ``history`` such globals; an older one is dropped and its nodes' gaps are
+    clipped to the steps): a gap longer than the steps is then the change since that global (``changes``). Host
+    memory: at most ``2 * history + 1`` copies of the adapter's float tensors."""
 
     def __init__(self, conditioning: PublicConditioning):
         self.conditioning = conditioning
-        self._last: dict[str, np.ndarray] | None = None
-        self._steps: list[dict[str, np.ndarray]] = []
+        self._globals: dict[int, dict[str, np.ndarray]] = {}
+        """Sent count -> the global sent then: the newest ``history + 1`` and those nodes were last sent."""
         self._sent = 0
         """How many globals were sent (this one included); the steps start again at ``_start``."""
         self._start = 0
         self._received: dict[int, int] = {}
         """Node -> the global (``_sent`` count) it was last sent."""
-        self._gaps: dict[int, int] = {}
-        """Node -> its reception gap in this round (nodes sent a global now that had one since the steps began)."""
+        self._before: dict[int, int] = {}
+        """Node -> the global it was sent before this round's (this round's nodes sent one since ``_start``)."""
 
     def sent(self, arrays: ArrayRecord, nodes: Iterable[int] = ()) -> None:
         """Remember the global of a round (``configure_train``'s arrays) and the nodes it was sent to."""
@@ -110,30 +113,60 @@ class PublicTrajectory:
         floats = {name: array.numpy() for name, array in arrays.items()}
         floats = {name: np.array(a, copy=True) for name, a in floats.items() if is_float(a)}
         self._sent += 1
-        if self._last is None or _shapes(self._last) != _shapes(floats):
-            self._steps = []
+        last = self._globals.get(self._sent - 1)
+        if last is None or _shapes(last) != _shapes(floats):
+            self._globals, self._received = {}, {}
             self._start = self._sent
-        else:  # an IEEE difference rounds to the sign of the exact one and is 0 only where the two are equal
-            step = {name: floats[name] - self._last[name] for name in floats}
-            self._steps = [*self._steps, step][-self.conditioning.history:]
-        self._last = floats
-        self._gaps = {}
+        self._globals[self._sent] = floats
+        self._before = {}
         for node in nodes:
-            before = self._received.get(node)
-            if before is not None and before >= self._start:
-                self._gaps[node] = self._sent - before
+            if node in self._received:
+                self._before[node] = self._received[node]
             self._received[node] = self._sent
+        newest = self._sent - self.conditioning.history
+        kept = receptions_kept([*self._received.values(), *self._before.values()], newest, self.conditioning.history)
+        self._globals = {i: g for i, g in self._globals.items() if i >= newest or i in kept}
 
-    def steps(self, shapes: Mapping[str, tuple[int, ...]]) -> list[dict[str, np.ndarray]]:
-        """The global's steps (oldest first) over the scored tensors ``shapes``; none where the globals sent are
-        not of that layout (a wrapped strategy that sends other arrays than the global it was given)."""
-        if self._last is None or _shapes(self._last) != dict(shapes):
+    def steps(self, shapes: Mapping[str, tuple[int, ...]]) -> list[Mapping[str, np.ndarray]]:
+        """The global's steps (oldest first, each computed when read) over the scored tensors ``shapes``; none where
+        the globals sent are not of that layout (a wrapped strategy that sends other arrays than the global it was
+        given)."""
+        last = self._globals.get(self._sent)
+        if last is None or _shapes(last) != dict(shapes):
             return []
-        return list(self._steps)
+        first = max(self._start, self._sent - self.conditioning.history)
+        return [_Change(self._globals[i + 1], self._globals[i]) for i in range(first, self._sent)]
 
     def gaps(self, nodes: Iterable[int]) -> list[int]:
         """The reception gaps of ``nodes`` in this round (sorted; a node first sent a global now has none)."""
-        return sorted(self._gaps[node] for node in nodes if node in self._gaps)
+        return sorted(self._sent - self._before[node] for node in nodes if node in self._before)
+
+    def changes(self, nodes: Iterable[int]) -> dict[int, Mapping[str, np.ndarray]]:
+        """Gap -> the global's change over it, for the gaps of ``nodes`` longer than the steps whose earlier global
+        is kept (``engine.public.public_planes``' ``changes``)."""
+        newest, out = self._sent - self.conditioning.history, {}
+        for node in nodes:
+            before = self._before.get(node)
+            if before is not None and before < newest and before in self._globals:
+                out[self._sent - before] = _Change(self._globals[self._sent], self._globals[before])
+        return out
+
+
+class _Change(Mapping):
+    """``new - old`` by tensor name (in the arrays' dtype: its sign is the exact difference's), computed on each
+    read: the steps are read once to check them and once to pack the planes, never all held at once."""
+
+    def __init__(self, new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]):
+        self._new, self._old = new, old
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._new[name] - self._old[name]
+
+    def __iter__(self):
+        return iter(self._new)
+
+    def __len__(self) -> int:
+        return len(self._new)
 
 
 def _shapes(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -144,15 +177,16 @@ def score_round(packer: SignPacker, pool: PeerPool, server_round: int, *, peers:
                 penalty: str, bonus_fraction: float, duplicates: str, duplicate_rule: DuplicateRule,
                 reference: np.ndarray | None, reference_weight: float, keep_signs: bool,
                 public: list[Mapping[str, np.ndarray]] = (), conditioning: PublicConditioning = OFF,
-                gaps: list[int] = (), values: Mapping[str, np.ndarray] | None = None,
-                closes_run: bool = False) -> ScoredRound:
+                gaps: list[int] = (), changes: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+                values: Mapping[str, np.ndarray] | None = None, closes_run: bool = False) -> ScoredRound:
     """Score the packed round against its peers and ``pool`` (then add its participants, copies left out, to the
     pool); ``reference``: the server's packed signs, or None; ``public``: the global's recent steps (oldest first),
     the strata every pair is scored within under ``conditioning`` (``engine.public``), with ``gaps`` the
-    participants' reception gaps (``PublicTrajectory.gaps``); ``values``: each participant's value sketch
+    participants' reception gaps (``PublicTrajectory.gaps``) and the global's change over the longer ones
+    (``PublicTrajectory.changes``); ``values``: each participant's value sketch
     (``fl.pool_values``: what tells its own replay from a retrain), kept beside the signs for a verifier;
     ``closes_run``: the run's last round (every participant still waiting that the pool determines is settled)."""
-    planes = packer.public_planes(list(public), conditioning, gaps) if public else None
+    planes = packer.public_planes(list(public), conditioning, gaps, changes) if public else None
     pooled = score_with_pool(packer, pool, server_round, peers=peers, seed=seed, penalty=penalty,
                              bonus_fraction=bonus_fraction, duplicates=duplicates, duplicate_rule=duplicate_rule,
                              reference=reference, reference_weight=reference_weight, public=planes, values=values)

@@ -306,6 +306,7 @@ class KFCAStrategy(Strategy):
         packer, values = packed_updates(paid, self._sent, sent_numpy, shapes, self.arrayrecord_key, self.backend,
                                         sketch_values=self.pool.settings.judges_values)
         peers = None if self.peers is None else min(self.peers, len(paid) - 1)
+        nodes = [reply.metadata.src_node_id for reply in paid.values()]
         reference = None
         if self.reference is not None and self.reference_weight > 0:
             global_arrays = {name: array.copy() for name, array in sent_arrays(self._sent, first, sent_numpy).items()}
@@ -317,7 +318,7 @@ class KFCAStrategy(Strategy):
                            duplicate_rule=self.duplicate_rule, reference=reference,
                            reference_weight=self.reference_weight, keep_signs=self.keep_signs,
                            public=self._trajectory.steps(shapes), conditioning=self.conditioning,
-                           gaps=self._trajectory.gaps(reply.metadata.src_node_id for reply in paid.values()),
+                           gaps=self._trajectory.gaps(nodes), changes=self._trajectory.changes(nodes),
                            values=values, closes_run=server_round == self.last_round)
 
     def _select(self, paid: Mapping[str, Message], scored: ScoredRound | None

@@ -208,17 +208,55 @@ def test_saved_globals_give_the_steps_score_updates_takes(rng, tmp_path, capsys)
         score_checkpoints(clients, public=paths[:-1])
 
 
-@pytest.mark.parametrize("n_steps, gaps, spans", [
-    (16, [], [1, 2, 4, 8, 16]),  # no reception known: the doubling spans
-    (16, [7, 12], [1, 2, 4, 7, 12]),  # each gap takes the place of the doubling span nearest it
-    (16, [1, 10], [1, 2, 4, 10, 16]),  # a gap that is a doubling span takes no plane of its own
-    (16, [3, 3], [1, 2, 3, 8, 16]),
-    (16, [25, 30], [1, 2, 4, 8, 16]),  # clipped to the steps kept
-    (3, [5], [1, 2, 3]),  # early in a run: every step known
-    (16, [3, 5, 6, 7, 9, 9, 11], [3, 5, 6, 7, 9]),  # more gaps than planes: the most frequent, ties the shorter
+@pytest.mark.parametrize("n_steps, gaps, spans, longer", [
+    (16, [], [1, 2, 4, 8, 16], ()),  # no reception known: the doubling spans
+    (16, [7, 12], [1, 2, 4, 7, 12], ()),  # each gap takes the place of the doubling span nearest it
+    (16, [1, 10], [1, 2, 4, 10, 16], ()),  # a gap that is a doubling span takes no plane of its own
+    (16, [3, 3], [1, 2, 3, 8, 16], ()),
+    (16, [25, 30], [1, 2, 4, 8, 16], ()),  # clipped to the steps kept
+    (16, [25, 30, 30], [1, 2, 4, 25, 30], {25, 30}),  # longer gaps whose change is known: spans of their own
+    (16, [25, 40], [1, 2, 4, 16, 40], {40}),  # only the one whose change is known; the other clipped
+    (3, [5], [1, 2, 3], ()),  # early in a run: every step known
+    (16, [3, 5, 6, 7, 9, 9, 11], [3, 5, 6, 7, 9], ()),  # more gaps than planes: the most frequent, ties the shorter
 ])
-def test_the_spans_are_the_participants_reception_gaps_and_the_doubling_spans_that_fit(n_steps, gaps, spans):
-    assert public_spans(PublicConditioning(steps=5, magnitude_buckets=2), n_steps, gaps) == spans
+def test_the_spans_are_the_participants_reception_gaps_and_the_doubling_spans_that_fit(n_steps, gaps, spans, longer):
+    assert public_spans(PublicConditioning(steps=5, magnitude_buckets=2), n_steps, gaps, longer) == spans
+
+
+def test_a_gap_longer_than_the_steps_is_the_plane_of_its_change(rng):
+    """``changes``: the global's change over a gap longer than the steps given (the global now less the one the
+    participant received before, which the sum of the steps given cannot hold) is a sign plane of its own, exactly
+    its signs (-0.0 not negative); the steps' planes and magnitude buckets are those without it."""
+    layout = Layout.from_shapes(SHAPES)
+    steps = _trajectory(rng, 4)
+    change = {k: torch.from_numpy(rng.normal(size=s)) for k, s in SHAPES.items()}
+    change["c"][0, 0, 0] = -0.0
+    conditioning = PublicConditioning(steps=3, magnitude_buckets=2)
+    planes = public_planes(layout, steps, conditioning, gaps=[9, 2], changes={9: change})
+    assert planes.spans == (1, 2, 9) and planes.steps == 3
+    alone = public_planes(layout, steps, conditioning, gaps=[2]).host_words()
+    words = planes.host_words()
+    assert alone.shape == words.shape and public_planes(layout, steps, conditioning, gaps=[2]).spans == (1, 2, 4)
+    np.testing.assert_array_equal(words[[0, 1, 3]], alone[[0, 1, 3]])  # spans 1 and 2, the magnitude bucket
+    for slot in layout.slots:
+        np.testing.assert_array_equal(words[2, slot.word_offset:slot.word_offset + slot.n_words],
+                                      pack_words(change[slot.name].numpy().ravel() < 0), err_msg=slot.name)
+    # Five longer gaps take every sign plane: the magnitude bucket still reads the newest step.
+    many = {g: {k: -v for k, v in change.items()} for g in (5, 6, 7)}
+    planes = public_planes(layout, steps, conditioning, gaps=[5, 6, 7], changes=many)
+    assert planes.spans == (5, 6, 7) and (planes.host_words()[3] == alone[3]).all()
+
+
+def test_bad_long_changes_are_refused_naming_the_change_and_tensor(rng):
+    layout = Layout.from_shapes(SHAPES)
+    steps, conditioning = _trajectory(rng, 4), PublicConditioning(steps=3, magnitude_buckets=1)
+    change = {k: torch.from_numpy(rng.normal(size=s)) for k, s in SHAPES.items()}
+    with pytest.raises(InputError, match="above the 4 steps"):
+        public_planes(layout, steps, conditioning, gaps=[4], changes={4: change})
+    with pytest.raises(InputError, match=r"changes\[9\].*'c'.*NaN"):
+        public_planes(layout, steps, conditioning, gaps=[9], changes={9: {**change, "c": change["c"] * np.nan}})
+    with pytest.raises(InputError, match="map spans"):
+        public_planes(layout, steps, conditioning, gaps=[9], changes=[change])
 
 
 def test_two_free_riders_with_the_same_reception_gap_earn_zero_against_each_other():
