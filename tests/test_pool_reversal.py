@@ -106,7 +106,8 @@ def test_no_relation_without_a_previous_update_or_enough_pairs_to_judge_by(run):
 def test_no_relation_where_the_pairs_of_others_start_in_too_few_rounds(run, monkeypatch):
     """A's flip in round 6 reverses its round-5 update against the pairs of others one round apart, which start in
     rounds 1-4; without round 1's submissions they start in three rounds, too few to judge by, though two pairs would
-    do (``MIN_BASELINE_PAIRS``)."""
+    do (``MIN_BASELINE_PAIRS``). (Pool rule 20 off: its signs' correlation alone would reverse it, the next test.)"""
+    monkeypatch.setattr(pool_reversal, "ANTI_Z", float("inf"))
     sketches, _, draw = run
     before = [(name, words) for name, words in sketches if int(name.split("@")[1]) <= 5]
     flip = ~draw("A", 6)
@@ -118,29 +119,114 @@ def test_no_relation_where_the_pairs_of_others_start_in_too_few_rounds(run, monk
     assert own_relation(later, "A", 6, flip, MASK).reverses
 
 
+def test_signs_correlated_below_zero_reverse_where_no_pairs_of_others_judge(run):
+    """Pool rule 20: with no baseline (pairs of others starting in one to three rounds, as above), a flip three rounds
+    after A's previous update, its signs correlating with that one's far below 0, reverses it; the honest update
+    (correlated above 0) and unrelated signs do not; nor does a flip one round after it (``ANTI_ROUNDS``: a retrain on
+    the same samples can turn back from the global's overshoot on them)."""
+    sketches, _, draw = run
+    later = [(name, words) for name, words in sketches if 2 <= int(name.split("@")[1]) <= 5]
+    honest = draw("A", 8)
+    assert pool_reversal.sign_correlation_z(~honest, by_first(sketches, "A@5"), MASK, COORDS) < -pool_reversal.ANTI_Z
+    relation = own_relation(later, "A", 8, ~honest, MASK)
+    assert relation is not None and relation.reverses and relation.previous == "A@5"
+    assert own_relation(later, "A", 8, honest, MASK) is None
+    unrelated = words(np.random.default_rng(3).standard_normal(COORDS))
+    assert own_relation(later, "A", 8, unrelated, MASK) is None
+    assert pool_reversal.ANTI_ROUNDS == 3 and own_relation(later, "A", 6, ~honest, MASK) is None
+
+
+def test_sign_correlation_in_standard_errors():
+    """phi times the square root of the task bits: +sqrt(bits) for the same signs, -sqrt(bits) for negated ones, at
+    any share of each sign; within a few errors of 0 for unrelated signs; 0 where one side reports one sign only."""
+    rng = np.random.default_rng(11)
+    for share in (0.5, 0.8):
+        a = words(np.where(rng.random(COORDS) < share, -1.0, 1.0))
+        assert pool_reversal.sign_correlation_z(a, a, MASK, COORDS) == pytest.approx(COORDS ** 0.5)
+        assert pool_reversal.sign_correlation_z(a, ~a, MASK, COORDS) == pytest.approx(-COORDS ** 0.5)
+        unrelated = [pool_reversal.sign_correlation_z(a, words(rng.standard_normal(COORDS)), MASK, COORDS)
+                     for _ in range(200)]
+        assert abs(np.mean(unrelated)) < 0.3 and 0.8 < np.std(unrelated) < 1.2
+    assert pool_reversal.sign_correlation_z(words(np.ones(COORDS)), words(rng.standard_normal(COORDS)), MASK,
+                                            COORDS) == 0.0
+
+
 def by_first(sketches, name):
     return dict(sketches)[name]
 
 
 def test_a_reversal_needs_its_margin_of_the_signs_where_the_others_agree_alike():
-    """Every pair of others agrees on exactly half the signs (spread 0, floored): an update 1% of the signs below that
-    is REVERSAL_Z spreads below, yet no reversal; 10% below is one."""
-    zeros, half = np.zeros(COORDS, dtype=bool), np.arange(COORDS) < COORDS // 2
+    """Every pair of others agrees on exactly half the signs (spread 0, floored): an update 2% of the signs below that
+    is REVERSAL_Z spreads below, yet no reversal; 3.5% below is one (its signs correlating with its previous update's
+    -3.2 errors at 2,048 bits: below -RUNS_AGAINST_Z, above -ANTI_Z: the margins' reversal, not rule 20's)."""
+    index = np.arange(COORDS)
+    zeros, half, odd = np.zeros(COORDS, dtype=bool), index < COORDS // 2, index % 2 == 0
 
     def packed(bits):
         return np.packbits(bits, bitorder="little").view(np.int32).copy()
 
     # rounds 1-5: two others a round, all zeros in odd rounds and half set in even ones (every pair one round apart
-    # agrees on half); A's round-5 update all zeros
-    sketches = [("A@5", packed(zeros))] + [(f"{c}{t}@{t}", packed(zeros if t % 2 else half)) for t in range(1, 6)
-                                            for c in "XY"]
+    # agrees on half); A's round-5 update: every other sign set
+    sketches = [("A@5", packed(odd))] + [(f"{c}{t}@{t}", packed(zeros if t % 2 else half)) for t in range(1, 6)
+                                         for c in "XY"]
 
-    def own_update(differing: int) -> np.ndarray:  # A's round-6 update: agrees with A@5 on all but ``differing`` signs
-        return packed(np.arange(COORDS) < differing)
+    def own_update(below: float) -> np.ndarray:  # A's round-6 update: agrees with A@5 on ``below`` less than half
+        return packed(odd ^ (index < 2 * round(COORDS * (0.5 + below) / 2)))  # an even count: half the signs set
 
-    assert own_relation(sketches, "A", 6, own_update(COORDS // 2 + COORDS // 100), MASK) is None
-    relation = own_relation(sketches, "A", 6, own_update(COORDS // 2 + COORDS // 10), MASK)
+    assert own_relation(sketches, "A", 6, own_update(0.02), MASK) is None
+    mine = own_update(0.035)
+    assert -pool_reversal.ANTI_Z < pool_reversal.sign_correlation_z(mine, packed(odd), MASK, COORDS) < \
+        -pool_reversal.RUNS_AGAINST_Z
+    relation = own_relation(sketches, "A", 6, mine, MASK)
     assert relation is not None and relation.reverses
+
+
+def test_a_reversal_runs_against_the_previous_update_not_only_below_the_others():
+    """Pool rule 20: every pair of others one round apart agrees on 60% of the signs (spread 0, floored); A's update
+    agreeing with its previous one on 56.5% is 3.5% of the signs below them, yet its signs still correlate with it
+    (+5.9 errors): no reversal (as the margins alone took an honest update early in a per-round run); agreeing on 46.5%
+    (-3.2 errors) is one."""
+    index = np.arange(COORDS)
+    odd = index % 2 == 0
+
+    def packed(bits):
+        return np.packbits(bits, bitorder="little").view(np.int32).copy()
+
+    def differing(share):  # ``odd`` with its first ``share`` of the signs (an even count) negated: half set
+        return odd ^ (index < 2 * round(COORDS * share / 2))
+
+    sketches = [("A@5", packed(odd))] + [(f"{c}{t}@{t}", packed(odd if t % 2 else differing(0.4)))
+                                         for t in range(1, 6) for c in "XY"]
+    mine = packed(differing(0.435))
+    assert pool_reversal.sign_correlation_z(mine, packed(odd), MASK, COORDS) > 5
+    assert own_relation(sketches, "A", 6, mine, MASK) is None
+    relation = own_relation(sketches, "A", 6, packed(differing(0.535)), MASK)
+    assert relation is not None and relation.reverses
+
+
+def test_signs_correlated_below_zero_reverse_only_below_the_pairs_of_others():
+    """Pool rule 20 where the rounds turn back: two others in rounds 1 and 4, round 4's updates differing from round
+    1's in 60% of the signs (their correlation -9 errors at 2,048 bits; pairs starting in one round, too few for rule
+    7). A's round-7 update differing as much from its round-4 one is no reversal, though its signs run against it;
+    differing in 67% (-15 errors: more than ``ANTI_Z`` below the others') is one."""
+    def packed(bits):
+        return np.packbits(bits, bitorder="little").view(np.int32).copy()
+
+    index = np.arange(COORDS)
+    odd = index % 2 == 0  # half the signs set in every update below: no share of a sign tilts a correlation
+
+    def differing(update, share):  # ``update`` with its first ``share`` of the signs (an even count) negated
+        return update ^ (index < 2 * round(COORDS * share / 2))
+
+    sketches = [("X@1", packed(odd)), ("Y@1", packed(odd)), ("X@4", packed(differing(odd, 0.6))),
+                ("Y@4", packed(differing(odd, 0.6))), ("A@4", packed(odd))]
+    others = pool_reversal.sign_correlation_z(packed(differing(odd, 0.6)), packed(odd), MASK, COORDS)
+    assert others < -2 * pool_reversal.ANTI_Z
+    assert own_relation(sketches, "A", 7, packed(differing(odd, 0.6)), MASK) is None
+    mine = packed(differing(odd, 0.67))
+    assert pool_reversal.sign_correlation_z(mine, packed(odd), MASK, COORDS) < others - pool_reversal.ANTI_Z
+    relation = own_relation(sketches, "A", 7, mine, MASK)
+    assert relation is not None and relation.reverses and relation.previous == "A@4"
 
 
 def test_a_reversed_update_judged_about_0_is_credited_with_the_updates_it_follows(run):
@@ -176,11 +262,12 @@ def test_a_turn_forfeits_the_submissions_since_the_last_turn(run, monkeypatch):
     assert forfeited(sketches, scores.get, "A", 13, ~honest, MASK) == ("A@12", "A@8")
 
 
-def test_the_baseline_pairs_two_different_participants_never_one_with_itself():
+def test_the_baseline_pairs_two_different_participants_never_one_with_itself(monkeypatch):
     """P, Q and R submit the same signs in rounds 1 to 5 (each agrees with itself wholly, with the others on half):
     a participant's two submissions are no pair of others. Counted, their agreement of 1 would spread the baseline
     (0.24) and hide A's reversal of 10% of the signs; the pairs of two different participants agree on exactly half
-    (spread floored), against which it reverses."""
+    (spread floored), against which it reverses. (Rule 20 off: its correlation alone would reverse it.)"""
+    monkeypatch.setattr(pool_reversal, "ANTI_Z", float("inf"))
     idx = np.arange(COORDS)
 
     def packed(bits):
@@ -188,8 +275,8 @@ def test_the_baseline_pairs_two_different_participants_never_one_with_itself():
 
     signs = {"P": idx < 0, "Q": idx < COORDS // 2, "R": idx % 2 == 0}
     sketches = [(f"{c}@{t}", packed(bits)) for t in range(1, 6) for c, bits in signs.items()]
-    sketches.append(("A@5", packed(idx < 0)))
-    relation = own_relation(sketches, "A", 6, packed(idx < COORDS // 2 + COORDS // 10), MASK)
+    sketches.append(("A@5", packed(signs["R"])))
+    relation = own_relation(sketches, "A", 6, packed(signs["R"] ^ (idx < 2 * round(COORDS * 0.6 / 2))), MASK)
     assert relation is not None and relation.reverses and relation.previous == "A@5"
 
 
@@ -234,8 +321,11 @@ def test_a_turn_is_judged_against_the_two_updates_before_it_where_those_are_alik
     """Pool rule 14: A submitted in rounds 3 and 6 and is judged in round 8. Its update's standing against A@6 (lag 2)
     is combined with its standing against A@3 (lag 5) where A@6 was alike A@3 (lag 3: above the median of others'
     pairs): spreads summed over the square root of two, shares of the signs averaged. Each standing is stubbed
-    (``_standing``: by lag), so each case is the rule's arithmetic alone."""
+    (``_standing``: by lag), and the signs' correlation (-3.5 errors: running against the previous update, rule 20
+    off), so each case is the rule's arithmetic alone."""
     sketches = [("A@3", MASK.copy()), ("A@6", MASK.copy()), ("X@1", MASK.copy()), ("Y@2", MASK.copy())]
+    monkeypatch.setattr(pool_reversal, "ANTI_Z", float("inf"))
+    monkeypatch.setattr(pool_reversal, "sign_correlation_z", lambda *words: -3.5)
 
     def relation(by_lag):
         monkeypatch.setattr(pool_reversal, "_standing", lambda others, lag, *rest: by_lag[lag])

@@ -231,7 +231,9 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
 
     # Pool rule 7: how an update relates to its participant's previous submission, on the round's sketched tasks,
     # against the pairs of two other participants' earlier submissions as many rounds apart (rule 13: at least 2,
-    # starting in 4 rounds); rule 14: where the previous one was alike the one before it, against both.
+    # starting in 4 rounds); rule 14: where the previous one was alike the one before it, against both; rule 20:
+    # 3 rounds apart at least, signs correlated with it more than 4 standard errors below 0 and below others' pairs
+    # as far apart; and a reversal by the margins needs its signs correlated 3 errors below 0.
     def relation(c: str, r: int, mine: list[bool]) -> tuple[Entry, bool] | None:
         earlier = [e for e in history if e.round < r]
         mine_before = sorted((e for e in earlier if e.client == c), key=lambda e: -e.round)
@@ -250,12 +252,30 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
             excess = agree(x, y.negative) - median(baseline)
             return excess / max(pstdev(baseline), 1e-3), excess
 
+        def tilt(x: list[bool]) -> float:  # the share of negative signs, from -1 to 1
+            return 2 * sum(x[k] for k in sketch) / len(sketch) - 1
+
+        def correlation(x: list[bool], y: list[bool]) -> float:  # in standard errors of unrelated signs
+            spread = (1 - tilt(x) ** 2) * (1 - tilt(y) ** 2)
+            return (2 * agree(x, y) - 1 - tilt(x) * tilt(y)) / (spread / len(sketch)) ** 0.5 if spread > 0 else 0.0
+
         previous = mine_before[0]
         first = standing(mine, previous, r - previous.round)
+        # rule 20: 3 rounds apart at least, signs correlated with it 4 errors below 0 and below the median of others'
+        # pairs as far apart
+        usual = [correlation(u.negative, v.negative) for u in earlier for v in earlier
+                 if v.round - u.round == r - previous.round and c not in (u.client, v.client) and u.client != v.client
+                 and abs(tilt(u.negative)) < 1 and abs(tilt(v.negative)) < 1]
+        anti = r - previous.round >= 3 and correlation(mine, previous.negative) < min(
+            0.0, median(usual) if usual else 0.0) - 4.0
         if first is None:
-            return None
+            return (previous, True) if anti else None
         if first[0] > 2.5:
             return previous, False  # follows it
+        if anti:
+            return previous, True
+        if correlation(mine, previous.negative) >= -3.0:
+            return None  # rule 20: a reversal by the margins below runs against it, 3 errors below 0 at least
         found = [first]
         if len(mine_before) > 1:
             older = mine_before[1]

@@ -56,6 +56,24 @@ spread understates how far two updates that far apart differ. Early in a run wit
 honest updates fell 4.4 to 30 spreads below such a baseline, of pairs starting in 1 or 3 rounds, and forfeited what
 their previous submissions were paid (benchmarks/ROBUSTNESS.md, "Pool rules 13 and 14")."""
 SPREAD_FLOOR = 1e-3
+ANTI_ROUNDS = 3
+"""Rounds at least between the two updates for rule 20 to judge them: a client retraining on the same samples
+(FlowerTune's static data order) right after its update moved the global toward them can turn back, as the global
+overshot on them (two honest updates of 12 static captures correlated -5.6 and -4.8 with their own of 1 and 2 rounds
+before; none of 3 rounds or more below -1.7, nor of the per-round order's at any lag below -2.9)."""
+RUNS_AGAINST_Z = 3.0
+"""Standard errors below 0 by which the correlation of an update's signs with its participant's previous update's
+must fall for the margins above to reverse it (pool rule 20): a reversal runs against the previous update, not merely
+agrees with it less than others' as far apart do. On 20 per-round captures every reversal of a flip or by a flip
+correlated -3.8 or below; an honest update early in a run that the margins reversed, -2.5, and forfeited what its
+three earlier submissions were paid (benchmarks/ROBUSTNESS.md, "Pool rule 20")."""
+ANTI_Z = 4.0
+"""Standard errors by which the correlation of an update's signs with its participant's previous update's must fall
+below 0, and below the median of two other participants' submissions as many rounds apart (where any), to reverse it
+without the margins above (pool rule 20). An honest update's signs correlate with its own previous one's, as a client
+trains on its own data; those of two other participants' updates need not (the global overshoots and turns back: down
+to -15 standard errors, median about 0, on the Flower benchmark's captures), hence the others' median where the rounds
+turn back. Measured on the Flower benchmark's captures (benchmarks/ROBUSTNESS.md, "Pool rule 20")."""
 FORFEIT_SUBMISSIONS = 3
 """Submissions at most a turned update forfeits (a vesting period: an older payment is its participant's to keep).
 Runs of 12 whose every deviator ended below every honest node (benchmarks/ROBUSTNESS.md, "Forfeits"), static / per-round
@@ -75,16 +93,31 @@ def agreement(a: np.ndarray, b: np.ndarray, mask: np.ndarray, bits: int) -> floa
     return set_bits(~(a ^ b) & mask) / bits
 
 
+def sign_correlation_z(a: np.ndarray, b: np.ndarray, mask: np.ndarray, bits: int) -> float:
+    """The correlation (phi) of sign words ``a`` and ``b`` on the ``bits`` task bits of ``mask``, in standard errors
+    of unrelated signs with the same shares of each sign (phi times the square root of ``bits``); 0 where either
+    reports one sign on every task bit (no correlation to measure)."""
+    share_a, share_b = set_bits(a & mask) / bits, set_bits(b & mask) / bits
+    tilt_a, tilt_b = 2 * share_a - 1, 2 * share_b - 1
+    spread = (1 - tilt_a ** 2) * (1 - tilt_b ** 2)
+    if spread <= 0:
+        return 0.0
+    return (2 * agreement(a, b, mask, bits) - 1 - tilt_a * tilt_b) / (spread / bits) ** 0.5
+
+
 def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, round_: int, mine: np.ndarray,
                  mask: np.ndarray) -> OwnRelation | None:
     """How ``mine`` (the sketch of ``participant``'s submission in ``round_``) relates to the participant's previous
     submission among ``sketches`` (pool name -> sketch words), on the task bits of ``mask`` (this round's sketched
     task words): judged against every pair of two other participants' earlier submissions as many rounds apart. It
     follows the previous one when more than ``REVERSAL_Z`` spreads above those pairs. It reverses it when more than
-    ``REVERSAL_Z`` spreads and ``REVERSAL_MARGIN`` below; or, where the previous one was alike the one before it
+    ``REVERSAL_Z`` spreads and ``REVERSAL_MARGIN`` below, their signs correlating more than ``RUNS_AGAINST_Z``
+    standard errors below 0 (``sign_correlation_z``); when their signs correlate more than ``ANTI_Z`` standard errors
+    below 0 and below the median of pairs of others as far apart, any number (pool rule 20: a turn many rounds after an
+    honest update, or after one of the first rounds); or, where the previous one was alike the one before it
     (agreed with it above the median of pairs as far apart), when the evidence against both combined is (pool rule 14:
-    their spreads summed over the square root of two, their shares of the signs averaged): a turn runs against the
-    participant's recent updates, not only its last one."""
+    their spreads summed over the square root of two, their shares of the signs averaged; its signs correlating with
+    the previous one's as above): a turn runs against the participant's recent updates, not only its last one."""
     bits = set_bits(mask)
     earlier = [(entry, words) for name, words in sketches
                if (entry := parse_pool_name(name)) is not None and entry[1] < round_]
@@ -98,11 +131,18 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
             others.setdefault(r, []).append((who, words))
     previous, theirs = own[0]
     first = _standing(others, round_ - previous, mine, theirs, mask, bits)
-    if first is None:
-        return None
     name = f"{participant}@{previous}"
+    correlation = sign_correlation_z(mine, theirs, mask, bits)
+    anticorrelated = round_ - previous >= ANTI_ROUNDS and correlation < min(
+        0.0, _others_correlation(others, round_ - previous, mask, bits)) - ANTI_Z
+    if first is None:
+        return OwnRelation(name, True) if anticorrelated else None
     if first[0] > REVERSAL_Z:
         return OwnRelation(name, False)
+    if anticorrelated:
+        return OwnRelation(name, True)
+    if correlation >= -RUNS_AGAINST_Z:
+        return None
     found = [first]
     if len(own) > 1:
         older, words = own[1]
@@ -113,6 +153,20 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     if any(z < -REVERSAL_Z and share < -REVERSAL_MARGIN for z, share in (first, combined)):
         return OwnRelation(name, True)
     return None
+
+
+def _others_correlation(others: dict[int, list[tuple[str, np.ndarray]]], lag: int, mask: np.ndarray,
+                        bits: int) -> float:
+    """The median ``sign_correlation_z`` of two different participants' submissions of ``others`` (round ->
+    (participant, words)) ``lag`` rounds apart, neither reporting one sign only; 0 where there is no such pair."""
+    found = [sign_correlation_z(u, v, mask, bits) for r, older in others.items() for a, u in older
+             for b, v in others.get(r + lag, ()) if a != b and not _one_sign(u, mask, bits)
+             and not _one_sign(v, mask, bits)]
+    return statistics.median(found) if found else 0.0
+
+
+def _one_sign(words: np.ndarray, mask: np.ndarray, bits: int) -> bool:
+    return set_bits(words & mask) in (0, bits)
 
 
 def _standing(others: dict[int, list[tuple[str, np.ndarray]]], lag: int, mine: np.ndarray, theirs: np.ndarray,
@@ -221,5 +275,6 @@ def round_forfeits(pool: PeerPool, round_: int, candidates: Iterable[tuple[str, 
     return {c: names for c, names in found.items() if names}
 
 
-__all__ = ["FORFEIT_SUBMISSIONS", "MIN_BASELINE_PAIRS", "MIN_BASELINE_ROUNDS", "REVERSAL_MARGIN", "REVERSAL_Z",
-           "OwnRelation", "agreement", "credit", "forfeited", "has_turned", "own_relation", "round_forfeits"]
+__all__ = ["ANTI_ROUNDS", "ANTI_Z", "FORFEIT_SUBMISSIONS", "MIN_BASELINE_PAIRS", "MIN_BASELINE_ROUNDS", "REVERSAL_MARGIN", "REVERSAL_Z",
+           "RUNS_AGAINST_Z", "OwnRelation", "agreement", "credit", "forfeited", "has_turned", "own_relation",
+           "round_forfeits", "sign_correlation_z"]

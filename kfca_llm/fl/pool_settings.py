@@ -113,6 +113,12 @@ POOL_RULES = {
         "first (fl.pool_next.open_pairs, settling): the verdicts without the strata, read then on rounds of both "
         "sides, rank a pair only where no round after judges it; the one the rounds after rank lower is paid at "
         "most 0 (fl.pool_reward.cap_judged_lower)",
+    20: "as 19, an update also reverses its participant's previous one, 3 rounds or more before it (ANTI_ROUNDS), "
+        "where their signs correlate more than ANTI_Z (4) standard errors below 0 and below the median of pairs of "
+        "others as far apart (fl.pool_reversal.sign_correlation_z), whether or not such pairs judge by rule 7's "
+        "margins (a sleeper's turn many rounds after its honest update, or after one of the first rounds, is caught); "
+        "and a reversal by those margins needs their signs correlated RUNS_AGAINST_Z (3) standard errors below 0 (an "
+        "honest update that merely agreed with its previous one less than others did was taken for a turn)",
 }
 """Every pooled-scoring rule a ledger may have recorded (its settings' ``pool.rule``), with what it changed: the one
 registry that ``PoolSettings`` and a verifier (``flower.recompute``) read."""

@@ -41,7 +41,7 @@ def test_a_ledger_of_an_earlier_pool_rule_is_unverifiable_where_the_pool_paid_ne
     with sqlite3.connect(old) as conn:
         for run_id, t, settings in conn.execute("SELECT run_id, round, settings FROM rounds").fetchall():
             settings = json.loads(settings)
-            assert settings["pool"].pop("rule") == POOL_RULE == 19
+            assert settings["pool"].pop("rule") == POOL_RULE == 20
             if rule > 1:
                 settings["pool"]["rule"] = rule
             conn.execute("UPDATE rounds SET settings = ? WHERE run_id = ? AND round = ?", (json.dumps(settings), run_id, t))
