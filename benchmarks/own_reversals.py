@@ -2,11 +2,13 @@
 (``fl.pool_reversal.own_relation``) take for a reversal, by kind of update and rounds between the two.
 
 Each captured submission (``flower_few_peers.py --capture``) is judged as the pool judges it, on the sketches of every
-earlier submission of the run that joined the pool (the capture replayed: copies never join), and labelled by its node's attack: ``honest`` (an honest update after an honest one),
-``turn`` (a flip after an honest update: a sleeper's turn, an on-off node's flip), ``back`` (an honest update after a
-flip) and ``flip-flip``. Printed per label and gap: the correlation of its signs with its previous update's in standard
-errors (``sign_correlation_z``: minimum and median), and how many pool rule 19 (the margins of rules 7 and 14) and rule
-20 (the correlation alone, 3 rounds apart or more; the margins' reversals running against the previous update) reverse. A reversal of an honest update is what must never happen (it can forfeit what the honest node was paid).
+earlier submission of the run that joined the pool (the capture replayed: copies never join), and labelled by its node's
+attack: ``honest`` (an honest update after an honest one), ``turn`` (a flip after an honest update: a sleeper's turn, an
+on-off node's flip), ``back`` (an honest update after a flip) and ``flip-flip``. Printed per label and gap: the
+correlation of its signs with its previous update's in standard errors (``sign_correlation_z``: minimum and median), and
+how many pool rule 19 (the margins of rules 7 and 14) and rule 20 (the correlation alone, 3 rounds apart or more; the
+margins' reversals running against the previous update) reverse. A reversal of an honest update is what must never
+happen (it can forfeit what the honest node was paid).
 
     .venv/bin/python benchmarks/own_reversals.py run1.npz run2.npz ...
 

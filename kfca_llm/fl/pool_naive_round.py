@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import median, pstdev
+from statistics import median
 
 import numpy as np
 
 from ..partition import BONUS, PENALTY_1, PENALTY_2, partition_classes
+from .pool_naive_lineage import Lineage
 
 WORD_BITS, SKETCH_WORDS = 32, 128
 
@@ -229,76 +230,8 @@ def score(t, negative, owners, tasks, seed, reference, strata, history, horizon,
         (z, e), (z_, e_) = blind[c], blind[p]
         return min(z, z_) < 0 and abs(z - z_) > 2.0 * (e ** 2 + e_ ** 2) ** 0.5
 
-    # Pool rule 7: how an update relates to its participant's previous submission, on the round's sketched tasks,
-    # against the pairs of two other participants' earlier submissions as many rounds apart (rule 13: at least 2,
-    # starting in 4 rounds); rule 14: where the previous one was alike the one before it, against both; rule 20:
-    # 3 rounds apart at least, signs correlated with it more than 4 standard errors below 0 and below others' pairs
-    # as far apart; and a reversal by the margins needs its signs correlated 3 errors below 0.
-    def relation(c: str, r: int, mine: list[bool]) -> tuple[Entry, bool] | None:
-        earlier = [e for e in history if e.round < r]
-        mine_before = sorted((e for e in earlier if e.client == c), key=lambda e: -e.round)
-        if not mine_before or not sketch:
-            return None
-
-        def agree(x: list[bool], y: list[bool]) -> float:
-            return sum(x[k] == y[k] for k in sketch) / len(sketch)
-
-        def standing(x: list[bool], y: Entry, lag: int) -> tuple[float, float] | None:  # (spreads, share) above others
-            pairs = [(u, v) for u in earlier for v in earlier
-                     if v.round - u.round == lag and c not in (u.client, v.client) and u.client != v.client]
-            baseline = [agree(u.negative, v.negative) for u, v in pairs]
-            if len(baseline) < 2 or len({u.round for u, _ in pairs}) < 4:
-                return None
-            excess = agree(x, y.negative) - median(baseline)
-            return excess / max(pstdev(baseline), 1e-3), excess
-
-        def tilt(x: list[bool]) -> float:  # the share of negative signs, from -1 to 1
-            return 2 * sum(x[k] for k in sketch) / len(sketch) - 1
-
-        def correlation(x: list[bool], y: list[bool]) -> float:  # in standard errors of unrelated signs
-            spread = (1 - tilt(x) ** 2) * (1 - tilt(y) ** 2)
-            return (2 * agree(x, y) - 1 - tilt(x) * tilt(y)) / (spread / len(sketch)) ** 0.5 if spread > 0 else 0.0
-
-        previous = mine_before[0]
-        first = standing(mine, previous, r - previous.round)
-        # rule 20: 3 rounds apart at least, signs correlated with it 4 errors below 0 and below the median of others'
-        # pairs as far apart
-        usual = [correlation(u.negative, v.negative) for u in earlier for v in earlier
-                 if v.round - u.round == r - previous.round and c not in (u.client, v.client) and u.client != v.client
-                 and abs(tilt(u.negative)) < 1 and abs(tilt(v.negative)) < 1]
-        anti = r - previous.round >= 3 and correlation(mine, previous.negative) < min(
-            0.0, median(usual) if usual else 0.0) - 4.0
-        if first is None:
-            return (previous, True) if anti else None
-        if first[0] > 2.5:
-            return previous, False  # follows it
-        if anti:
-            return previous, True
-        if correlation(mine, previous.negative) >= -3.0:
-            return None  # rule 20: a reversal by the margins below runs against it, 3 errors below 0 at least
-        found = [first]
-        if len(mine_before) > 1:
-            older = mine_before[1]
-            alike = standing(previous.negative, older, previous.round - older.round)
-            second = standing(mine, older, r - older.round) if alike is not None and alike[1] > 0 else None
-            if second is not None:
-                found.append(second)
-        both = (sum(z for z, _ in found) / len(found) ** 0.5, sum(e for _, e in found) / len(found))
-        if (first[0] < -2.5 and first[1] < -0.03) or (both[0] < -2.5 and both[1] < -0.03):
-            return previous, True  # reverses it, alone or with the one before it (where alike)
-        return None  # neither
-
-    def credit(e: Entry) -> float:  # its round's score and those of the updates it follows, back along its lineage
-        found = relation(e.client, e.round, e.negative)
-        return e.score + (credit(found[0]) if found is not None and not found[1] else 0.0)
-
-    def turned(c: str, r: int, mine: list[bool]) -> bool:  # by its lineage: reversing an honest-judged one, or
-        found = relation(c, r, mine)                        # following a turned one
-        if found is None:
-            return False
-        previous, reverses = found
-        before = turned(c, previous.round, previous.negative)
-        return (not before and credit(previous) > 0) if reverses else before
+    lineage = Lineage(history, sketch)  # pool rules 7, 13, 14, 20 (fl.pool_naive_lineage)
+    relation, turned = lineage.relation, lineage.turned
 
     has_turned = {c: c in (a, b) and c in verdict and turned(c, t, negative[c]) for c in scorers}
 

@@ -1,16 +1,20 @@
-"""Own reversals (pool rules 7, 8): an update that runs against its participant's previous one; what a turn forfeits.
+"""Own reversals (pool rules 7, 8, 20): an update against its participant's previous one; what a turn forfeits.
 
-A client trains on its own data at every participation, so an honest update agrees with the same participant's
-previous update more than the updates of two other participants as many rounds apart agree with each other. A
-flipped update of a participant that was honest before (a sleeper's turn, an on-off attacker's every other update)
-agrees with its previous one far *less* than they do: of two consecutive submissions of one participant that reverse
-each other, one is flipped. Measured on 24 captured Flower runs at 20 x 0.1 (benchmarks/ROBUSTNESS.md, "Own
-reversals"): an honest update's agreement with its own previous one never fell more than 2.1 spreads below the other
-participants' at that lag (1,250 updates, both data orders, whole updates), a reversal mostly 3-40 below; on the
-4,096-bit sketches three honest ones at long lags fell further, by at most 1.4% of the signs (hence the margin). On 72
-runs, three more honest updates early in a per-round run fell 4.4-30 spreads (3.5-4.3% of the signs) below pairs of
-others starting in one to three rounds, whose spread understates how far two updates differ (hence
-``MIN_BASELINE_ROUNDS``).
+A client trains on its own data at every participation, so an honest update agrees with the same participant's previous
+update more than the updates of two other participants as many rounds apart agree with each other. A flipped update of a
+participant that was honest before (a sleeper's turn, an on-off attacker's every other update) agrees with its previous
+one far *less* than they do: of two consecutive submissions of one participant that reverse each other, one is flipped.
+Measured on 24 captured Flower runs at 20 x 0.1 (benchmarks/ROBUSTNESS.md, "Own reversals"): an honest update's
+agreement with its own previous one never fell more than 2.1 spreads below the other participants' at that lag (1,250
+updates, both data orders, whole updates), a reversal mostly 3-40 below; on the 4,096-bit sketches three honest ones at
+long lags fell further, by at most 1.4% of the signs (hence the margin). On 72 runs, three more honest updates early in
+a per-round run fell 4.4-30 spreads (3.5-4.3% of the signs) below pairs of others starting in one to three rounds, whose
+spread understates how far two updates differ (hence ``MIN_BASELINE_ROUNDS``). Pool rule 20 reads the signs' correlation
+itself (``sign_correlation_z``): a flip of an honest update runs against it (medians -4.0 to -14.5 standard errors by
+lag on 32 captures, down to -48), where an honest update 3 or more rounds later never fell below -2.9; so a turn is
+caught where no pairs of others judge (the previous update of the first rounds) or its margins are not reached (many
+rounds later), and a reversal by the margins must run against the previous update too (an honest one that merely agreed
+with it less than others' pairs did had been taken for one).
 
 Which of the two is flipped, the participant's **lineage** says: an update that reverses its previous one has turned
 when that previous one had not turned and is credited > 0 (``credit``: its round's score plus those of the updates it
@@ -275,6 +279,6 @@ def round_forfeits(pool: PeerPool, round_: int, candidates: Iterable[tuple[str, 
     return {c: names for c, names in found.items() if names}
 
 
-__all__ = ["ANTI_ROUNDS", "ANTI_Z", "FORFEIT_SUBMISSIONS", "MIN_BASELINE_PAIRS", "MIN_BASELINE_ROUNDS", "REVERSAL_MARGIN", "REVERSAL_Z",
-           "RUNS_AGAINST_Z", "OwnRelation", "agreement", "credit", "forfeited", "has_turned", "own_relation",
-           "round_forfeits", "sign_correlation_z"]
+__all__ = ["ANTI_ROUNDS", "ANTI_Z", "FORFEIT_SUBMISSIONS", "MIN_BASELINE_PAIRS", "MIN_BASELINE_ROUNDS",
+           "REVERSAL_MARGIN", "REVERSAL_Z", "RUNS_AGAINST_Z", "OwnRelation", "agreement", "credit", "forfeited",
+           "has_turned", "own_relation", "round_forfeits", "sign_correlation_z"]
