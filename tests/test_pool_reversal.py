@@ -119,11 +119,13 @@ def test_no_relation_where_the_pairs_of_others_start_in_too_few_rounds(run, monk
     assert own_relation(later, "A", 6, flip, MASK).reverses
 
 
-def test_signs_correlated_below_zero_reverse_where_no_pairs_of_others_judge(run):
-    """Pool rule 20: with no baseline (pairs of others starting in one to three rounds, as above), a flip three rounds
-    after A's previous update, its signs correlating with that one's far below 0, reverses it; the honest update
-    (correlated above 0) and unrelated signs do not; nor does a flip one round after it (``ANTI_ROUNDS``: a retrain on
-    the same samples can turn back from the global's overshoot on them)."""
+def test_signs_correlated_below_zero_reverse_where_rule_7_cannot_judge(run):
+    """Pool rule 20: where the pairs of others start in too few rounds for rule 7 (one to three, as above; two pairs
+    here), a flip three rounds after A's previous update, its signs correlating with that one's far below 0, reverses
+    it; the honest update (correlated above 0) and unrelated signs do not; nor does a flip one round after it
+    (``ANTI_ROUNDS``: a retrain on the same samples can turn back from the global's overshoot on them), nor one with no
+    two pairs of others as far apart at all (an honest update early in a static run ran against its own of 6 rounds
+    before by 5.2 errors)."""
     sketches, _, draw = run
     later = [(name, words) for name, words in sketches if 2 <= int(name.split("@")[1]) <= 5]
     honest = draw("A", 8)
@@ -134,6 +136,8 @@ def test_signs_correlated_below_zero_reverse_where_no_pairs_of_others_judge(run)
     unrelated = words(np.random.default_rng(3).standard_normal(COORDS))
     assert own_relation(later, "A", 8, unrelated, MASK) is None
     assert pool_reversal.ANTI_ROUNDS == 3 and own_relation(later, "A", 6, ~honest, MASK) is None
+    alone = [(name, words) for name, words in later if int(name.split("@")[1]) >= 4]  # no pair 3 rounds apart
+    assert own_relation(alone, "A", 8, ~honest, MASK) is None
 
 
 def test_sign_correlation_in_standard_errors():

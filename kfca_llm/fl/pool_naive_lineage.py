@@ -5,8 +5,8 @@ has turned, from plain lists.
 Pool rule 7: how an update relates to its participant's previous submission, on the round's sketched tasks, against
 the pairs of two other participants' earlier submissions as many rounds apart (rule 13: at least 2, starting in 4
 rounds); rule 14: where the previous one was alike the one before it, against both; rule 20: 3 rounds apart at least,
-signs correlated with it more than 4 standard errors below 0 and below others' pairs as far apart; and a reversal by
-the margins needs its signs correlated 3 errors below 0.
+signs correlated with it more than 4 standard errors below 0 and below the median of others' pairs as far apart (2 at
+least); and a reversal by the margins needs its signs correlated 3 errors below 0.
 """
 
 from __future__ import annotations
@@ -60,12 +60,12 @@ class Lineage:
         previous = mine_before[0]
         first = standing(mine, previous, r - previous.round)
         # rule 20: 3 rounds apart at least, signs correlated with it 4 errors below 0 and below the median of others'
-        # pairs as far apart
+        # pairs as far apart (2 at least)
         usual = [correlation(u.negative, v.negative) for u in earlier for v in earlier
                  if v.round - u.round == r - previous.round and c not in (u.client, v.client) and u.client != v.client
                  and abs(tilt(u.negative)) < 1 and abs(tilt(v.negative)) < 1]
-        anti = r - previous.round >= 3 and correlation(mine, previous.negative) < min(
-            0.0, median(usual) if usual else 0.0) - 4.0
+        anti = r - previous.round >= 3 and len(usual) >= 2 and correlation(mine, previous.negative) < min(
+            0.0, median(usual)) - 4.0
         if first is None:
             return (previous, True) if anti else None
         if first[0] > 2.5:

@@ -11,10 +11,11 @@ long lags fell further, by at most 1.4% of the signs (hence the margin). On 72 r
 a per-round run fell 4.4-30 spreads (3.5-4.3% of the signs) below pairs of others starting in one to three rounds, whose
 spread understates how far two updates differ (hence ``MIN_BASELINE_ROUNDS``). Pool rule 20 reads the signs' correlation
 itself (``sign_correlation_z``): a flip of an honest update runs against it (medians -4.0 to -14.5 standard errors by
-lag on 32 captures, down to -48), where an honest update 3 or more rounds later never fell below -2.9; so a turn is
-caught where no pairs of others judge (the previous update of the first rounds) or its margins are not reached (many
-rounds later), and a reversal by the margins must run against the previous update too (an honest one that merely agreed
-with it less than others' pairs did had been taken for one).
+lag on 32 captures, down to -48), where an honest update 3 or more rounds later never fell below -2.9 with pairs of
+others to compare (one, 6 rounds after its first-round update, ran against it by 5.2 errors where none were: early
+training turns); so a turn is caught where too few rounds hold pairs of others for the margins or they are not reached
+(many rounds later), and a reversal by the margins must run against the previous update too (an honest one that merely
+agreed with it less than others' pairs did had been taken for one).
 
 Which of the two is flipped, the participant's **lineage** says: an update that reverses its previous one has turned
 when that previous one had not turned and is credited > 0 (``credit``: its round's score plus those of the updates it
@@ -73,11 +74,14 @@ correlated -3.8 or below; an honest update early in a run that the margins rever
 three earlier submissions were paid (benchmarks/ROBUSTNESS.md, "Pool rule 20")."""
 ANTI_Z = 4.0
 """Standard errors by which the correlation of an update's signs with its participant's previous update's must fall
-below 0, and below the median of two other participants' submissions as many rounds apart (where any), to reverse it
-without the margins above (pool rule 20). An honest update's signs correlate with its own previous one's, as a client
-trains on its own data; those of two other participants' updates need not (the global overshoots and turns back: down
-to -15 standard errors, median about 0, on the Flower benchmark's captures), hence the others' median where the rounds
-turn back. Measured on the Flower benchmark's captures (benchmarks/ROBUSTNESS.md, "Pool rule 20")."""
+below 0, and below the median of two other participants' submissions as many rounds apart (``MIN_BASELINE_PAIRS`` of
+them at least, whatever rounds they start in), to reverse it without the margins above (pool rule 20). An honest
+update's signs correlate with its own previous one's, as a client trains on its own data; those of two other
+participants' updates need not (the global overshoots and turns back: down to -15 standard errors, median about 0, on
+the Flower benchmark's captures), hence the others' median where the rounds turn back; and where no pairs of others show
+how updates that far apart relate, nothing is read (early in a static run an honest update ran against its own first-
+round one, 6 rounds before, by 5.2 errors). Measured on the Flower benchmark's captures (benchmarks/ROBUSTNESS.md, "Pool
+rule 20")."""
 FORFEIT_SUBMISSIONS = 3
 """Submissions at most a turned update forfeits (a vesting period: an older payment is its participant's to keep).
 Runs of 12 whose every deviator ended below every honest node (benchmarks/ROBUSTNESS.md, "Forfeits"), static / per-round
@@ -112,16 +116,17 @@ def sign_correlation_z(a: np.ndarray, b: np.ndarray, mask: np.ndarray, bits: int
 def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, round_: int, mine: np.ndarray,
                  mask: np.ndarray) -> OwnRelation | None:
     """How ``mine`` (the sketch of ``participant``'s submission in ``round_``) relates to the participant's previous
-    submission among ``sketches`` (pool name -> sketch words), on the task bits of ``mask`` (this round's sketched
-    task words): judged against every pair of two other participants' earlier submissions as many rounds apart. It
-    follows the previous one when more than ``REVERSAL_Z`` spreads above those pairs. It reverses it when more than
-    ``REVERSAL_Z`` spreads and ``REVERSAL_MARGIN`` below, their signs correlating more than ``RUNS_AGAINST_Z``
-    standard errors below 0 (``sign_correlation_z``); when their signs correlate more than ``ANTI_Z`` standard errors
-    below 0 and below the median of pairs of others as far apart, any number (pool rule 20: a turn many rounds after an
-    honest update, or after one of the first rounds); or, where the previous one was alike the one before it
-    (agreed with it above the median of pairs as far apart), when the evidence against both combined is (pool rule 14:
-    their spreads summed over the square root of two, their shares of the signs averaged; its signs correlating with
-    the previous one's as above): a turn runs against the participant's recent updates, not only its last one."""
+    submission among ``sketches`` (pool name -> sketch words), on the task bits of ``mask`` (this round's sketched task
+    words): judged against every pair of two other participants' earlier submissions as many rounds apart. It follows
+    the previous one when more than ``REVERSAL_Z`` spreads above those pairs. It reverses it when more than
+    ``REVERSAL_Z`` spreads and ``REVERSAL_MARGIN`` below, their signs correlating more than ``RUNS_AGAINST_Z`` standard
+    errors below 0 (``sign_correlation_z``); when their signs correlate more than ``ANTI_Z`` standard errors below 0 and
+    below the median of pairs of others as far apart (two at least, starting in any rounds; pool rule 20: a turn many
+    rounds after an honest update, or where few rounds hold pairs to judge rule 7 by); or, where the previous one was
+    alike the one before it (agreed with it above the median of pairs as far apart), when the evidence against both
+    combined is (pool rule 14: their spreads summed over the square root of two, their shares of the signs averaged; its
+    signs correlating with the previous one's as above): a turn runs against the participant's recent updates, not only
+    its last one."""
     bits = set_bits(mask)
     earlier = [(entry, words) for name, words in sketches
                if (entry := parse_pool_name(name)) is not None and entry[1] < round_]
@@ -137,8 +142,8 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     first = _standing(others, round_ - previous, mine, theirs, mask, bits)
     name = f"{participant}@{previous}"
     correlation = sign_correlation_z(mine, theirs, mask, bits)
-    anticorrelated = round_ - previous >= ANTI_ROUNDS and correlation < min(
-        0.0, _others_correlation(others, round_ - previous, mask, bits)) - ANTI_Z
+    usual = _others_correlation(others, round_ - previous, mask, bits) if round_ - previous >= ANTI_ROUNDS else None
+    anticorrelated = usual is not None and correlation < min(0.0, usual) - ANTI_Z
     if first is None:
         return OwnRelation(name, True) if anticorrelated else None
     if first[0] > REVERSAL_Z:
@@ -160,13 +165,14 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
 
 
 def _others_correlation(others: dict[int, list[tuple[str, np.ndarray]]], lag: int, mask: np.ndarray,
-                        bits: int) -> float:
+                        bits: int) -> float | None:
     """The median ``sign_correlation_z`` of two different participants' submissions of ``others`` (round ->
-    (participant, words)) ``lag`` rounds apart, neither reporting one sign only; 0 where there is no such pair."""
+    (participant, words)) ``lag`` rounds apart, neither reporting one sign only; None: fewer than
+    ``MIN_BASELINE_PAIRS`` such pairs."""
     found = [sign_correlation_z(u, v, mask, bits) for r, older in others.items() for a, u in older
              for b, v in others.get(r + lag, ()) if a != b and not _one_sign(u, mask, bits)
              and not _one_sign(v, mask, bits)]
-    return statistics.median(found) if found else 0.0
+    return statistics.median(found) if len(found) >= MIN_BASELINE_PAIRS else None
 
 
 def _one_sign(words: np.ndarray, mask: np.ndarray, bits: int) -> bool:

@@ -115,8 +115,8 @@ POOL_RULES = {
         "most 0 (fl.pool_reward.cap_judged_lower)",
     20: "as 19, an update also reverses its participant's previous one, 3 rounds or more before it (ANTI_ROUNDS), "
         "where their signs correlate more than ANTI_Z (4) standard errors below 0 and below the median of pairs of "
-        "others as far apart (fl.pool_reversal.sign_correlation_z), whether or not such pairs judge by rule 7's "
-        "margins (a sleeper's turn many rounds after its honest update, or after one of the first rounds, is caught); "
+        "others as far apart (two at least; fl.pool_reversal.sign_correlation_z), whether or not those judge by rule "
+        "7's margins (a sleeper's turn many rounds after its honest update, or where few rounds hold pairs, caught); "
         "and a reversal by those margins needs their signs correlated RUNS_AGAINST_Z (3) standard errors below 0 (an "
         "honest update that merely agreed with its previous one less than others did was taken for a turn)",
 }
