@@ -1,11 +1,11 @@
-"""Copies and own replays in the naive reference (``fl.pool_naive``), on ``test_pool_naive.py``'s random federations
-and real run (imported from there): an honest retrain is no replay under the default limit, an own replay is a
-replay at exactly ``own_replay_limit`` and must be a copy first, and no copy is found while the window holds no entry;
-where the pool runs too, it pays what the naive reference pays."""
+"""Copies and own replays in the naive reference (``fl.pool_naive``), on the random federations and real run of
+``naive_federations``: an honest retrain is no replay under the default limit, an own replay is a replay at exactly
+``own_replay_limit`` and must be a copy first, and no copy is found while the window holds no entry; where the pool
+runs too, it pays what the naive reference pays."""
 
 import numpy as np
 import pytest
-from test_pool_naive import RETRAINER, Federation, case, federation_of, naive_of, real_run
+from naive_federations import RETRAINER, Federation, case, federation_of, naive_of, real_run
 
 from kfca_llm.fl.peer_pool import PoolSettings
 from kfca_llm.fl.pool_naive import naive_run

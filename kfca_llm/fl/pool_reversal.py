@@ -142,8 +142,10 @@ def own_relation(sketches: Sequence[tuple[str, np.ndarray]], participant: str, r
     first = _standing(others, round_ - previous, mine, theirs, mask, bits)
     name = f"{participant}@{previous}"
     correlation = sign_correlation_z(mine, theirs, mask, bits)
-    usual = _others_correlation(others, round_ - previous, mask, bits) if round_ - previous >= ANTI_ROUNDS else None
-    anticorrelated = usual is not None and correlation < min(0.0, usual) - ANTI_Z
+    # the others' pairs are read only for an update already running against its previous one by ANTI_Z
+    anticorrelated = (correlation < -ANTI_Z and round_ - previous >= ANTI_ROUNDS
+                      and (usual := _others_correlation(others, round_ - previous, mask, bits)) is not None
+                      and correlation < min(0.0, usual) - ANTI_Z)
     if first is None:
         return OwnRelation(name, True) if anticorrelated else None
     if first[0] > REVERSAL_Z:
@@ -169,10 +171,18 @@ def _others_correlation(others: dict[int, list[tuple[str, np.ndarray]]], lag: in
     """The median ``sign_correlation_z`` of two different participants' submissions of ``others`` (round ->
     (participant, words)) ``lag`` rounds apart, neither reporting one sign only; None: fewer than
     ``MIN_BASELINE_PAIRS`` such pairs."""
-    found = [sign_correlation_z(u, v, mask, bits) for r, older in others.items() for a, u in older
-             for b, v in others.get(r + lag, ()) if a != b and not _one_sign(u, mask, bits)
-             and not _one_sign(v, mask, bits)]
+    found = [sign_correlation_z(u, v, mask, bits) for _, u, v in _pairs_apart(others, lag)
+             if not _one_sign(u, mask, bits) and not _one_sign(v, mask, bits)]
     return statistics.median(found) if len(found) >= MIN_BASELINE_PAIRS else None
+
+
+def _pairs_apart(others: dict[int, list[tuple[str, np.ndarray]]], lag: int):
+    """(round, words, words ``lag`` rounds later) of every two different participants' submissions of ``others``."""
+    for r, older in others.items():
+        for a, u in older:
+            for b, v in others.get(r + lag, ()):
+                if a != b:
+                    yield r, u, v
 
 
 def _one_sign(words: np.ndarray, mask: np.ndarray, bits: int) -> bool:
@@ -184,10 +194,9 @@ def _standing(others: dict[int, list[tuple[str, np.ndarray]]], lag: int, mine: n
     """(spreads, share of the signs) by which ``mine``'s agreement with ``theirs``, ``lag`` rounds older, stands above
     the median agreement of two different participants' submissions of ``others`` (round -> (participant, words))
     ``lag`` rounds apart; None: too few such pairs, or pairs starting in too few rounds, to judge by."""
-    paired = {r: [agreement(u, v, mask, bits) for a, u in older for b, v in others.get(r + lag, ()) if a != b]
-              for r, older in others.items()}
-    baseline = [value for values in paired.values() for value in values]
-    if len(baseline) < MIN_BASELINE_PAIRS or sum(bool(values) for values in paired.values()) < MIN_BASELINE_ROUNDS:
+    pairs = list(_pairs_apart(others, lag))
+    baseline = [agreement(u, v, mask, bits) for _, u, v in pairs]
+    if len(baseline) < MIN_BASELINE_PAIRS or len({r for r, _, _ in pairs}) < MIN_BASELINE_ROUNDS:
         return None
     centre, spread = statistics.median(baseline), max(statistics.pstdev(baseline), SPREAD_FLOOR)
     excess = agreement(mine, theirs, mask, bits) - centre
